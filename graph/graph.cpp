@@ -1,0 +1,134 @@
+// The only translation unit that includes Boost.Graph.
+#include "dpipe/graph.hpp"
+
+#include <boost/config.hpp>
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/graphviz.hpp>
+#include <boost/graph/topological_sort.hpp>
+
+#include <iterator>
+#include <set>
+#include <sstream>
+
+namespace dpipe {
+namespace {
+
+using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS>;
+
+bool valid_name(const std::string& n) {
+  if (n.empty() || n.size() > 128) return false;
+  for (char c : n)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
+  return true;
+}
+
+void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<const NodeDefBase*>& defs,
+          std::size_t depth) {
+  if (depth > 10'000) throw ConfigError("pipeline is nested more than 10000 nodes deep");
+  const std::size_t index = nodes.size();
+  GraphNode& n = nodes.emplace_back();
+  n.kind = def.kind();
+  n.name = def.name();
+  n.element_type = def.element_type_tag();
+  n.params = def.params();
+  n.key = def.name().empty() ? def.kind() + "@" + std::to_string(index) : def.name();
+  defs.push_back(&def);
+  for (const auto& in : def.inputs()) {
+    if (!in) throw ConfigError(node_label(def.kind(), def.name()) + ": an input is missing");
+    const std::size_t child = nodes.size();
+    nodes[index].inputs.push_back(child);
+    walk(*in, nodes, defs, depth + 1);
+  }
+}
+
+}  // namespace
+
+Graph Graph::build(const NodeDefBase& output) {
+  Graph g;
+  walk(output, g.nodes_, g.defs_, 0);
+
+  std::set<std::string> names;
+  for (const auto& n : g.nodes_) {
+    if (n.name.empty()) continue;
+    if (!valid_name(n.name))
+      throw ConfigError(node_label(n.kind, n.name) +
+                        ": a node name must be 1 to 128 letters, digits, '_', '-' or '.'");
+    if (!names.insert(n.name).second)
+      throw ConfigError("the name '" + n.name + "' is used by more than one node; node names must be unique");
+  }
+  for (const auto& n : g.nodes_) {
+    // An unnamed key could collide with a name written like a key.
+    if (n.name.empty() && names.count(n.key))
+      throw ConfigError("the name '" + n.key + "' collides with the key of an unnamed node");
+    g.keys_.push_back(n.key);
+  }
+
+  BoostGraph bg(g.nodes_.size());
+  for (std::size_t v = 0; v < g.nodes_.size(); ++v)
+    for (std::size_t in : g.nodes_[v].inputs) boost::add_edge(in, v, bg);  // data flows input → consumer
+  std::vector<BoostGraph::vertex_descriptor> order;
+  try {
+    boost::topological_sort(bg, std::back_inserter(order));
+  } catch (const boost::not_a_dag&) {
+    throw ConfigError("the pipeline graph has a cycle");
+  }
+  g.topo_.assign(order.rbegin(), order.rend());
+
+  std::uint64_t h = fnv1a("dpipe-graph-v1");
+  auto add = [&h](const std::string& s) {
+    h = mix64(h ^ fnv1a(s));
+    h = mix64(h ^ s.size());
+  };
+  for (const auto& n : g.nodes_) {
+    add(n.kind);
+    add(n.name);
+    add(n.element_type);
+    for (const auto& [k, v] : n.params) {
+      add(k);
+      add(v);
+    }
+    add("inputs");
+    for (std::size_t in : n.inputs) h = mix64(h ^ in);
+  }
+  g.fingerprint_ = h;
+  return g;
+}
+
+std::string Graph::to_dot() const {
+  BoostGraph bg(nodes_.size());
+  for (std::size_t v = 0; v < nodes_.size(); ++v)
+    for (std::size_t in : nodes_[v].inputs) boost::add_edge(in, v, bg);
+  auto escape = [](const std::string& s) {
+    std::string r;
+    for (char c : s) {
+      if (c == '\n') {
+        r += "\\n";
+        continue;
+      }
+      if (c == '"' || c == '\\') r += '\\';
+      r += c;
+    }
+    return r;
+  };
+  std::ostringstream os;
+  boost::write_graphviz(
+      os, bg,
+      [&](std::ostream& out, std::size_t v) {
+        const auto& n = nodes_[v];
+        std::string label = n.key;
+        if (n.key != n.kind) label += "\n" + n.kind;
+        for (const auto& [k, val] : n.params) label += "\n" + k + "=" + val;
+        label += "\n→ " + n.element_type;
+        out << " [label=\"" << escape(label) << "\", shape=box]";
+      },
+      boost::default_writer{},
+      [](std::ostream& out) { out << "rankdir=LR;\n"; });
+  return os.str();
+}
+
+void Graph::check_layout(const Layout& layout) const {
+  validate_layout(layout);
+  for (const auto* d : defs_) d->check_layout(layout);
+}
+
+}  // namespace dpipe

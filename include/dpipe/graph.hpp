@@ -1,0 +1,49 @@
+#pragma once
+/// The graph of a pipeline, built with Boost.Graph (kept out of this header): validation, stable node
+/// keys, a fingerprint, topological order and DOT export.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpipe/layout.hpp"
+#include "dpipe/node.hpp"
+
+namespace dpipe {
+
+struct GraphNode {
+  std::string key;   // the node's name, or "<kind>@<pre-order index>" for unnamed nodes
+  std::string kind;
+  std::string name;
+  std::string element_type;
+  Params params;
+  std::vector<std::size_t> inputs;  // indices into Graph::nodes()
+};
+
+class Graph {
+ public:
+  /// Walks the definitions from the output, validates them and assigns keys; throws ConfigError.
+  static Graph build(const NodeDefBase& output);
+
+  /// Nodes in pre-order: a node, then its inputs in order. Index 0 is the output.
+  const std::vector<GraphNode>& nodes() const { return nodes_; }
+  /// Keys in pre-order, the order in which iterators take them when built.
+  const std::vector<std::string>& keys() const { return keys_; }
+  /// Hash of kinds, names, parameters, element types and edges.
+  std::uint64_t fingerprint() const { return fingerprint_; }
+  /// Node indices with every node after its inputs (sources first).
+  const std::vector<std::size_t>& topological_order() const { return topo_; }
+  /// Graphviz DOT text; edges point in the direction data flows.
+  std::string to_dot() const;
+  /// Checks every node against a layout (shard ids, …); throws ConfigError.
+  void check_layout(const Layout& layout) const;
+
+ private:
+  std::vector<GraphNode> nodes_;
+  std::vector<std::string> keys_;
+  std::vector<std::size_t> topo_;
+  std::vector<const NodeDefBase*> defs_;  // borrowed from the pipeline
+  std::uint64_t fingerprint_ = 0;
+};
+
+}  // namespace dpipe

@@ -1,0 +1,334 @@
+#pragma once
+/// The node interface. A NodeDef is an immutable description (kind, name, parameters, inputs) held by
+/// a Pipeline; the engine instantiates an Iter from it, once per worker, with a BuildContext.
+/// Iterators move chunks: `pull(out, max)` appends between 1 and `max` elements, 0 only at the end.
+/// A node never holds elements beyond its declared state, so saving every node's state between
+/// pulls is an exact snapshot.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpipe/codec.hpp"
+#include "dpipe/error.hpp"
+#include "dpipe/layout.hpp"
+#include "dpipe/rng.hpp"
+#include "dpipe/snapshot.hpp"
+#include "dpipe/state.hpp"
+
+namespace dpipe {
+
+/// Elements per chunk moved between nodes.
+inline constexpr std::size_t kChunk = 256;
+
+using Params = std::vector<std::pair<std::string, std::string>>;
+
+/// "batch 'b'" for a named node, "batch" otherwise: how error messages name a node.
+inline std::string node_label(const std::string& kind, const std::string& name) {
+  return name.empty() ? kind : kind + " '" + name + "'";
+}
+
+/// What an iterator needs to know when it is built: seed, epoch, layout, worker and its node key.
+/// Keys are handed out in the graph's pre-order (a node, then its inputs in order), so a subtree can
+/// be rebuilt with the same keys by rewinding the cursor (see `cycle`).
+struct BuildContext {
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  Layout layout;
+  int worker = 0;
+  const std::vector<std::string>* keys = nullptr;
+  std::size_t cursor = 0;
+
+  std::string next_key() {
+    if (!keys || cursor >= keys->size()) throw ConfigError("internal: node keys exhausted while building a run");
+    return (*keys)[cursor++];
+  }
+  int instance() const { return layout.instance(worker); }
+  Rng rng(const std::string& key) const { return Rng::derive(seed, key, epoch); }
+};
+
+class NodeDefBase {
+ public:
+  NodeDefBase(std::string kind, std::string name, Params params,
+              std::vector<std::shared_ptr<const NodeDefBase>> inputs = {})
+      : kind_(std::move(kind)), name_(std::move(name)), params_(std::move(params)), inputs_(std::move(inputs)) {}
+  virtual ~NodeDefBase() = default;
+
+  const std::string& kind() const { return kind_; }
+  const std::string& name() const { return name_; }
+  const Params& params() const { return params_; }
+  const std::vector<std::shared_ptr<const NodeDefBase>>& inputs() const { return inputs_; }
+  /// The element type's codec tag, or a C++ type name when it is not Snapshottable.
+  virtual std::string element_type_tag() const = 0;
+  /// Checks that need the layout (a shard id against the number of instances); throws ConfigError.
+  virtual void check_layout(const Layout&) const {}
+
+ private:
+  std::string kind_, name_;
+  Params params_;
+  std::vector<std::shared_ptr<const NodeDefBase>> inputs_;
+};
+
+template <class T>
+std::string element_type_name() {
+  if constexpr (Snapshottable<T>) return Codec<T>::tag();
+  else return typeid(T).name();
+}
+
+template <class T>
+class Iter;
+
+template <class T>
+class NodeDef : public NodeDefBase {
+ public:
+  using NodeDefBase::NodeDefBase;
+  using element_type = T;
+  std::string element_type_tag() const override { return element_type_name<T>(); }
+  virtual std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const = 0;
+};
+
+/// How one node's state was restored.
+struct NodeRestore {
+  std::string key;
+  std::string kind;
+  std::uint32_t instance = 0;
+  StateMode mode = StateMode::hook;
+  std::uint64_t replayed_elements = 0;
+  double micros = 0;
+};
+
+struct RestoreReport {
+  std::vector<NodeRestore> nodes;
+  double total_ms = 0;
+  std::uint64_t replayed_elements() const {
+    std::uint64_t n = 0;
+    for (const auto& r : nodes) n += r.replayed_elements;
+    return n;
+  }
+};
+
+/// Node states of a snapshot, looked up by (key, instance).
+class StateIndex {
+ public:
+  explicit StateIndex(const std::vector<NodeState>& states) {
+    for (const auto& s : states) index_.emplace(std::make_pair(s.key, s.instance), &s);
+  }
+  const NodeState& at(const std::string& key, std::uint32_t instance) const {
+    auto it = index_.find({key, instance});
+    if (it == index_.end())
+      throw SnapshotError("snapshot has no state for node '" + key + "' on instance " + std::to_string(instance));
+    return *it->second;
+  }
+
+ private:
+  std::map<std::pair<std::string, std::uint32_t>, const NodeState*> index_;
+};
+
+template <class T>
+class Stateless;
+template <class T>
+class Hooked;
+template <class T>
+class Replayed;
+
+namespace detail {
+struct ModeKey {  // only the three mode bases below can construct an Iter
+ private:
+  ModeKey() = default;
+  template <class T>
+  friend class dpipe::Stateless;
+  template <class T>
+  friend class dpipe::Hooked;
+  template <class T>
+  friend class dpipe::Replayed;
+};
+}  // namespace detail
+
+/// Untyped part of every iterator: identity, counters, and the save/restore wrappers that walk the
+/// iterator tree in pre-order.
+class IterBase {
+ public:
+  virtual ~IterBase() = default;
+  IterBase(const IterBase&) = delete;
+  IterBase& operator=(const IterBase&) = delete;
+
+  const std::string& key() const { return key_; }
+  const std::string& kind() const { return kind_; }
+  int worker() const { return worker_; }
+  std::uint32_t instance() const { return instance_; }
+  StateMode mode() const { return mode_; }
+  /// Elements this iterator has yielded since it was built.
+  std::uint64_t produced() const { return produced_; }
+
+  /// Appends this node's record, then its inputs' (a replay node's inputs are rebuilt by replay and
+  /// are not saved).
+  void save(std::vector<NodeState>& out) const {
+    NodeState& st = out.emplace_back();
+    st.key = key_;
+    st.kind = kind_;
+    st.instance = instance_;
+    st.mode = mode_;
+    {
+      StateWriter w(st);
+      save_state(w);
+    }
+    if (mode_ != StateMode::replay)
+      for (IterBase* in : inputs()) in->save(out);
+  }
+
+  /// Restores this freshly built iterator and its inputs.
+  void restore(const StateIndex& states, RestoreReport& report) {
+    if (started_)
+      throw SnapshotError("node '" + key_ + "': restore() into an iterator that has already run");
+    const NodeState& st = states.at(key_, instance_);
+    if (st.kind != kind_)
+      throw SnapshotError("snapshot node '" + key_ + "' is a " + st.kind + ", the pipeline's is a " + kind_);
+    if (st.mode != mode_)
+      throw SnapshotError("snapshot node '" + key_ + "' was saved by " + to_string(st.mode) + ", expected " +
+                          to_string(mode_));
+    const auto t0 = std::chrono::steady_clock::now();
+    StateReader r(st);
+    replayed_ = 0;
+    restore_state(r);
+    r.finish();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    report.nodes.push_back({key_, kind_, instance_, mode_, replayed_, us});
+    if (mode_ != StateMode::replay)
+      for (IterBase* in : inputs()) in->restore(states, report);
+  }
+
+ protected:
+  IterBase(StateMode mode, BuildContext& ctx, std::string kind)
+      : key_(ctx.next_key()), kind_(std::move(kind)), worker_(ctx.worker),
+        instance_(static_cast<std::uint32_t>(ctx.instance())), mode_(mode) {}
+
+  virtual void save_state(StateWriter&) const = 0;
+  virtual void restore_state(StateReader&) = 0;
+  /// The iterators this one pulls from, in input order.
+  virtual std::vector<IterBase*> inputs() const = 0;
+
+  bool started_ = false;
+  std::uint64_t produced_ = 0;
+  std::uint64_t replayed_ = 0;
+
+ private:
+  std::string key_;
+  std::string kind_;
+  int worker_;
+  std::uint32_t instance_;
+  StateMode mode_;
+};
+
+/// A typed iterator. Derive from Stateless<T>, Hooked<T> or Replayed<T>: the constructor is only
+/// reachable through them, so a node without an explicit snapshot story does not compile.
+template <class T>
+class Iter : public IterBase {
+ public:
+  using element_type = T;
+
+  /// Appends between 1 and `max` elements to `out` and returns how many; 0 means end of stream.
+  /// An exception from user code becomes a NodeError naming this node.
+  std::size_t pull(std::vector<T>& out, std::size_t max) {
+    started_ = true;
+    const std::size_t before = out.size();
+    std::size_t n;
+    try {
+      n = pull_chunk(out, max);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw NodeError(key(), worker(), e.what());
+    } catch (...) {
+      throw NodeError(key(), worker(), "unknown exception");
+    }
+    produced_ += n;
+    if (mode() == StateMode::replay) on_replay_elements(out, before);
+    return n;
+  }
+
+ protected:
+  Iter(detail::ModeKey, StateMode mode, BuildContext& ctx, std::string kind) : IterBase(mode, ctx, std::move(kind)) {}
+  virtual std::size_t pull_chunk(std::vector<T>& out, std::size_t max) = 0;
+  virtual void on_replay_elements(const std::vector<T>&, std::size_t) {}
+};
+
+/// Pulls from `in` until `out` has grown by `n` or the input ended; returns how many were added.
+template <class T>
+std::size_t pull_exact(Iter<T>& in, std::vector<T>& out, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    const std::size_t k = in.pull(out, n - got);
+    if (k == 0) break;
+    got += k;
+  }
+  return got;
+}
+
+/// A node with no state at all (pure functions over their input).
+template <class T>
+class Stateless : public Iter<T> {
+ protected:
+  Stateless(BuildContext& ctx, std::string kind) : Iter<T>(detail::ModeKey{}, StateMode::stateless, ctx, std::move(kind)) {}
+  void save_state(StateWriter&) const final {}
+  void restore_state(StateReader&) final {}
+};
+
+/// A node that saves and restores a typed state struct; restore costs O(state), never O(position).
+template <class T>
+class Hooked : public Iter<T> {
+ protected:
+  Hooked(BuildContext& ctx, std::string kind) : Iter<T>(detail::ModeKey{}, StateMode::hook, ctx, std::move(kind)) {}
+};
+
+/// A node that cannot save its state (a user generator). It is restored by rebuilding it from the
+/// initial RNG state and pulling the recorded number of elements; a digest of what it yields proves
+/// the replay reproduced the same stream.
+template <class T>
+class Replayed : public Iter<T> {
+  static_assert(Snapshottable<T>,
+                "READ THIS IF YOUR COMPILE BREAKS HERE: a replayed node digests the elements it yields to "
+                "verify a replay, so its element type must be Snapshottable (built-in or cereal).");
+
+ protected:
+  Replayed(BuildContext& ctx, std::string kind) : Iter<T>(detail::ModeKey{}, StateMode::replay, ctx, std::move(kind)) {}
+
+  void save_state(StateWriter& w) const final {
+    w("count", this->produced_);
+    w("digest", digest_);
+  }
+  void restore_state(StateReader& r) final {
+    std::uint64_t count = 0, digest = 0;
+    r("count", count);
+    r("digest", digest);
+    std::vector<T> sink;
+    while (this->produced_ < count) {
+      sink.clear();
+      const std::uint64_t want = std::min<std::uint64_t>(count - this->produced_, kChunk);
+      if (this->pull(sink, static_cast<std::size_t>(want)) == 0)
+        r.fail("replay ended after " + std::to_string(this->produced_) + " of the " + std::to_string(count) +
+               " recorded elements: the node does not reproduce its stream from the saved seed");
+    }
+    if (digest_ != digest)
+      r.fail("replay of " + std::to_string(count) +
+             " elements produced a different stream than the one recorded (digest mismatch): the node is "
+             "not a deterministic function of the pipeline seed and epoch");
+    this->replayed_ = count;
+  }
+  void on_replay_elements(const std::vector<T>& out, std::size_t from) final {
+    ByteWriter w;
+    for (std::size_t i = from; i < out.size(); ++i) {
+      w.buffer().clear();
+      Codec<T>::encode(w, out[i]);
+      digest_ = mix64(digest_ ^ fnv1a(w.buffer()));
+    }
+  }
+
+ private:
+  std::uint64_t digest_ = 0;
+};
+
+}  // namespace dpipe

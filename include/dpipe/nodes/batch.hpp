@@ -1,0 +1,104 @@
+#pragma once
+/// Groups consecutive elements into vectors of `size`; the last, shorter batch is kept unless
+/// `drop_last`. In: T → Out: std::vector<T>. State: the partial batch.
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct BatchOptions {
+  std::int64_t size = 1;
+  bool drop_last = false;
+  std::string name;
+};
+
+template <Snapshottable T>
+class BatchDef final : public NodeDef<std::vector<T>> {
+ public:
+  BatchDef(std::shared_ptr<const NodeDef<T>> in, BatchOptions o)
+      : NodeDef<std::vector<T>>("batch", o.name,
+                                {{"size", param_text(o.size)}, {"drop_last", param_text(o.drop_last)}}, {in}),
+        input_(std::move(in)), drop_last_(o.drop_last) {
+    if (o.size <= 0)
+      throw ConfigError(node_label("batch", o.name) + ": size must be positive, got " + param_text(o.size));
+    size_ = static_cast<std::size_t>(o.size);
+  }
+  std::unique_ptr<Iter<std::vector<T>>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<T>& input() const { return *input_; }
+  std::size_t size() const { return size_; }
+  bool drop_last() const { return drop_last_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+  std::size_t size_ = 0;
+  bool drop_last_;
+};
+
+template <Snapshottable T>
+class BatchIter final : public Hooked<std::vector<T>> {
+ public:
+  BatchIter(BuildContext& ctx, const BatchDef<T>& def)
+      : Hooked<std::vector<T>>(ctx, "batch"), input_(def.input().instantiate(ctx)), def_(def) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<std::vector<T>>& out, std::size_t max) override {
+    const std::size_t size = def_.size();
+    std::size_t n = 0;
+    while (n < max && !st_.input_done) {
+      if (st_.partial.capacity() < size) st_.partial.reserve(size);
+      // Pull straight into the partial batch: no copy.
+      if (input_->pull(st_.partial, size - st_.partial.size()) == 0) {
+        st_.input_done = true;
+        if (!st_.partial.empty() && !def_.drop_last()) {
+          out.push_back(std::move(st_.partial));
+          ++n;
+        }
+        st_.partial = {};
+        break;
+      }
+      if (st_.partial.size() == size) {
+        out.push_back(std::move(st_.partial));
+        st_.partial = {};
+        ++n;
+      }
+    }
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    if (st_.partial.size() >= def_.size())
+      r.fail("partial batch holds " + std::to_string(st_.partial.size()) + " elements, batch size is " +
+             std::to_string(def_.size()));
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  struct State {
+    std::vector<T> partial;
+    bool input_done = false;
+    template <class A>
+    void fields(A& a) {
+      a("partial", partial);
+      a("input_done", input_done);
+    }
+  };
+  std::unique_ptr<Iter<T>> input_;
+  const BatchDef<T>& def_;
+  State st_;
+};
+
+template <Snapshottable T>
+std::unique_ptr<Iter<std::vector<T>>> BatchDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<BatchIter<T>>(ctx, *this);
+}
+
+inline auto batch(BatchOptions o) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<BatchDef<T>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,113 @@
+#pragma once
+/// Re-runs the whole upstream `count` times (forever without a count); each pass is a new epoch for
+/// the upstream, so shuffles reshuffle. A pass that yields nothing ends the stream. In: T → Out: T.
+/// State: the pass number (the upstream is rebuilt for it on restore, then restored itself).
+#include <optional>
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct CycleOptions {
+  std::optional<std::int64_t> count;  // nullopt: forever
+  std::string name;
+};
+
+/// The epoch an upstream sees in `pass` of a cycle whose own epoch is `epoch`: pass 0 keeps it, so a
+/// cycle does not change its first pass; later passes get distinct, well-mixed epochs.
+constexpr std::uint64_t cycle_epoch(std::uint64_t epoch, std::uint64_t pass) {
+  return pass == 0 ? epoch : mix64(epoch ^ mix64(pass ^ 0xc7c1e5ULL));
+}
+
+template <class T>
+class CycleDef final : public NodeDef<T> {
+ public:
+  CycleDef(std::shared_ptr<const NodeDef<T>> in, CycleOptions o)
+      : NodeDef<T>("cycle", o.name, {{"count", o.count ? param_text(*o.count) : std::string("forever")}}, {in}),
+        input_(std::move(in)), count_(o.count) {
+    if (count_ && *count_ < 0)
+      throw ConfigError(node_label("cycle", o.name) + ": count must not be negative, got " + param_text(*count_));
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<T>& input() const { return *input_; }
+  std::optional<std::int64_t> count() const { return count_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+  std::optional<std::int64_t> count_;
+};
+
+template <class T>
+class CycleIter final : public Hooked<T> {
+ public:
+  CycleIter(BuildContext& ctx, const CycleDef<T>& def) : Hooked<T>(ctx, "cycle"), def_(def), ctx_(ctx) {
+    input_ = def_.input().instantiate(ctx);  // advances ctx past the upstream's keys
+  }
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    while (!finished()) {
+      const std::size_t n = input_->pull(out, max);
+      if (n > 0) {
+        st_.yielded_in_pass = true;
+        return n;
+      }
+      if (!st_.yielded_in_pass) {  // an empty pass: stop instead of spinning
+        st_.ended = true;
+        break;
+      }
+      ++st_.pass;
+      st_.yielded_in_pass = false;
+      if (!finished()) rebuild();
+    }
+    return 0;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    if (def_.count() && st_.pass > static_cast<std::uint64_t>(*def_.count()))
+      r.fail("pass " + std::to_string(st_.pass) + " is beyond count " + std::to_string(*def_.count()));
+    if (st_.pass > 0 && !finished()) rebuild();  // the upstream of that pass, then restored by the caller
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  bool finished() const {
+    return st_.ended || (def_.count() && st_.pass >= static_cast<std::uint64_t>(*def_.count()));
+  }
+  void rebuild() {
+    BuildContext c = ctx_;  // cursor still points at the upstream's first key
+    c.epoch = cycle_epoch(ctx_.epoch, st_.pass);
+    input_ = def_.input().instantiate(c);
+  }
+  struct State {
+    std::uint64_t pass = 0;
+    bool yielded_in_pass = false;
+    bool ended = false;
+    template <class A>
+    void fields(A& a) {
+      a("pass", pass);
+      a("yielded_in_pass", yielded_in_pass);
+      a("ended", ended);
+    }
+  };
+  const CycleDef<T>& def_;
+  BuildContext ctx_;
+  std::unique_ptr<Iter<T>> input_;
+  State st_;
+};
+
+template <class T>
+std::unique_ptr<Iter<T>> CycleDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<CycleIter<T>>(ctx, *this);
+}
+
+inline auto cycle(CycleOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<CycleDef<T>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,65 @@
+#pragma once
+/// Keeps the elements for which a pure predicate holds. In: T → Out: T. State: none.
+#include <algorithm>
+#include <string>
+
+#include "dpipe/nodes/map.hpp"
+
+namespace dpipe {
+
+struct FilterOptions {
+  std::string name;
+};
+
+template <class T, class Pred>
+class FilterDef final : public NodeDef<T> {
+ public:
+  FilterDef(std::shared_ptr<const NodeDef<T>> in, Pred pred, FilterOptions o)
+      : NodeDef<T>("filter", o.name, describe_fn(pred), {in}), input_(std::move(in)), pred_(std::move(pred)) {}
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<T>& input() const { return *input_; }
+  const Pred& pred() const { return pred_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+  Pred pred_;
+};
+
+template <class T, class Pred>
+class FilterIter final : public Stateless<T> {
+ public:
+  FilterIter(BuildContext& ctx, const FilterDef<T, Pred>& def)
+      : Stateless<T>(ctx, "filter"), input_(def.input().instantiate(ctx)), pred_(def.pred()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    const std::size_t before = out.size();
+    while (out.size() == before) {  // pull until something survives or the input ends
+      if (input_->pull(out, max) == 0) return 0;
+      auto keep_end = std::remove_if(out.begin() + static_cast<std::ptrdiff_t>(before), out.end(),
+                                     [&](const T& x) { return !static_cast<bool>(pred_(x)); });
+      out.erase(keep_end, out.end());
+    }
+    return out.size() - before;
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  std::unique_ptr<Iter<T>> input_;
+  Pred pred_;
+};
+
+template <class T, class Pred>
+std::unique_ptr<Iter<T>> FilterDef<T, Pred>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<FilterIter<T, Pred>>(ctx, *this);
+}
+
+template <class Pred>
+auto filter(Pred pred, FilterOptions o = {}) {
+  return make_closure([pred = std::move(pred), o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<FilterDef<T, Pred>>(p.def(), pred, o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,86 @@
+#pragma once
+/// The elements of a vector, in order. Out: T. State: the next index. The vector is shared, not
+/// copied, between workers.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct FromVectorOptions {
+  std::string name;
+};
+
+template <class T>
+class FromVectorDef final : public NodeDef<T> {
+ public:
+  FromVectorDef(std::vector<T> values, FromVectorOptions o)
+      : NodeDef<T>("from_vector", o.name, describe(values)),
+        values_(std::make_shared<const std::vector<T>>(std::move(values))) {}
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const std::vector<T>& values() const { return *values_; }
+
+ private:
+  // The fingerprint covers the size and, for Snapshottable types, a digest of the contents, so a
+  // snapshot taken over other data is refused.
+  static Params describe(const std::vector<T>& v) {
+    Params p{{"size", std::to_string(v.size())}};
+    if constexpr (Snapshottable<T>) {
+      std::uint64_t h = 0;
+      ByteWriter w;
+      for (const auto& x : v) {
+        w.buffer().clear();
+        Codec<T>::encode(w, x);
+        h = mix64(h ^ fnv1a(w.buffer()));
+      }
+      p.emplace_back("digest", std::to_string(h));
+    }
+    return p;
+  }
+  std::shared_ptr<const std::vector<T>> values_;
+};
+
+template <class T>
+class FromVectorIter final : public Hooked<T> {
+ public:
+  FromVectorIter(BuildContext& ctx, const FromVectorDef<T>& def) : Hooked<T>(ctx, "from_vector"), def_(def) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    const auto& v = def_.values();
+    const std::size_t n = std::min<std::size_t>(v.size() - st_.index, max);
+    out.insert(out.end(), v.begin() + static_cast<std::ptrdiff_t>(st_.index),
+               v.begin() + static_cast<std::ptrdiff_t>(st_.index + n));
+    st_.index += n;
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    if (st_.index > def_.values().size()) r.fail("index " + std::to_string(st_.index) + " is past the vector's end");
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+
+ private:
+  struct State {
+    std::uint64_t index = 0;
+    template <class A>
+    void fields(A& a) { a("index", index); }
+  };
+  const FromVectorDef<T>& def_;
+  State st_;
+};
+
+template <class T>
+std::unique_ptr<Iter<T>> FromVectorDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<FromVectorIter<T>>(ctx, *this);
+}
+
+template <class T>
+Pipeline<T> from_vector(std::vector<T> values, FromVectorOptions o = {}) {
+  return make_pipeline<FromVectorDef<T>>(std::move(values), std::move(o));
+}
+
+}  // namespace dpipe

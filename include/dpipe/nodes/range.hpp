@@ -1,0 +1,79 @@
+#pragma once
+/// Integers from `start` towards `stop` (exclusive) by `step`. Out: int64_t. State: the next index.
+#include <cstdint>
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct RangeOptions {
+  std::int64_t step = 1;
+  std::string name;
+};
+
+class RangeDef final : public NodeDef<std::int64_t> {
+ public:
+  RangeDef(std::int64_t start, std::int64_t stop, RangeOptions o)
+      : NodeDef("range", o.name,
+                {{"start", param_text(start)}, {"stop", param_text(stop)}, {"step", param_text(o.step)}}),
+        start_(start), step_(o.step) {
+    if (o.step == 0) throw ConfigError(node_label("range", o.name) + ": step must not be 0");
+    const __int128 span = static_cast<__int128>(stop) - start;
+    const __int128 n = o.step > 0 ? (span + o.step - 1) / o.step : (span + o.step + 1) / o.step;
+    count_ = n > 0 ? static_cast<std::uint64_t>(n) : 0;
+  }
+  std::unique_ptr<Iter<std::int64_t>> instantiate(BuildContext& ctx) const override;
+  std::int64_t start() const { return start_; }
+  std::int64_t step() const { return step_; }
+  std::uint64_t count() const { return count_; }
+
+ private:
+  std::int64_t start_, step_;
+  std::uint64_t count_ = 0;
+};
+
+class RangeIter final : public Hooked<std::int64_t> {
+ public:
+  RangeIter(BuildContext& ctx, const RangeDef& def) : Hooked(ctx, "range"), def_(def) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<std::int64_t>& out, std::size_t max) override {
+    const std::uint64_t left = def_.count() - st_.index;
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, max));
+    const std::size_t before = out.size();
+    out.resize(before + n);
+    std::int64_t* p = out.data() + before;
+    // Unsigned arithmetic wraps like the spec's 64-bit integers.
+    std::uint64_t v = static_cast<std::uint64_t>(def_.start()) + st_.index * static_cast<std::uint64_t>(def_.step());
+    for (std::size_t i = 0; i < n; ++i, v += static_cast<std::uint64_t>(def_.step())) p[i] = static_cast<std::int64_t>(v);
+    st_.index += n;
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    if (st_.index > def_.count()) r.fail("index " + std::to_string(st_.index) + " is past the range's end");
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+
+ private:
+  struct State {
+    std::uint64_t index = 0;
+    template <class A>
+    void fields(A& a) { a("index", index); }
+  };
+  const RangeDef& def_;
+  State st_;
+};
+
+inline std::unique_ptr<Iter<std::int64_t>> RangeDef::instantiate(BuildContext& ctx) const {
+  return std::make_unique<RangeIter>(ctx, *this);
+}
+
+inline Pipeline<std::int64_t> range(std::int64_t start, std::int64_t stop, RangeOptions o = {}) {
+  return make_pipeline<RangeDef>(start, stop, std::move(o));
+}
+inline Pipeline<std::int64_t> range(std::int64_t stop) { return range(0, stop); }
+
+}  // namespace dpipe

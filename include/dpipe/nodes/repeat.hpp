@@ -1,0 +1,104 @@
+#pragma once
+/// Yields each element `times` times in a row (1 is a pass-through). In: T → Out: T.
+/// State: the current element and how many copies of it are still due.
+#include <optional>
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct RepeatOptions {
+  std::string name;
+};
+
+template <Snapshottable T>
+class RepeatDef final : public NodeDef<T> {
+ public:
+  RepeatDef(std::shared_ptr<const NodeDef<T>> in, std::int64_t times, RepeatOptions o)
+      : NodeDef<T>("repeat", o.name, {{"times", param_text(times)}}, {in}), input_(std::move(in)) {
+    if (times < 1) throw ConfigError(node_label("repeat", o.name) + ": times must be at least 1, got " + param_text(times));
+    times_ = static_cast<std::uint64_t>(times);
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<T>& input() const { return *input_; }
+  std::uint64_t times() const { return times_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+  std::uint64_t times_ = 1;
+};
+
+template <Snapshottable T>
+class RepeatIter final : public Hooked<T> {
+ public:
+  RepeatIter(BuildContext& ctx, const RepeatDef<T>& def)
+      : Hooked<T>(ctx, "repeat"), input_(def.input().instantiate(ctx)), times_(def.times()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    std::size_t n = 0;
+    while (n < max) {
+      if (st_.due > 0) {
+        out.push_back(*st_.current);
+        ++n;
+        if (--st_.due == 0) st_.current.reset();
+        continue;
+      }
+      scratch_.clear();
+      const std::size_t k = std::max<std::size_t>(1, (max - n) / times_);
+      if (input_->pull(scratch_, k) == 0) break;
+      for (auto& x : scratch_) {
+        if (st_.due > 0 || n + times_ > max) {  // cannot finish this one now: keep it as state
+          pending_.push_back(std::move(x));
+          continue;
+        }
+        for (std::uint64_t i = 0; i < times_; ++i) out.push_back(x);
+        n += times_;
+      }
+      // At most one element can be left over, since k ≤ room / times unless k == 1.
+      if (!pending_.empty()) {
+        st_.current = std::move(pending_.front());
+        st_.due = times_;
+        pending_.clear();
+      }
+    }
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    if (st_.due > times_ || (st_.due > 0) != st_.current.has_value())
+      r.fail("due count " + std::to_string(st_.due) + " does not match the saved element");
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  struct State {
+    std::optional<T> current;
+    std::uint64_t due = 0;
+    template <class A>
+    void fields(A& a) {
+      a("current", current);
+      a("due", due);
+    }
+  };
+  std::unique_ptr<Iter<T>> input_;
+  std::uint64_t times_;
+  State st_;
+  std::vector<T> scratch_, pending_;
+};
+
+template <Snapshottable T>
+std::unique_ptr<Iter<T>> RepeatDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<RepeatIter<T>>(ctx, *this);
+}
+
+inline auto repeat(std::int64_t times, RepeatOptions o = {}) {
+  return make_closure([times, o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<RepeatDef<T>>(p.def(), times, o);
+  });
+}
+
+}  // namespace dpipe

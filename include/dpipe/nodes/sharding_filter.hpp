@@ -1,0 +1,127 @@
+#pragma once
+/// Keeps element i of the stream reaching it (its position, not its value) iff i mod N == id.
+/// Levels: `all` (N = world_size × num_workers, id = rank × num_workers + worker), `rank`, `worker`;
+/// or an explicit num_shards/shard_id. In: T → Out: T. State: the position.
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+enum class ShardLevel { all, rank, worker };
+
+struct ShardingOptions {
+  ShardLevel level = ShardLevel::all;
+  std::int64_t num_shards = 0;  // > 0 overrides the layout
+  std::int64_t shard_id = 0;
+  std::string name;
+};
+
+inline const char* to_string(ShardLevel l) {
+  switch (l) {
+    case ShardLevel::rank: return "rank";
+    case ShardLevel::worker: return "worker";
+    default: return "all";
+  }
+}
+
+template <class T>
+class ShardingFilterDef final : public NodeDef<T> {
+ public:
+  ShardingFilterDef(std::shared_ptr<const NodeDef<T>> in, ShardingOptions o)
+      : NodeDef<T>("sharding_filter", o.name,
+                   {{"level", to_string(o.level)}, {"num_shards", param_text(o.num_shards)},
+                    {"shard_id", param_text(o.shard_id)}},
+                   {in}),
+        input_(std::move(in)), opts_(std::move(o)) {
+    const std::string who = node_label("sharding_filter", opts_.name);
+    if (opts_.num_shards < 0) throw ConfigError(who + ": num_shards must be positive, got " + param_text(opts_.num_shards));
+    if (opts_.shard_id < 0) throw ConfigError(who + ": shard_id must not be negative, got " + param_text(opts_.shard_id));
+    if (opts_.num_shards > 0 && opts_.shard_id >= opts_.num_shards)
+      throw ConfigError(who + ": shard_id " + param_text(opts_.shard_id) + " must be below num_shards " +
+                        param_text(opts_.num_shards));
+  }
+
+  /// (N, id) for one worker of a layout.
+  std::pair<std::uint64_t, std::uint64_t> shard(const Layout& l, int worker) const {
+    if (opts_.num_shards > 0) return {std::uint64_t(opts_.num_shards), std::uint64_t(opts_.shard_id)};
+    switch (opts_.level) {
+      case ShardLevel::rank: return {std::uint64_t(l.world_size), std::uint64_t(l.rank)};
+      case ShardLevel::worker: return {std::uint64_t(l.num_workers), std::uint64_t(worker)};
+      default: return {std::uint64_t(l.instances()), std::uint64_t(l.instance(worker))};
+    }
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<T>& input() const { return *input_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+  ShardingOptions opts_;
+};
+
+template <class T>
+class ShardingFilterIter final : public Hooked<T> {
+ public:
+  ShardingFilterIter(BuildContext& ctx, const ShardingFilterDef<T>& def)
+      : Hooked<T>(ctx, "sharding_filter"), input_(def.input().instantiate(ctx)) {
+    std::tie(shards_, id_) = def.shard(ctx.layout, ctx.worker);
+  }
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    if (shards_ == 1) {
+      const std::size_t n = input_->pull(out, max);
+      st_.position += n;
+      return n;
+    }
+    // Pull about enough to yield `max` (never more than a few chunks at once), keep our positions.
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(max * shards_, 16 * kChunk));
+    std::size_t kept = 0;
+    while (kept == 0) {
+      scratch_.clear();
+      const std::size_t n = input_->pull(scratch_, want);
+      if (n == 0) return 0;
+      std::uint64_t phase = st_.position % shards_;
+      std::size_t i = phase <= id_ ? id_ - phase : shards_ - phase + id_;
+      for (; i < n; i += shards_) {
+        out.push_back(std::move(scratch_[i]));
+        ++kept;
+      }
+      st_.position += n;
+    }
+    return kept;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override { r.read(st_); }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  struct State {
+    std::uint64_t position = 0;
+    template <class A>
+    void fields(A& a) { a("position", position); }
+  };
+  std::unique_ptr<Iter<T>> input_;
+  std::uint64_t shards_ = 1, id_ = 0;
+  State st_;
+  std::vector<T> scratch_;
+};
+
+template <class T>
+std::unique_ptr<Iter<T>> ShardingFilterDef<T>::instantiate(BuildContext& ctx) const {
+  const auto [n, id] = shard(ctx.layout, ctx.worker);
+  if (n == 0 || id >= n)
+    throw ConfigError(node_label("sharding_filter", this->name()) + ": shard id " + std::to_string(id) +
+                      " is not below the number of shards " + std::to_string(n) + " for layout " +
+                      ctx.layout.to_string());
+  return std::make_unique<ShardingFilterIter<T>>(ctx, *this);
+}
+
+inline auto sharding_filter(ShardingOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<ShardingFilterDef<T>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,115 @@
+#pragma once
+/// Buffered shuffle, as torch's: fill the buffer; then for each new input emit a random slot and put
+/// the input there; at the end drain the buffer in random order. In: T → Out: T.
+/// State: the buffer, the generator, whether the input ended. Reshuffles every epoch.
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct ShuffleOptions {
+  std::int64_t buffer = 10'000;
+  std::string name;
+};
+
+template <Snapshottable T>
+class ShuffleDef final : public NodeDef<T> {
+ public:
+  ShuffleDef(std::shared_ptr<const NodeDef<T>> in, ShuffleOptions o)
+      : NodeDef<T>("shuffle", o.name, {{"buffer", param_text(o.buffer)}}, {in}), input_(std::move(in)) {
+    if (o.buffer <= 0)
+      throw ConfigError(node_label("shuffle", o.name) + ": buffer must be positive, got " + param_text(o.buffer));
+    buffer_ = static_cast<std::size_t>(o.buffer);
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<T>& input() const { return *input_; }
+  std::size_t buffer() const { return buffer_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+  std::size_t buffer_ = 0;
+};
+
+template <Snapshottable T>
+class ShuffleIter final : public Hooked<T> {
+ public:
+  ShuffleIter(BuildContext& ctx, const ShuffleDef<T>& def)
+      : Hooked<T>(ctx, "shuffle"), input_(def.input().instantiate(ctx)), size_(def.buffer()) {
+    st_.rng = ctx.rng(this->key());
+  }
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    auto& buf = st_.buffer;
+    const std::size_t before = out.size();
+    while (out.size() - before < max) {
+      if (!st_.input_done && buf.size() < size_) {  // filling
+        if (input_->pull(buf, size_ - buf.size()) == 0) st_.input_done = true;
+        continue;
+      }
+      if (!st_.input_done) {  // steady state: one output per input
+        scratch_.clear();
+        const std::size_t n = input_->pull(scratch_, max - (out.size() - before));
+        if (n == 0) {
+          st_.input_done = true;
+          continue;
+        }
+        for (auto& x : scratch_) {
+          T& slot = buf[st_.rng.below(size_)];
+          out.push_back(std::move(slot));
+          slot = std::move(x);
+        }
+        continue;
+      }
+      if (buf.empty()) break;  // drained
+      while (out.size() - before < max && !buf.empty()) {
+        T& slot = buf[st_.rng.below(buf.size())];
+        out.push_back(std::move(slot));
+        if (&slot != &buf.back()) slot = std::move(buf.back());
+        buf.pop_back();
+      }
+    }
+    return out.size() - before;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    if (st_.buffer.size() > size_)
+      r.fail("buffer holds " + std::to_string(st_.buffer.size()) + " elements, more than its size " +
+             std::to_string(size_));
+    st_.buffer.reserve(size_);
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  struct State {
+    std::vector<T> buffer;
+    Rng rng;
+    bool input_done = false;
+    template <class A>
+    void fields(A& a) {
+      a("buffer", buffer);
+      a("rng", rng);
+      a("input_done", input_done);
+    }
+  };
+  std::unique_ptr<Iter<T>> input_;
+  std::size_t size_;
+  State st_;
+  std::vector<T> scratch_;
+};
+
+template <Snapshottable T>
+std::unique_ptr<Iter<T>> ShuffleDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<ShuffleIter<T>>(ctx, *this);
+}
+
+inline auto shuffle(ShuffleOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<ShuffleDef<T>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe

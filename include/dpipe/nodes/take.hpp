@@ -1,0 +1,74 @@
+#pragma once
+/// The first `count` elements (torch's header); pulls no element past them. In: T → Out: T.
+/// State: how many were taken.
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct TakeOptions {
+  std::string name;
+};
+
+template <class T>
+class TakeDef final : public NodeDef<T> {
+ public:
+  TakeDef(std::shared_ptr<const NodeDef<T>> in, std::int64_t count, TakeOptions o)
+      : NodeDef<T>("take", o.name, {{"count", param_text(count)}}, {in}), input_(std::move(in)) {
+    if (count < 0) throw ConfigError(node_label("take", o.name) + ": count must not be negative, got " + param_text(count));
+    count_ = static_cast<std::uint64_t>(count);
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<T>& input() const { return *input_; }
+  std::uint64_t count() const { return count_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+  std::uint64_t count_ = 0;
+};
+
+template <class T>
+class TakeIter final : public Hooked<T> {
+ public:
+  TakeIter(BuildContext& ctx, const TakeDef<T>& def)
+      : Hooked<T>(ctx, "take"), input_(def.input().instantiate(ctx)), count_(def.count()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    if (st_.taken >= count_) return 0;
+    const std::size_t n = input_->pull(out, static_cast<std::size_t>(std::min<std::uint64_t>(max, count_ - st_.taken)));
+    st_.taken += n;
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    if (st_.taken > count_) r.fail("taken " + std::to_string(st_.taken) + " exceeds count " + std::to_string(count_));
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  struct State {
+    std::uint64_t taken = 0;
+    template <class A>
+    void fields(A& a) { a("taken", taken); }
+  };
+  std::unique_ptr<Iter<T>> input_;
+  std::uint64_t count_;
+  State st_;
+};
+
+template <class T>
+std::unique_ptr<Iter<T>> TakeDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<TakeIter<T>>(ctx, *this);
+}
+
+inline auto take(std::int64_t count, TakeOptions o = {}) {
+  return make_closure([count, o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<TakeDef<T>>(p.def(), count, o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,80 @@
+#pragma once
+/// Yields the elements of each batch in order. In: std::vector<T> → Out: T. State: the rest of the
+/// current batch.
+#include <iterator>
+#include <string>
+
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct UnbatchOptions {
+  std::string name;
+};
+
+template <Snapshottable T>
+class UnbatchDef final : public NodeDef<T> {
+ public:
+  UnbatchDef(std::shared_ptr<const NodeDef<std::vector<T>>> in, UnbatchOptions o)
+      : NodeDef<T>("unbatch", o.name, {}, {in}), input_(std::move(in)) {}
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDef<std::vector<T>>& input() const { return *input_; }
+
+ private:
+  std::shared_ptr<const NodeDef<std::vector<T>>> input_;
+};
+
+template <Snapshottable T>
+class UnbatchIter final : public Hooked<T> {
+ public:
+  UnbatchIter(BuildContext& ctx, const UnbatchDef<T>& def) : Hooked<T>(ctx, "unbatch"), input_(def.input().instantiate(ctx)) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    std::size_t n = 0;
+    while (n < max) {
+      if (next_ < current_.size()) {
+        const std::size_t k = std::min(max - n, current_.size() - next_);
+        std::move(current_.begin() + std::ptrdiff_t(next_), current_.begin() + std::ptrdiff_t(next_ + k),
+                  std::back_inserter(out));
+        next_ += k;
+        n += k;
+        continue;
+      }
+      batches_.clear();
+      if (input_->pull(batches_, 1) == 0) break;
+      current_ = std::move(batches_[0]);
+      next_ = 0;
+    }
+    return n;
+  }
+  void save_state(StateWriter& w) const override {
+    w("rest", std::vector<T>(current_.begin() + std::ptrdiff_t(next_), current_.end()));
+  }
+  void restore_state(StateReader& r) override {
+    r("rest", current_);
+    next_ = 0;
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  std::unique_ptr<Iter<std::vector<T>>> input_;
+  std::vector<T> current_;
+  std::size_t next_ = 0;
+  std::vector<std::vector<T>> batches_;
+};
+
+template <Snapshottable T>
+std::unique_ptr<Iter<T>> UnbatchDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<UnbatchIter<T>>(ctx, *this);
+}
+
+inline auto unbatch(UnbatchOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using B = typename std::decay_t<decltype(p)>::element_type;
+    static_assert(detail::is_vector_v<B>, "unbatch takes a pipeline of batches (std::vector<T>)");
+    return make_pipeline<UnbatchDef<typename B::value_type>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,143 @@
+#pragma once
+/// One tuple per position of its inputs; stops at the shortest input.
+/// `zip(a, b, …)`: In: A, B, … → Out: std::tuple<A, B, …>.
+/// `zip_all({a, b, …})`: inputs of one type T → Out: std::vector<T> (what the spec format uses).
+/// State: whether an input has ended.
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dpipe/nodes/concat.hpp"
+
+namespace dpipe {
+
+struct ZipOptions {
+  std::string name;
+};
+
+template <class... Ts>
+class ZipDef final : public NodeDef<std::tuple<Ts...>> {
+ public:
+  using Out = std::tuple<Ts...>;
+  ZipDef(std::tuple<std::shared_ptr<const NodeDef<Ts>>...> ins, ZipOptions o)
+      : NodeDef<Out>("zip", o.name, {}, std::apply([](const auto&... d) {
+                       return std::vector<std::shared_ptr<const NodeDefBase>>{d...};
+                     }, ins)),
+        inputs_(std::move(ins)) {}
+  std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override;
+  const auto& typed_inputs() const { return inputs_; }
+
+ private:
+  std::tuple<std::shared_ptr<const NodeDef<Ts>>...> inputs_;
+};
+
+template <class... Ts>
+class ZipIter final : public Hooked<std::tuple<Ts...>> {
+ public:
+  using Out = std::tuple<Ts...>;
+  ZipIter(BuildContext& ctx, const ZipDef<Ts...>& def)
+      : Hooked<Out>(ctx, "zip"),
+        inputs_(std::apply([&](const auto&... d) { return std::tuple{d->instantiate(ctx)...}; }, def.typed_inputs())) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    if (st_.ended) return 0;
+    std::size_t n = max;
+    // Each input is pulled for exactly as many elements as the ones before it gave.
+    std::apply([&](auto&... in) { std::apply([&](auto&... buf) { ((buf.clear(), n = pull_exact(*in, buf, n)), ...); }, scratch_); }, inputs_);
+    if (n < max) st_.ended = true;  // some input ended: the surplus of the others is dropped
+    for (std::size_t i = 0; i < n; ++i)
+      out.push_back(std::apply([&](auto&... buf) { return Out{std::move(buf[i])...}; }, scratch_));
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override { r.read(st_); }
+  std::vector<IterBase*> inputs() const override {
+    return std::apply([](const auto&... in) { return std::vector<IterBase*>{in.get()...}; }, inputs_);
+  }
+
+ private:
+  struct State {
+    bool ended = false;
+    template <class A>
+    void fields(A& a) { a("ended", ended); }
+  };
+  std::tuple<std::unique_ptr<Iter<Ts>>...> inputs_;
+  std::tuple<std::vector<Ts>...> scratch_;
+  State st_;
+};
+
+template <class... Ts>
+std::unique_ptr<Iter<std::tuple<Ts...>>> ZipDef<Ts...>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<ZipIter<Ts...>>(ctx, *this);
+}
+
+template <class... Ts>
+Pipeline<std::tuple<Ts...>> zip(const Pipeline<Ts>&... ps) {
+  static_assert(sizeof...(Ts) >= 2, "zip needs at least two inputs");
+  return make_pipeline<ZipDef<Ts...>>(std::tuple{ps.def()...}, ZipOptions{});
+}
+
+template <class T>
+class ZipAllDef final : public NodeDef<std::vector<T>> {
+ public:
+  ZipAllDef(std::vector<std::shared_ptr<const NodeDef<T>>> ins, ZipOptions o)
+      : NodeDef<std::vector<T>>("zip", o.name, {}, untyped(ins)), inputs_(std::move(ins)) {
+    if (inputs_.size() < 2) throw ConfigError(node_label("zip", o.name) + ": needs at least one other input");
+  }
+  std::unique_ptr<Iter<std::vector<T>>> instantiate(BuildContext& ctx) const override;
+  const auto& typed_inputs() const { return inputs_; }
+
+ private:
+  std::vector<std::shared_ptr<const NodeDef<T>>> inputs_;
+};
+
+template <class T>
+class ZipAllIter final : public Hooked<std::vector<T>> {
+ public:
+  ZipAllIter(BuildContext& ctx, const ZipAllDef<T>& def)
+      : Hooked<std::vector<T>>(ctx, "zip"), inputs_(instantiate_all(def.typed_inputs(), ctx)), scratch_(inputs_.size()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<std::vector<T>>& out, std::size_t max) override {
+    if (st_.ended) return 0;
+    std::size_t n = max;
+    for (std::size_t j = 0; j < inputs_.size(); ++j) {
+      scratch_[j].clear();
+      n = pull_exact(*inputs_[j], scratch_[j], n);
+    }
+    if (n < max) st_.ended = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<T> row;
+      row.reserve(inputs_.size());
+      for (auto& buf : scratch_) row.push_back(std::move(buf[i]));
+      out.push_back(std::move(row));
+    }
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w.write(st_); }
+  void restore_state(StateReader& r) override { r.read(st_); }
+  std::vector<IterBase*> inputs() const override { return bases_of(inputs_); }
+
+ private:
+  struct State {
+    bool ended = false;
+    template <class A>
+    void fields(A& a) { a("ended", ended); }
+  };
+  std::vector<std::unique_ptr<Iter<T>>> inputs_;
+  std::vector<std::vector<T>> scratch_;
+  State st_;
+};
+
+template <class T>
+std::unique_ptr<Iter<std::vector<T>>> ZipAllDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<ZipAllIter<T>>(ctx, *this);
+}
+
+template <class T>
+Pipeline<std::vector<T>> zip_all(const std::vector<Pipeline<T>>& ps, ZipOptions o = {}) {
+  return make_pipeline<ZipAllDef<T>>(defs_of(ps), std::move(o));
+}
+
+}  // namespace dpipe

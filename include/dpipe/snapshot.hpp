@@ -1,0 +1,99 @@
+#pragma once
+/// A Snapshot is the complete state of a Run at the consumer's position: metadata, then one record per
+/// node and instance, each a list of named, typed fields. Buffered elements are stored as opaque
+/// length-delimited blobs with a type tag, so any program can show, check and (later) rescale a snapshot
+/// without knowing the element types. Converts to and from bytes and files; see serialize/format.md.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dpipe/layout.hpp"
+
+namespace dpipe {
+
+/// How a node's state is captured (DESIGN §3): by its hook, not at all, or by replay from the
+/// initial RNG state.
+enum class StateMode : std::uint8_t { hook = 1, stateless = 2, replay = 3 };
+const char* to_string(StateMode m);
+
+enum class FieldType : std::uint8_t { u64 = 1, i64 = 2, str = 3, elements = 4 };
+
+/// A list of encoded elements: element i is data[offsets[i], offsets[i+1]).
+struct ElementBlobs {
+  std::string tag;                   // Codec<T>::tag() of the element type
+  std::vector<std::uint64_t> offsets{0};
+  std::string data;
+
+  std::size_t size() const { return offsets.size() - 1; }
+  std::string_view at(std::size_t i) const {
+    return std::string_view(data).substr(offsets[i], offsets[i + 1] - offsets[i]);
+  }
+  void append(std::string_view bytes) {
+    data.append(bytes);
+    offsets.push_back(data.size());
+  }
+};
+
+struct Field {
+  std::string name;
+  FieldType type = FieldType::u64;
+  std::uint64_t u = 0;
+  std::int64_t i = 0;
+  std::string s;
+  ElementBlobs elements;
+};
+
+/// The state of one node on one instance.
+struct NodeState {
+  std::string key;
+  std::string kind;
+  std::uint32_t instance = 0;
+  StateMode mode = StateMode::hook;
+  std::vector<Field> fields;
+};
+
+/// One node of the graph as the snapshot records it (for inspection without the program).
+struct GraphNodeRecord {
+  std::string key;
+  std::string kind;
+  std::string element_type;
+};
+
+struct SnapshotMeta {
+  std::uint32_t format_version = 0;  // of the bytes it was read from; 0 when built in memory
+  std::uint64_t fingerprint = 0;
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  Layout layout;
+  std::uint64_t elements_delivered = 0;  // by this Run before the snapshot
+  std::vector<GraphNodeRecord> graph;
+  std::map<std::string, std::string> user_metadata;
+};
+
+class Snapshot {
+ public:
+  static constexpr std::uint32_t kFormatVersion = 1;
+
+  SnapshotMeta meta;
+  std::vector<NodeState> states;
+
+  /// The binary form: header, section table, checksummed sections.
+  std::string to_bytes() const;
+  /// Parses and verifies bytes (magic, version, lengths, checksums); throws SnapshotError.
+  static Snapshot from_bytes(std::string_view bytes);
+  /// Writes atomically: temporary file in the same folder, fsync, rename, fsync of the folder.
+  void write_file(const std::string& path) const;
+  static Snapshot read_file(const std::string& path);
+  /// A JSON rendering for people; native element types are decoded, others shown as hex.
+  std::string to_json() const;
+
+  const NodeState* find(std::string_view key, std::uint32_t instance) const;
+};
+
+/// Decodes one element blob with the given native type tag into JSON text; false if the tag is not
+/// native (a cereal-encoded user type) or the bytes do not match it.
+bool element_to_json(std::string_view tag, std::string_view bytes, std::string& out);
+
+}  // namespace dpipe

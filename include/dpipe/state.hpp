@@ -1,0 +1,179 @@
+#pragma once
+/// StateWriter and StateReader: the archives a node's typed state struct visits with one
+/// `fields(Archive&)` function, so saving and restoring cannot drift apart:
+///
+///   struct State {
+///     std::uint64_t position = 0;
+///     std::vector<T> buffer;
+///     template <class A> void fields(A& a) { a("position", position); a("buffer", buffer); }
+///   };
+///
+/// Integers become u64/i64 fields, std::string a string field, Rng a four-word field, and every other
+/// Snapshottable value (vectors, optionals) an element list: opaque blobs the tool can still deal out.
+#include <concepts>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "dpipe/codec.hpp"
+#include "dpipe/error.hpp"
+#include "dpipe/rng.hpp"
+#include "dpipe/snapshot.hpp"
+
+namespace dpipe {
+
+namespace detail {
+template <class T>
+constexpr bool is_optional_v = false;
+template <class T>
+constexpr bool is_optional_v<std::optional<T>> = true;
+}  // namespace detail
+
+class StateWriter {
+ public:
+  explicit StateWriter(NodeState& out) : out_(out) {}
+
+  /// Writes every field of a state struct (its `fields` visitor only reads when given a writer).
+  template <class S>
+  void write(const S& state) {
+    const_cast<S&>(state).fields(*this);
+  }
+
+  template <class T>
+  void operator()(std::string_view name, const T& v) {
+    Field& f = out_.fields.emplace_back();
+    f.name = name;
+    if constexpr (std::is_same_v<T, bool> || (std::is_integral_v<T> && std::is_unsigned_v<T>)) {
+      f.type = FieldType::u64;
+      f.u = static_cast<std::uint64_t>(v);
+    } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+      f.type = FieldType::i64;
+      f.i = static_cast<std::int64_t>(v);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      f.type = FieldType::str;
+      f.s = v;
+    } else if constexpr (std::is_same_v<T, Rng>) {
+      f.type = FieldType::elements;
+      f.elements.tag = "u64";
+      ByteWriter w;
+      for (auto word : v.state()) {
+        w.buffer().clear();
+        w.put<std::uint64_t>(word);
+        f.elements.append(w.buffer());
+      }
+    } else if constexpr (detail::is_vector_v<T> || detail::is_optional_v<T>) {
+      using E = typename T::value_type;
+      static_assert(Snapshottable<E>,
+                    "READ THIS IF YOUR COMPILE BREAKS HERE: a node keeps elements of this type in its "
+                    "snapshot state, so the type must be Snapshottable: a built-in type (integers, "
+                    "strings, vectors, tuples, optionals) or a type with a cereal serialize() function.");
+      f.type = FieldType::elements;
+      f.elements.tag = Codec<E>::tag();
+      ByteWriter w;
+      auto put = [&](const E& e) {
+        w.buffer().clear();
+        Codec<E>::encode(w, e);
+        f.elements.append(w.buffer());
+      };
+      if constexpr (detail::is_optional_v<T>) {
+        if (v) put(*v);
+      } else {
+        f.elements.offsets.reserve(v.size() + 1);
+        for (const auto& e : v) put(e);
+      }
+    } else {
+      static_assert(sizeof(T) == 0, "unsupported state field type: use integers, strings, Rng, vectors or optionals");
+    }
+  }
+
+ private:
+  NodeState& out_;
+};
+
+class StateReader {
+ public:
+  explicit StateReader(const NodeState& in) : in_(in) {}
+
+  template <class S>
+  void read(S& state) {
+    state.fields(*this);
+  }
+
+  template <class T>
+  void operator()(std::string_view name, T& v) {
+    const Field& f = next(name);
+    if constexpr (std::is_same_v<T, bool> || (std::is_integral_v<T> && std::is_unsigned_v<T>)) {
+      expect(f, FieldType::u64);
+      if constexpr (std::is_same_v<T, bool>) {
+        if (f.u > 1) fail("field '" + f.name + "' should be 0 or 1, found " + std::to_string(f.u));
+      } else if constexpr (sizeof(T) < 8) {
+        if (f.u > std::numeric_limits<T>::max()) fail("field '" + f.name + "' is out of range");
+      }
+      v = static_cast<T>(f.u);
+    } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+      expect(f, FieldType::i64);
+      v = static_cast<T>(f.i);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      expect(f, FieldType::str);
+      v = f.s;
+    } else if constexpr (std::is_same_v<T, Rng>) {
+      expect(f, FieldType::elements);
+      if (f.elements.tag != "u64" || f.elements.size() != 4) fail("field '" + f.name + "' is not a generator state");
+      Rng::State s;
+      for (std::size_t i = 0; i < 4; ++i) s[i] = decode_from_string<std::uint64_t>(f.elements.at(i), what());
+      v.set_state(s);
+    } else if constexpr (detail::is_vector_v<T> || detail::is_optional_v<T>) {
+      using E = typename T::value_type;
+      expect(f, FieldType::elements);
+      if (f.elements.tag != Codec<E>::tag())
+        fail("field '" + f.name + "' holds elements of type " + f.elements.tag + ", expected " + Codec<E>::tag());
+      const std::size_t n = f.elements.size();
+      if constexpr (detail::is_optional_v<T>) {
+        if (n > 1) fail("field '" + f.name + "' holds " + std::to_string(n) + " values, expected at most 1");
+        v.reset();
+        if (n == 1) v = decode_from_string<E>(f.elements.at(0), what());
+      } else {
+        v.clear();
+        v.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) v.push_back(decode_from_string<E>(f.elements.at(i), what()));
+      }
+    } else {
+      static_assert(sizeof(T) == 0, "unsupported state field type");
+    }
+  }
+
+  /// Throws unless every field was read.
+  void finish() const {
+    if (pos_ != in_.fields.size())
+      fail(std::to_string(in_.fields.size() - pos_) + " unexpected fields after '" +
+           (pos_ ? in_.fields[pos_ - 1].name : std::string("<start>")) + "'");
+  }
+  const NodeState& record() const { return in_; }
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw SnapshotError("snapshot state of node '" + in_.key + "' (instance " + std::to_string(in_.instance) +
+                        "): " + msg);
+  }
+
+ private:
+  std::string what() const { return "state of node '" + in_.key + "'"; }
+  const Field& next(std::string_view name) {
+    if (pos_ >= in_.fields.size()) fail("field '" + std::string(name) + "' is missing");
+    const Field& f = in_.fields[pos_++];
+    if (f.name != name) fail("expected field '" + std::string(name) + "', found '" + f.name + "'");
+    return f;
+  }
+  void expect(const Field& f, FieldType t) const {
+    if (f.type != t)
+      fail("field '" + f.name + "' has type " + std::to_string(static_cast<int>(f.type)) + ", expected " +
+           std::to_string(static_cast<int>(t)));
+  }
+
+  const NodeState& in_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace dpipe

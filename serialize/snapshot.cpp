@@ -1,0 +1,363 @@
+// Snapshot bytes: header, section table, checksummed sections (see format.md beside this file).
+#include "dpipe/snapshot.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "dpipe/codec.hpp"
+#include "dpipe/crc32c.hpp"
+#include "json_text.hpp"
+
+namespace dpipe {
+namespace {
+
+constexpr char kMagic[8] = {'D', 'P', 'I', 'P', 'E', 'S', 'N', 'P'};
+constexpr std::size_t kHeaderBytes = 32;
+constexpr std::size_t kSectionEntryBytes = 24;
+constexpr std::uint32_t kMaxSections = 64;
+enum SectionId : std::uint32_t { kMeta = 1, kStates = 2 };
+
+void put_u32(ByteWriter& w, std::uint32_t v) { w.put(v); }
+
+std::string encode_meta(const SnapshotMeta& m) {
+  ByteWriter w;
+  w.put<std::uint64_t>(m.fingerprint);
+  w.put<std::uint64_t>(m.seed);
+  w.put<std::uint64_t>(m.epoch);
+  w.put<std::int32_t>(m.layout.rank);
+  w.put<std::int32_t>(m.layout.world_size);
+  w.put<std::int32_t>(m.layout.num_workers);
+  w.put<std::uint64_t>(m.elements_delivered);
+  w.put<std::uint64_t>(m.graph.size());
+  for (const auto& n : m.graph) {
+    w.str(n.key);
+    w.str(n.kind);
+    w.str(n.element_type);
+  }
+  w.put<std::uint64_t>(m.user_metadata.size());
+  for (const auto& [k, v] : m.user_metadata) {
+    w.str(k);
+    w.str(v);
+  }
+  return w.take();
+}
+
+SnapshotMeta decode_meta(ByteReader& r) {
+  SnapshotMeta m;
+  m.fingerprint = r.get<std::uint64_t>();
+  m.seed = r.get<std::uint64_t>();
+  m.epoch = r.get<std::uint64_t>();
+  m.layout.rank = r.get<std::int32_t>();
+  m.layout.world_size = r.get<std::int32_t>();
+  m.layout.num_workers = r.get<std::int32_t>();
+  m.elements_delivered = r.get<std::uint64_t>();
+  const std::size_t nodes = r.length(24);
+  m.graph.reserve(nodes);
+  for (std::size_t i = 0; i < nodes; ++i) {
+    GraphNodeRecord n;
+    n.key = r.str();
+    n.kind = r.str();
+    n.element_type = r.str();
+    m.graph.push_back(std::move(n));
+  }
+  const std::size_t meta = r.length(16);
+  for (std::size_t i = 0; i < meta; ++i) {
+    std::string k(r.str());
+    m.user_metadata[k] = std::string(r.str());
+  }
+  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the metadata");
+  return m;
+}
+
+std::string encode_states(const std::vector<NodeState>& states) {
+  ByteWriter w;
+  w.put<std::uint64_t>(states.size());
+  for (const auto& s : states) {
+    w.str(s.key);
+    w.str(s.kind);
+    w.put<std::uint32_t>(s.instance);
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(s.mode));
+    w.put<std::uint64_t>(s.fields.size());
+    for (const auto& f : s.fields) {
+      w.str(f.name);
+      w.put<std::uint8_t>(static_cast<std::uint8_t>(f.type));
+      switch (f.type) {
+        case FieldType::u64: w.put(f.u); break;
+        case FieldType::i64: w.put(f.i); break;
+        case FieldType::str: w.str(f.s); break;
+        case FieldType::elements: {
+          const auto& e = f.elements;
+          w.str(e.tag);
+          w.put<std::uint64_t>(e.size());
+          for (std::size_t i = 0; i < e.size(); ++i) w.put<std::uint64_t>(e.offsets[i + 1] - e.offsets[i]);
+          w.raw(e.data.data(), e.data.size());
+          break;
+        }
+      }
+    }
+  }
+  return w.take();
+}
+
+std::vector<NodeState> decode_states(ByteReader& r) {
+  std::vector<NodeState> states(r.length(29));
+  for (auto& s : states) {
+    s.key = r.str();
+    s.kind = r.str();
+    s.instance = r.get<std::uint32_t>();
+    const auto mode = r.get<std::uint8_t>();
+    if (mode < 1 || mode > 3) r.fail("node '" + s.key + "' has an unknown state mode " + std::to_string(mode));
+    s.mode = static_cast<StateMode>(mode);
+    s.fields.resize(r.length(9));
+    for (auto& f : s.fields) {
+      f.name = r.str();
+      const auto type = r.get<std::uint8_t>();
+      switch (type) {
+        case 1: f.type = FieldType::u64; f.u = r.get<std::uint64_t>(); break;
+        case 2: f.type = FieldType::i64; f.i = r.get<std::int64_t>(); break;
+        case 3: f.type = FieldType::str; f.s = r.str(); break;
+        case 4: {
+          f.type = FieldType::elements;
+          auto& e = f.elements;
+          e.tag = r.str();
+          const std::size_t n = r.length(8);
+          e.offsets.resize(n + 1);
+          std::uint64_t total = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            const auto len = r.get<std::uint64_t>();
+            if (len > r.remaining()) r.fail("an element of field '" + f.name + "' claims " + std::to_string(len) + " bytes");
+            total += len;
+            e.offsets[i + 1] = total;
+          }
+          if (total > r.remaining()) r.fail("the elements of field '" + f.name + "' run past the section");
+          e.data = std::string(r.bytes(static_cast<std::size_t>(total)));
+          break;
+        }
+        default: r.fail("field '" + f.name + "' of node '" + s.key + "' has an unknown type " + std::to_string(type));
+      }
+    }
+  }
+  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the node states");
+  return states;
+}
+
+}  // namespace
+
+const char* to_string(StateMode m) {
+  switch (m) {
+    case StateMode::hook: return "hook";
+    case StateMode::stateless: return "stateless";
+    case StateMode::replay: return "replay";
+  }
+  return "unknown";
+}
+
+const NodeState* Snapshot::find(std::string_view key, std::uint32_t instance) const {
+  for (const auto& s : states)
+    if (s.key == key && s.instance == instance) return &s;
+  return nullptr;
+}
+
+std::string Snapshot::to_bytes() const {
+  const std::string sections[] = {encode_meta(meta), encode_states(states)};
+  const SectionId ids[] = {kMeta, kStates};
+  constexpr std::uint32_t n = 2;
+  ByteWriter table;
+  std::uint64_t offset = kHeaderBytes + n * kSectionEntryBytes;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    put_u32(table, ids[i]);
+    put_u32(table, crc32c(sections[i]));
+    table.put<std::uint64_t>(offset);
+    table.put<std::uint64_t>(sections[i].size());
+    offset += sections[i].size();
+  }
+  ByteWriter out;
+  out.raw(kMagic, sizeof kMagic);
+  put_u32(out, kFormatVersion);
+  put_u32(out, n);
+  out.put<std::uint64_t>(offset);  // total length
+  put_u32(out, crc32c(table.buffer()));
+  put_u32(out, crc32c(out.buffer()));  // header checksum over the 28 bytes before it
+  out.raw(table.buffer().data(), table.size());
+  for (const auto& s : sections) out.raw(s.data(), s.size());
+  return out.take();
+}
+
+Snapshot Snapshot::from_bytes(std::string_view bytes) {
+  if (bytes.size() < kHeaderBytes)
+    throw SnapshotError("snapshot is truncated: " + std::to_string(bytes.size()) + " bytes, a header alone is " +
+                        std::to_string(kHeaderBytes));
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    throw SnapshotError("not a dpipe snapshot: wrong magic bytes at the start");
+  ByteReader h(bytes.substr(8, kHeaderBytes - 8), "snapshot header");
+  const auto version = h.get<std::uint32_t>();
+  if (version > kFormatVersion)
+    throw SnapshotError("snapshot format version " + std::to_string(version) +
+                        " is newer than this build of dpipe reads (up to " + std::to_string(kFormatVersion) + ")");
+  if (version == 0) throw SnapshotError("snapshot format version 0 is invalid");
+  const auto count = h.get<std::uint32_t>();
+  const auto total = h.get<std::uint64_t>();
+  const auto table_crc = h.get<std::uint32_t>();
+  const auto header_crc = h.get<std::uint32_t>();
+  if (crc32c(bytes.data(), kHeaderBytes - 4) != header_crc)
+    throw SnapshotError("snapshot header checksum mismatch: the header is corrupt");
+  if (total > bytes.size())
+    throw SnapshotError("snapshot is truncated: " + std::to_string(bytes.size()) + " bytes, the header says " +
+                        std::to_string(total));
+  if (total < bytes.size())
+    throw SnapshotError("snapshot has " + std::to_string(bytes.size() - total) + " unexpected bytes at the end");
+  if (count > kMaxSections) throw SnapshotError("snapshot header claims " + std::to_string(count) + " sections");
+  const std::size_t table_end = kHeaderBytes + count * kSectionEntryBytes;
+  if (table_end > bytes.size()) throw SnapshotError("snapshot is truncated inside its section table");
+  const auto table = bytes.substr(kHeaderBytes, count * kSectionEntryBytes);
+  if (crc32c(table) != table_crc) throw SnapshotError("snapshot section table checksum mismatch");
+
+  Snapshot s;
+  s.meta.format_version = version;
+  bool have_meta = false, have_states = false;
+  ByteReader t(table, "snapshot section table");
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto id = t.get<std::uint32_t>();
+    const auto crc = t.get<std::uint32_t>();
+    const auto off = t.get<std::uint64_t>();
+    const auto len = t.get<std::uint64_t>();
+    if (off < table_end || off > bytes.size() || len > bytes.size() - off)
+      throw SnapshotError("snapshot section " + std::to_string(id) + " lies outside the file");
+    const auto body = bytes.substr(off, len);
+    if (crc32c(body) != crc) throw SnapshotError("snapshot section " + std::to_string(id) + " checksum mismatch");
+    if (id == kMeta) {
+      ByteReader r(body, "snapshot metadata");
+      const auto v = s.meta.format_version;
+      s.meta = decode_meta(r);
+      s.meta.format_version = v;
+      have_meta = true;
+    } else if (id == kStates) {
+      ByteReader r(body, "snapshot node states");
+      s.states = decode_states(r);
+      have_states = true;
+    }  // unknown sections of a readable version are skipped
+  }
+  if (!have_meta || !have_states) throw SnapshotError("snapshot lacks its metadata or node-state section");
+  return s;
+}
+
+void Snapshot::write_file(const std::string& path) const {
+  const std::string bytes = to_bytes();
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw SnapshotError("cannot write snapshot '" + tmp + "': " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t k = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw SnapshotError("cannot write snapshot '" + tmp + "': " + std::strerror(e));
+    }
+    done += static_cast<std::size_t>(k);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw SnapshotError("cannot flush snapshot '" + tmp + "': " + std::strerror(e));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw SnapshotError("cannot move snapshot into place at '" + path + "': " + std::strerror(e));
+  }
+  // Make the rename itself durable.
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+Snapshot Snapshot::read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SnapshotError("cannot open snapshot '" + path + "': " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw SnapshotError("cannot read snapshot '" + path + "'");
+  try {
+    return from_bytes(ss.str());
+  } catch (const SnapshotError& e) {
+    throw SnapshotError("'" + path + "': " + e.what());
+  }
+}
+
+std::string Snapshot::to_json() const {
+  JsonText j;
+  j.begin_object();
+  j.key("format_version").number(meta.format_version ? meta.format_version : kFormatVersion);
+  j.key("fingerprint").string(hex64(meta.fingerprint));
+  j.key("seed").number(meta.seed);
+  j.key("epoch").number(meta.epoch);
+  j.key("layout").begin_object();
+  j.key("rank").number(meta.layout.rank);
+  j.key("world_size").number(meta.layout.world_size);
+  j.key("num_workers").number(meta.layout.num_workers);
+  j.end_object();
+  j.key("elements_delivered").number(meta.elements_delivered);
+  j.key("user_metadata").begin_object();
+  for (const auto& [k, v] : meta.user_metadata) j.key(k).string(v);
+  j.end_object();
+  j.key("graph").begin_array();
+  for (const auto& n : meta.graph) {
+    j.begin_object();
+    j.key("key").string(n.key);
+    j.key("kind").string(n.kind);
+    j.key("element_type").string(n.element_type);
+    j.end_object();
+  }
+  j.end_array();
+  j.key("states").begin_array();
+  for (const auto& s : states) {
+    j.begin_object();
+    j.key("key").string(s.key);
+    j.key("kind").string(s.kind);
+    j.key("instance").number(s.instance);
+    j.key("mode").string(to_string(s.mode));
+    j.key("fields").begin_object();
+    for (const auto& f : s.fields) {
+      j.key(f.name);
+      switch (f.type) {
+        case FieldType::u64: j.number(f.u); break;
+        case FieldType::i64: j.number(f.i); break;
+        case FieldType::str: j.string(f.s); break;
+        case FieldType::elements: {
+          j.begin_object();
+          j.key("type").string(f.elements.tag);
+          j.key("count").number(f.elements.size());
+          j.key("bytes").number(f.elements.data.size());
+          j.key("values").begin_array();
+          for (std::size_t i = 0; i < f.elements.size(); ++i) {
+            std::string v;
+            if (element_to_json(f.elements.tag, f.elements.at(i), v)) j.raw(v);
+            else j.string("0x" + hex_bytes(f.elements.at(i)));
+          }
+          j.end_array();
+          j.end_object();
+          break;
+        }
+      }
+    }
+    j.end_object();
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+  return j.take();
+}
+
+}  // namespace dpipe
