@@ -1,0 +1,81 @@
+#pragma once
+/// The builtin functions of the spec format, usable from C++ too. Each describes its parameters for
+/// the graph fingerprint. Integers are 64-bit and wrap on overflow.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dpipe/node.hpp"
+
+namespace dpipe::builtins {
+
+/// map: x → x·mul + add (wrapping).
+struct Affine {
+  std::int64_t mul = 1, add = 0;
+  std::int64_t operator()(std::int64_t x) const {
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(x) * static_cast<std::uint64_t>(mul) +
+                                     static_cast<std::uint64_t>(add));
+  }
+  Params describe() const { return {{"fn", "affine"}, {"mul", std::to_string(mul)}, {"add", std::to_string(add)}}; }
+};
+
+/// filter: keeps x with x mod `mod` == `eq`, floor modulo as in Python ((-11) mod 4 == 1).
+struct ModEq {
+  std::int64_t mod = 1, eq = 0;
+  bool operator()(std::int64_t x) const {
+    std::int64_t r = x % mod;
+    if (r < 0) r += mod;
+    return r == eq;
+  }
+  Params describe() const { return {{"fn", "mod_eq"}, {"mod", std::to_string(mod)}, {"eq", std::to_string(eq)}}; }
+};
+
+/// map: returns its input.
+struct Identity {
+  template <class T>
+  T operator()(T x) const {
+    return x;
+  }
+  Params describe() const { return {{"fn", "identity"}}; }
+};
+
+/// Iterations of the spin loop per nanosecond on this machine, measured once on first use.
+double spin_iterations_per_ns();
+/// Runs `iterations` of dependent integer arithmetic the optimiser cannot remove.
+void spin_for(std::uint64_t iterations);
+
+/// map: a fixed amount of arithmetic that takes about `ns` nanoseconds on one core (calibrated at
+/// start-up, never a clock wait), then returns its input. Models CPU-bound decoding.
+struct Spin {
+  std::int64_t ns = 0;
+  std::uint64_t iterations = 0;
+  explicit Spin(std::int64_t ns_) : ns(ns_), iterations(static_cast<std::uint64_t>(double(ns_) * spin_iterations_per_ns())) {}
+  template <class T>
+  T operator()(T x) const {
+    spin_for(iterations);
+    return x;
+  }
+  Params describe() const { return {{"fn", "spin"}, {"ns", std::to_string(ns)}}; }
+};
+
+/// flat_map: x → `times` copies of x.
+struct Replicate {
+  std::int64_t times = 1;
+  template <class T>
+  std::vector<T> operator()(const T& x) const {
+    return std::vector<T>(static_cast<std::size_t>(times), x);
+  }
+  Params describe() const { return {{"fn", "replicate"}, {"times", std::to_string(times)}}; }
+};
+
+/// flat_map: x → 0, 1, …, x−1 (nothing for x ≤ 0).
+struct Iota {
+  std::vector<std::int64_t> operator()(std::int64_t x) const {
+    std::vector<std::int64_t> v;
+    for (std::int64_t i = 0; i < x; ++i) v.push_back(i);
+    return v;
+  }
+  Params describe() const { return {{"fn", "range"}}; }
+};
+
+}  // namespace dpipe::builtins

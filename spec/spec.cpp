@@ -1,0 +1,349 @@
+// JSON spec → typed Pipeline. Every op is checked here, when the spec is built, so a bad spec fails
+// before anything runs, with the node's position and the parameter in the message.
+#include "dpipe/spec.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <set>
+
+#include "dpipe/builtins.hpp"
+#include "dpipe/dpipe.hpp"
+#include "../serialize/json_text.hpp"
+
+namespace dpipe {
+namespace {
+
+using json = nlohmann::json;
+
+template <class T>
+constexpr int depth_of = 0;
+template <class T>
+constexpr int depth_of<std::vector<T>> = 1 + depth_of<T>;
+
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, SpecInt>) return "integer";
+  else if constexpr (std::is_same_v<T, SpecStr>) return "string";
+  else return "batch of " + type_name<typename T::value_type>();
+}
+
+std::string type_name_of(const AnyPipeline& p) {
+  return std::visit([](const auto& q) { return type_name<typename std::decay_t<decltype(q)>::element_type>(); }, p);
+}
+
+/// One node object of a spec: typed access to its parameters, and a check that none is unknown.
+class NodeSpec {
+ public:
+  NodeSpec(const json& j, std::string where) : j_(j), where_(std::move(where)) {
+    if (!j_.is_object()) throw ConfigError(where_ + ": a node must be a JSON object");
+    const auto it = j_.find("op");
+    if (it == j_.end() || !it->is_string()) throw ConfigError(where_ + ": the node has no \"op\" string");
+    op = it->get<std::string>();
+    used_.insert("op");
+    name = string("name", "");
+  }
+  std::string op, name;
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw ConfigError(where_ + " (" + node_label(op, name) + "): " + msg);
+  }
+  const json* get(const std::string& key) {
+    used_.insert(key);
+    const auto it = j_.find(key);
+    return it == j_.end() ? nullptr : &*it;
+  }
+  std::int64_t integer(const std::string& key, std::optional<std::int64_t> dflt = std::nullopt) {
+    const json* v = get(key);
+    if (!v) {
+      if (!dflt) fail("missing parameter '" + key + "'");
+      return *dflt;
+    }
+    if (v->is_number_integer()) return v->get<std::int64_t>();
+    if (v->is_number_unsigned()) fail("parameter '" + key + "' does not fit in a 64-bit integer");
+    fail("parameter '" + key + "' must be an integer, got " + std::string(v->type_name()));
+  }
+  std::optional<std::int64_t> optional_integer(const std::string& key) {
+    if (!j_.contains(key) || j_.at(key).is_null()) {
+      used_.insert(key);
+      return std::nullopt;
+    }
+    return integer(key);
+  }
+  bool boolean(const std::string& key, bool dflt) {
+    const json* v = get(key);
+    if (!v) return dflt;
+    if (!v->is_boolean()) fail("parameter '" + key + "' must be true or false");
+    return v->get<bool>();
+  }
+  std::string string(const std::string& key, std::optional<std::string> dflt = std::nullopt) {
+    const json* v = get(key);
+    if (!v) {
+      if (!dflt) fail("missing parameter '" + key + "'");
+      return *dflt;
+    }
+    if (!v->is_string()) fail("parameter '" + key + "' must be a string");
+    return v->get<std::string>();
+  }
+  /// Throws on a parameter this op does not take (a typo must not pass silently).
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!used_.count(it.key())) fail("unknown parameter '" + it.key() + "'");
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  const json& j_;
+  std::string where_;
+  std::set<std::string> used_;
+};
+
+AnyPipeline build_chain(const json& chain, const std::string& where);
+
+/// The `with` inputs of a multi-input node, each of the same element type as `first`.
+template <class T>
+std::vector<Pipeline<T>> other_inputs(NodeSpec& n, const AnyPipeline& first) {
+  const json* with = n.get("with");
+  if (!with) n.fail("missing parameter 'with' (a list of pipelines)");
+  if (!with->is_array() || with->empty()) n.fail("'with' must be a non-empty list of pipelines");
+  std::vector<Pipeline<T>> out;
+  for (std::size_t i = 0; i < with->size(); ++i) {
+    AnyPipeline q = build_chain((*with)[i], n.where() + ".with[" + std::to_string(i) + "]");
+    if (q.index() != first.index())
+      n.fail("input " + std::to_string(i + 1) + " yields " + type_name_of(q) + "s, the first input yields " +
+             type_name_of(first) + "s");
+    out.push_back(std::get<Pipeline<T>>(q));
+  }
+  return out;
+}
+
+struct CountFactory {  // generator "count": 0, 1, …, count−1
+  std::int64_t count;
+  auto operator()(const GeneratorContext&) const {
+    return [n = count, i = std::int64_t{0}]() mutable -> std::optional<SpecInt> {
+      if (i >= n) return std::nullopt;
+      return i++;
+    };
+  }
+};
+struct RandomIntsFactory {  // generator "random_ints": count draws from [lo, hi) by the node's generator
+  std::int64_t count, lo, hi;
+  auto operator()(const GeneratorContext& ctx) const {
+    return [n = count, lo = lo, span = static_cast<std::uint64_t>(hi - lo), rng = ctx.rng,
+            i = std::int64_t{0}]() mutable -> std::optional<SpecInt> {
+      if (i >= n) return std::nullopt;
+      ++i;
+      return lo + static_cast<std::int64_t>(rng.below(span));
+    };
+  }
+};
+
+AnyPipeline build_source(NodeSpec& n) {
+  if (n.op == "range") {
+    const auto start = n.integer("start", 0);
+    const auto stop = n.integer("stop");
+    const auto step = n.integer("step", 1);
+    if (step == 0) n.fail("step must not be 0");
+    return range(start, stop, {.step = step, .name = n.name});
+  }
+  if (n.op == "from_vector") {
+    const json* v = n.get("values");
+    if (!v || !v->is_array()) n.fail("missing parameter 'values' (a list of integers or of strings)");
+    if (!v->empty() && (*v)[0].is_string()) {
+      std::vector<SpecStr> s;
+      for (const auto& x : *v) {
+        if (!x.is_string()) n.fail("'values' mixes strings with other values");
+        s.push_back(x.get<std::string>());
+      }
+      return from_vector(std::move(s), {.name = n.name});
+    }
+    std::vector<SpecInt> s;
+    for (const auto& x : *v) {
+      if (!x.is_number_integer()) n.fail("'values' must hold only integers or only strings");
+      s.push_back(x.get<SpecInt>());
+    }
+    return from_vector(std::move(s), {.name = n.name});
+  }
+  if (n.op == "generator") {
+    const auto fn = n.string("fn");
+    const auto count = n.integer("count");
+    if (count < 0) n.fail("count must not be negative, got " + std::to_string(count));
+    if (fn == "count") return generator(CountFactory{count}, {.name = n.name});
+    if (fn == "random_ints") {
+      const auto lo = n.integer("lo", 0);
+      const auto hi = n.integer("hi");
+      if (hi <= lo) n.fail("hi must be above lo");
+      return generator(RandomIntsFactory{count, lo, hi}, {.name = n.name});
+    }
+    n.fail("unknown generator function '" + fn + "' (known: count, random_ints)");
+  }
+  n.fail("the first node must be a source (range, from_vector, generator), not '" + n.op + "'");
+}
+
+AnyPipeline apply_map(NodeSpec& n, const AnyPipeline& in) {
+  const auto fn = n.string("fn");
+  if (fn == "affine") {
+    builtins::Affine f{n.integer("mul", 1), n.integer("add", 0)};
+    auto* p = std::get_if<Pipeline<SpecInt>>(&in);
+    if (!p) n.fail("affine takes integers, but its input yields " + type_name_of(in) + "s");
+    return *p | map(f, {.name = n.name});
+  }
+  if (fn == "identity")
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | map(builtins::Identity{}, {.name = n.name}); }, in);
+  if (fn == "spin") {
+    const auto ns = n.integer("ns");
+    if (ns < 0 || ns > 1'000'000'000) n.fail("ns must be between 0 and 1e9, got " + std::to_string(ns));
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | map(builtins::Spin(ns), {.name = n.name}); }, in);
+  }
+  n.fail("unknown map function '" + fn + "' (known: affine, identity, spin)");
+}
+
+AnyPipeline apply_node(NodeSpec& n, const AnyPipeline& in) {
+  const std::string& op = n.op;
+  const std::string& name = n.name;
+  if (op == "map") return apply_map(n, in);
+  if (op == "filter") {
+    const auto fn = n.string("fn");
+    if (fn != "mod_eq") n.fail("unknown filter function '" + fn + "' (known: mod_eq)");
+    const auto mod = n.integer("mod");
+    const auto eq = n.integer("eq");
+    if (mod <= 0) n.fail("mod must be positive, got " + std::to_string(mod));
+    if (eq < 0 || eq >= mod) n.fail("eq must be in [0, mod), got " + std::to_string(eq));
+    auto* p = std::get_if<Pipeline<SpecInt>>(&in);
+    if (!p) n.fail("mod_eq takes integers, but its input yields " + type_name_of(in) + "s");
+    return *p | filter(builtins::ModEq{mod, eq}, {.name = name});
+  }
+  if (op == "flat_map") {
+    const auto fn = n.string("fn");
+    if (fn == "replicate") {
+      const auto times = n.integer("times");
+      if (times < 0) n.fail("times must not be negative");
+      return std::visit([&](const auto& p) -> AnyPipeline { return p | flat_map(builtins::Replicate{times}, {.name = name}); }, in);
+    }
+    if (fn == "range") {
+      auto* p = std::get_if<Pipeline<SpecInt>>(&in);
+      if (!p) n.fail("range takes integers, but its input yields " + type_name_of(in) + "s");
+      return *p | flat_map(builtins::Iota{}, {.name = name});
+    }
+    n.fail("unknown flat_map function '" + fn + "' (known: replicate, range)");
+  }
+  if (op == "sharding_filter") {
+    ShardingOptions o{.name = name};
+    const auto level = n.string("level", "all");
+    if (level == "all") o.level = ShardLevel::all;
+    else if (level == "rank") o.level = ShardLevel::rank;
+    else if (level == "worker") o.level = ShardLevel::worker;
+    else n.fail("level must be all, rank or worker, got '" + level + "'");
+    const auto shards = n.optional_integer("num_shards");
+    const auto id = n.optional_integer("shard_id");
+    if (shards.has_value() != id.has_value()) n.fail("num_shards and shard_id go together");
+    if (shards) {
+      if (*shards <= 0) n.fail("num_shards must be positive, got " + std::to_string(*shards));
+      if (*id < 0 || *id >= *shards)
+        n.fail("shard_id " + std::to_string(*id) + " must be in [0, num_shards = " + std::to_string(*shards) + ")");
+      o.num_shards = *shards;
+      o.shard_id = *id;
+    }
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | sharding_filter(o); }, in);
+  }
+  if (op == "shuffle") {
+    const auto buffer = n.integer("buffer");
+    if (buffer <= 0) n.fail("buffer must be positive, got " + std::to_string(buffer));
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | shuffle({.buffer = buffer, .name = name}); }, in);
+  }
+  if (op == "batch") {
+    const auto size = n.integer("size");
+    const bool drop_last = n.boolean("drop_last", false);
+    if (size <= 0) n.fail("size must be positive, got " + std::to_string(size));
+    return std::visit(
+        [&](const auto& p) -> AnyPipeline {
+          using T = typename std::decay_t<decltype(p)>::element_type;
+          if constexpr (depth_of<T> >= 2) n.fail("batches of batches of batches are deeper than specs go");
+          else return p | batch({.size = size, .drop_last = drop_last, .name = name});
+        },
+        in);
+  }
+  if (op == "unbatch") {
+    return std::visit(
+        [&](const auto& p) -> AnyPipeline {
+          using T = typename std::decay_t<decltype(p)>::element_type;
+          if constexpr (depth_of<T> == 0) n.fail("unbatch takes batches, but its input yields " + type_name<T>() + "s");
+          else return p | unbatch({.name = name});
+        },
+        in);
+  }
+  if (op == "take") {
+    const auto count = n.integer("count");
+    if (count < 0) n.fail("count must not be negative, got " + std::to_string(count));
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | take(count, {.name = name}); }, in);
+  }
+  if (op == "repeat") {
+    const auto times = n.integer("times");
+    if (times < 1) n.fail("times must be at least 1, got " + std::to_string(times));
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | repeat(times, {.name = name}); }, in);
+  }
+  if (op == "cycle") {
+    const auto count = n.optional_integer("count");
+    if (count && *count < 0) n.fail("count must not be negative, got " + std::to_string(*count));
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | cycle({.count = count, .name = name}); }, in);
+  }
+  if (op == "concat" || op == "mux" || op == "mux_longest" || op == "zip") {
+    return std::visit(
+        [&](const auto& p) -> AnyPipeline {
+          using T = typename std::decay_t<decltype(p)>::element_type;
+          auto others = other_inputs<T>(n, in);
+          if (op == "concat") return p | concat_with(others, {.name = name});
+          if (op == "mux") return p | mux_with(others, {.name = name});
+          if (op == "mux_longest") return p | mux_longest_with(others, {.name = name});
+          if constexpr (depth_of<T> >= 2) n.fail("zip of batches of batches is deeper than specs go");
+          else {
+            others.insert(others.begin(), p);
+            return zip_all(others, {.name = name});
+          }
+        },
+        in);
+  }
+  if (op == "range" || op == "from_vector" || op == "generator")
+    n.fail("a source can only start a pipeline (use concat, zip or mux with \"with\" to combine sources)");
+  n.fail("unknown op '" + op + "'");
+}
+
+AnyPipeline build_chain(const json& chain, const std::string& where) {
+  if (!chain.is_array() || chain.empty()) throw ConfigError(where + ": a pipeline must be a non-empty list of nodes");
+  std::optional<AnyPipeline> p;
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    NodeSpec n(chain[i], where + "[" + std::to_string(i) + "]");
+    p = i == 0 ? build_source(n) : apply_node(n, *p);
+    n.finish();
+  }
+  return *p;
+}
+
+}  // namespace
+
+void append_element_json(std::string& out, const SpecStr& v) { append_json_string(out, v); }
+
+Spec parse_spec(std::string_view text) {
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    throw ConfigError(std::string("spec is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw ConfigError("spec must be a JSON object with a \"pipeline\" list");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "seed" && it.key() != "pipeline")
+      throw ConfigError("spec has an unknown key '" + it.key() + "' (expected seed and pipeline)");
+  Spec s{0, range(0)};
+  if (j.contains("seed")) {
+    const auto& seed = j["seed"];
+    if (!seed.is_number_integer() || (seed.is_number_integer() && !seed.is_number_unsigned() && seed.get<std::int64_t>() < 0))
+      throw ConfigError("spec seed must be a non-negative integer");
+    s.seed = seed.get<std::uint64_t>();
+  }
+  if (!j.contains("pipeline")) throw ConfigError("spec has no \"pipeline\" list");
+  s.pipeline = build_chain(j["pipeline"], "pipeline");
+  return s;
+}
+
+}  // namespace dpipe

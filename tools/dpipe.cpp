@@ -1,0 +1,292 @@
+// The `dpipe` command-line tool: runs JSON-spec pipelines, writes and resumes snapshots, shows
+// snapshots and graphs, benchmarks. A thin layer over the library: specs build typed Pipelines.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dpipe/dpipe.hpp"
+#include "dpipe/spec.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage = R"(usage:
+  dpipe run SPEC [--seed S] [--rank R --world-size W] [--workers K] [--take N] [--output PATH]
+                 [--snapshot-out PATH] [--resume PATH] [--stats]
+  dpipe bench SPEC [--seconds T] [--seed S] [--rank R --world-size W] [--workers K]
+  dpipe graph SPEC
+  dpipe snapshot show PATH
+SPEC is a JSON file, '-' for standard input, or the JSON text itself.
+)";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Parsed `--name value` options and flags, each allowed once.
+class Args {
+ public:
+  Args(int argc, char** argv, int from, const std::vector<std::string>& valued, const std::vector<std::string>& flags) {
+    for (int i = from; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a.rfind("--", 0) == 0) {
+        const std::string name = a.substr(2);
+        if (values_.count(name) || flags_.count(name)) throw UsageError("option --" + name + " is given twice");
+        if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
+          flags_.insert(name);
+        } else if (std::find(valued.begin(), valued.end(), name) != valued.end()) {
+          if (i + 1 >= argc) throw UsageError("option --" + name + " needs a value");
+          values_[name] = argv[++i];
+        } else {
+          throw UsageError("unknown option --" + name);
+        }
+      } else {
+        positional.push_back(a);
+      }
+    }
+  }
+  std::vector<std::string> positional;
+  bool flag(const std::string& n) const { return flags_.count(n) > 0; }
+  std::optional<std::string> value(const std::string& n) const {
+    auto it = values_.find(n);
+    return it == values_.end() ? std::nullopt : std::optional(it->second);
+  }
+  std::optional<std::int64_t> integer(const std::string& n, std::int64_t lo, std::int64_t hi) const {
+    auto v = value(n);
+    if (!v) return std::nullopt;
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v->c_str(), &end, 10);
+    if (v->empty() || *end != '\0' || errno != 0 || x < lo || x > hi)
+      throw UsageError("--" + n + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                       "], got '" + *v + "'");
+    return x;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::set<std::string> flags_;
+};
+
+std::string read_text(const std::string& path_or_json) {
+  if (!path_or_json.empty() && (path_or_json[0] == '{' || path_or_json[0] == '[')) return path_or_json;
+  std::ostringstream ss;
+  if (path_or_json == "-") {
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream in(path_or_json, std::ios::binary);
+  if (!in) throw dpipe::ConfigError("cannot open spec '" + path_or_json + "': " + std::strerror(errno));
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+dpipe::Spec load_spec(const Args& a) {
+  if (a.positional.size() != 1) throw UsageError("expected exactly one SPEC argument");
+  return dpipe::parse_spec(read_text(a.positional[0]));
+}
+
+dpipe::RunOptions run_options(const Args& a, const dpipe::Spec& spec) {
+  dpipe::RunOptions o;
+  o.seed = spec.seed;
+  if (auto s = a.value("seed")) {
+    char* end = nullptr;
+    errno = 0;
+    o.seed = std::strtoull(s->c_str(), &end, 10);
+    if (s->empty() || *end || errno || (*s)[0] == '-') throw UsageError("--seed must be a non-negative integer");
+  }
+  const int workers = static_cast<int>(a.integer("workers", 1, 4096).value_or(1));
+  const auto rank = a.integer("rank", 0, 1'000'000);
+  const auto world = a.integer("world-size", 1, 1'000'000);
+  if (rank.has_value() != world.has_value()) throw UsageError("--rank and --world-size go together");
+  if (rank) o.layout = dpipe::Layout{static_cast<int>(*rank), static_cast<int>(*world), workers};
+  else o.layout = dpipe::layout_from_environment(workers);
+  return o;
+}
+
+/// Buffered writer for JSON lines to stdout or a file.
+class Output {
+ public:
+  explicit Output(const std::optional<std::string>& path) {
+    if (path) {
+      f_ = std::fopen(path->c_str(), "wb");
+      if (!f_) throw dpipe::ConfigError("cannot open output '" + *path + "': " + std::strerror(errno));
+      own_ = true;
+    }
+  }
+  ~Output() {
+    if (own_) std::fclose(f_);
+  }
+  std::string& buffer() { return buf_; }
+  void maybe_flush() {
+    if (buf_.size() >= (1 << 16)) flush();
+  }
+  void flush() {
+    if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size())
+      throw dpipe::Error(std::string("cannot write output: ") + std::strerror(errno));
+    buf_.clear();
+    std::fflush(f_);
+  }
+
+ private:
+  FILE* f_ = stdout;
+  bool own_ = false;
+  std::string buf_;
+};
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int cmd_run(int argc, char** argv) {
+  const Args a(argc, argv, 2, {"seed", "rank", "world-size", "workers", "take", "output", "snapshot-out", "resume"},
+               {"stats"});
+  const auto spec = load_spec(a);
+  const auto options = run_options(a, spec);
+  const auto take = a.integer("take", 0, INT64_MAX);
+  return std::visit(
+      [&](const auto& pipeline) {
+        using T = typename std::decay_t<decltype(pipeline)>::element_type;
+        dpipe::Engine engine;
+        double restore_ms = 0;
+        std::uint64_t replayed = 0;
+        const auto t_restore = Clock::now();
+        auto run = [&] {
+          if (auto path = a.value("resume")) {
+            auto r = engine.resume(pipeline, dpipe::Snapshot::read_file(*path), options);
+            restore_ms = seconds_since(t_restore) * 1e3;
+            replayed = r.restore_report().replayed_elements();
+            return r;
+          }
+          return engine.start(pipeline, options);
+        }();
+        Output out(a.value("output"));
+        const auto t0 = Clock::now();
+        std::uint64_t n = 0;
+        while (!take || n < static_cast<std::uint64_t>(*take)) {
+          auto x = run.next();
+          if (!x) break;
+          dpipe::append_element_json(out.buffer(), *x);
+          out.buffer() += '\n';
+          out.maybe_flush();
+          ++n;
+        }
+        out.flush();
+        const double secs = seconds_since(t0);
+        if (auto path = a.value("snapshot-out"))
+          run.snapshot({{"elements_delivered_by_this_run", std::to_string(n)}}).write_file(*path);
+        if (a.flag("stats")) {
+          std::fprintf(stderr,
+                       "{\"elements\": %llu, \"seconds\": %.6f, \"restore_ms\": %.3f, \"replayed_elements\": %llu, "
+                       "\"elements_total\": %llu}\n",
+                       static_cast<unsigned long long>(n), secs, restore_ms, static_cast<unsigned long long>(replayed),
+                       static_cast<unsigned long long>(run.delivered()));
+        }
+        (void)sizeof(T);
+        return 0;
+      },
+      spec.pipeline);
+}
+
+int cmd_bench(int argc, char** argv) {
+  const Args a(argc, argv, 2, {"seconds", "seed", "rank", "world-size", "workers"}, {});
+  const auto spec = load_spec(a);
+  const auto options = run_options(a, spec);
+  double limit = 0;
+  if (auto s = a.value("seconds")) {
+    char* end = nullptr;
+    limit = std::strtod(s->c_str(), &end);
+    if (s->empty() || *end || !(limit > 0)) throw UsageError("--seconds must be a positive number");
+  }
+  const bool progress = ::isatty(2);
+  return std::visit(
+      [&](const auto& pipeline) {
+        dpipe::Engine engine;
+        auto run = engine.start(pipeline, options);
+        const auto t0 = Clock::now();
+        auto last_report = t0;
+        std::uint64_t n = 0;
+        std::size_t sink = 0;
+        while (auto x = run.next()) {
+          if constexpr (requires { x->size(); }) sink += x->size();
+          else sink += 1;
+          if ((++n & 1023) == 0) {
+            const auto now = Clock::now();
+            if (limit > 0 && std::chrono::duration<double>(now - t0).count() >= limit) break;
+            if (progress && now - last_report > std::chrono::milliseconds(250)) {
+              const double s = std::chrono::duration<double>(now - t0).count();
+              std::fprintf(stderr, "\r%llu elements  %.1f s  %.0f elements/s   ", static_cast<unsigned long long>(n), s,
+                           n / s);
+              last_report = now;
+            }
+          }
+        }
+        const double secs = seconds_since(t0);
+        if (progress) std::fprintf(stderr, "\r%80s\r", "");
+        std::printf("{\"elements\": %llu, \"seconds\": %.6f, \"elements_per_s\": %.1f, \"items\": %zu}\n",
+                    static_cast<unsigned long long>(n), secs, secs > 0 ? n / secs : 0.0, sink);
+        return 0;
+      },
+      spec.pipeline);
+}
+
+int cmd_graph(int argc, char** argv) {
+  const Args a(argc, argv, 2, {}, {});
+  const auto spec = load_spec(a);
+  std::visit([](const auto& p) { std::cout << dpipe::Graph::build(*p.def()).to_dot(); }, spec.pipeline);
+  return 0;
+}
+
+int cmd_snapshot(int argc, char** argv) {
+  if (argc < 3 || std::string(argv[2]) != "show") throw UsageError("expected 'dpipe snapshot show PATH'");
+  const Args a(argc, argv, 3, {}, {});
+  if (a.positional.size() != 1) throw UsageError("expected exactly one snapshot PATH");
+  std::cout << dpipe::Snapshot::read_file(a.positional[0]).to_json() << "\n";
+  return 0;
+}
+
+std::string describe(const std::exception& e) {
+  std::string msg = e.what();
+  try {
+    std::rethrow_if_nested(e);
+  } catch (const std::exception& inner) {
+    msg += ": caused by: " + describe(inner);
+  } catch (...) {
+    msg += ": caused by an unknown exception";
+  }
+  return msg;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::ios::sync_with_stdio(false);
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "run") return cmd_run(argc, argv);
+    if (cmd == "bench") return cmd_bench(argc, argv);
+    if (cmd == "graph") return cmd_graph(argc, argv);
+    if (cmd == "snapshot") return cmd_snapshot(argc, argv);
+    throw UsageError("unknown command '" + cmd + "'");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "dpipe: %s\n%s", e.what(), kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dpipe: error: %s\n", describe(e).c_str());
+    return 1;
+  }
+}
