@@ -56,7 +56,7 @@ const bool kHaveHardware = __builtin_cpu_supports("sse4.2");
 
 }  // namespace
 
-std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc) {
+std::uint32_t crc32c_raw(const void* data, std::size_t n, std::uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
   std::uint32_t c = ~crc;
 #if defined(__x86_64__)

@@ -204,7 +204,7 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
   const auto total = h.get<std::uint64_t>();
   const auto table_crc = h.get<std::uint32_t>();
   const auto header_crc = h.get<std::uint32_t>();
-  if (crc32c(bytes.data(), kHeaderBytes - 4) != header_crc)
+  if (crc32c_raw(bytes.data(), kHeaderBytes - 4) != header_crc)
     throw SnapshotError("snapshot header checksum mismatch: the header is corrupt");
   if (total > bytes.size())
     throw SnapshotError("snapshot is truncated: " + std::to_string(bytes.size()) + " bytes, the header says " +

@@ -8,7 +8,7 @@ namespace dpipe {
 
 /// CRC-32C of `n` bytes, continuing from `crc` (0 for a fresh checksum). Uses the SSE4.2 instruction
 /// when the processor has it.
-std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc = 0);
-inline std::uint32_t crc32c(std::string_view s, std::uint32_t crc = 0) { return crc32c(s.data(), s.size(), crc); }
+std::uint32_t crc32c_raw(const void* data, std::size_t n, std::uint32_t crc = 0);
+inline std::uint32_t crc32c(std::string_view s, std::uint32_t crc = 0) { return crc32c_raw(s.data(), s.size(), crc); }
 
 }  // namespace dpipe

@@ -48,7 +48,7 @@ class Run {
       if (lane.head == lane.buf.size() && !lane.done) {
         lane.buf.clear();
         lane.head = 0;
-        if (workers_[cursor_]->pull(lane.buf, kChunk) == 0) lane.done = true;
+        if (workers_[cursor_]->pull(lane.buf, kLaneChunk) == 0) lane.done = true;
       }
       const std::size_t w = cursor_;
       cursor_ = (cursor_ + 1 == k) ? 0 : cursor_ + 1;
@@ -96,6 +96,10 @@ class Run {
 
  private:
   friend class Engine;
+  // Elements pulled from a worker at a time. Batches are already large units of work, so they are
+  // pulled one by one: that keeps the elements a snapshot must carry to at most one per worker.
+  static constexpr std::size_t kLaneChunk = detail::is_vector_v<T> ? 1 : kChunk;
+
   struct Lane {
     std::vector<T> buf;
     std::size_t head = 0;

@@ -1,0 +1,264 @@
+// Codec, checksum, generator, graph and option checks.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "dpipe/builtins.hpp"
+#include "dpipe/crc32c.hpp"
+#include "dpipe/dpipe.hpp"
+#include "../test_util.hpp"
+
+namespace dpipe {
+namespace {
+
+struct UserPoint {  // a user type serialised by cereal
+  int x = 0;
+  std::string label;
+  template <class A>
+  void serialize(A& a) { a(x, label); }
+  friend bool operator==(const UserPoint&, const UserPoint&) = default;
+};
+
+template <class T>
+void expect_round_trip(const T& v, const std::string& tag) {
+  EXPECT_EQ(Codec<T>::tag(), tag);
+  EXPECT_EQ(decode_from_string<T>(encode_to_string(v)), v);
+}
+
+TEST(Codec, BuiltinTypesRoundTripWithReadableTags) {
+  expect_round_trip<std::int64_t>(-5, "i64");
+  expect_round_trip<std::uint8_t>(200, "u8");
+  expect_round_trip<double>(2.5, "f64");
+  expect_round_trip<bool>(true, "bool");
+  expect_round_trip<std::string>("hé\n", "str");
+  expect_round_trip<std::vector<std::int64_t>>({1, -2, 3}, "vec<i64>");
+  expect_round_trip<std::vector<std::vector<std::string>>>({{"a"}, {}, {"b", "c"}}, "vec<vec<str>>");
+  expect_round_trip<std::tuple<std::int64_t, std::string>>({4, "x"}, "tup<i64,str>");
+  expect_round_trip<std::pair<int, double>>({1, 0.5}, "tup<i32,f64>");
+  expect_round_trip<std::optional<int>>(std::nullopt, "opt<i32>");
+  expect_round_trip<std::array<std::int16_t, 3>>({1, 2, 3}, "tup<i16,i16,i16>");
+}
+
+TEST(Codec, CerealTypesRoundTripAsOpaqueBlobs) {
+  static_assert(Snapshottable<UserPoint>);
+  const UserPoint p{3, "three"};
+  EXPECT_EQ(decode_from_string<UserPoint>(encode_to_string(p)), p);
+  EXPECT_EQ(Codec<UserPoint>::tag().rfind("cereal:", 0), 0u);
+}
+
+TEST(Codec, CorruptLengthsAreRefusedWithoutAllocating) {
+  std::string bytes = encode_to_string(std::vector<std::int64_t>{1, 2, 3});
+  bytes[7] = 0x7f;  // count becomes enormous
+  EXPECT_THROW(decode_from_string<std::vector<std::int64_t>>(bytes), SnapshotError);
+  EXPECT_THROW(decode_from_string<std::string>(std::string(3, '\0')), SnapshotError);
+  std::string opt = encode_to_string(std::optional<int>(1));
+  opt[0] = 7;
+  EXPECT_THROW(decode_from_string<std::optional<int>>(opt), SnapshotError);
+}
+
+TEST(Codec, NativeElementsRenderAsJsonFromTheirTag) {
+  std::string out;
+  ASSERT_TRUE(element_to_json("vec<tup<i64,str>>", encode_to_string(std::vector<std::tuple<std::int64_t, std::string>>{{1, "a"}}), out));
+  EXPECT_EQ(out, "[[1,\"a\"]]");
+  EXPECT_FALSE(element_to_json("vec<i64>", "abc", out));
+  EXPECT_FALSE(element_to_json("cereal:X", "abc", out));
+  EXPECT_FALSE(element_to_json("vec<", "", out));
+}
+
+TEST(Crc32c, MatchesPublishedTestVectors) {
+  // RFC 3720 (iSCSI) appendix B.4 vectors.
+  EXPECT_EQ(crc32c("123456789"), 0xe3069283u);
+  EXPECT_EQ(crc32c(std::string(32, '\0')), 0x8a9136aau);
+  EXPECT_EQ(crc32c(std::string(32, '\xff')), 0x62a8ab43u);
+  std::string inc;
+  for (int i = 0; i < 32; ++i) inc += static_cast<char>(i);
+  EXPECT_EQ(crc32c(inc), 0x46dd794eu);
+  EXPECT_EQ(crc32c("6789", crc32c("12345")), crc32c("123456789"));  // continues across calls
+}
+
+TEST(Rng, DerivedStreamsAreReproducibleAndDistinct) {
+  EXPECT_EQ(Rng::derive(1, "shuffle@1", 0), Rng::derive(1, "shuffle@1", 0));
+  EXPECT_NE(Rng::derive(1, "shuffle@1", 0)(), Rng::derive(1, "shuffle@1", 1)());
+  EXPECT_NE(Rng::derive(1, "shuffle@1", 0)(), Rng::derive(2, "shuffle@1", 0)());
+  EXPECT_NE(Rng::derive(1, "shuffle@1", 0)(), Rng::derive(1, "shuffle@2", 0)());
+}
+
+TEST(Rng, BelowIsUniformEnough) {
+  Rng r(3);
+  std::map<std::uint64_t, int> counts;
+  for (int i = 0; i < 60000; ++i) counts[r.below(6)]++;
+  ASSERT_EQ(counts.size(), 6u);
+  for (auto [k, c] : counts) EXPECT_NEAR(c, 10000, 500) << k;
+}
+
+TEST(Graph, KeysAreNamesOrKindAndPosition) {
+  auto p = range(0, 10, {.name = "src"}) | shuffle({.buffer = 4}) | batch({.size = 2, .name = "b"});
+  auto g = Graph::build(*p.def());
+  ASSERT_EQ(g.keys(), (std::vector<std::string>{"b", "shuffle@1", "src"}));
+  EXPECT_EQ(g.topological_order(), (std::vector<std::size_t>{2, 1, 0}));
+  EXPECT_NE(g.to_dot().find("shuffle@1"), std::string::npos);
+  EXPECT_NE(g.to_dot().find("->"), std::string::npos);
+}
+
+TEST(Graph, FingerprintCoversParametersNamesAndEdges) {
+  auto fp = [](const auto& p) { return Graph::build(*p.def()).fingerprint(); };
+  const auto base = fp(range(0, 10) | shuffle({.buffer = 4}));
+  EXPECT_EQ(base, fp(range(0, 10) | shuffle({.buffer = 4})));
+  EXPECT_NE(base, fp(range(0, 11) | shuffle({.buffer = 4})));
+  EXPECT_NE(base, fp(range(0, 10) | shuffle({.buffer = 5})));
+  EXPECT_NE(base, fp(range(0, 10) | shuffle({.buffer = 4, .name = "s"})));
+  EXPECT_NE(fp(concat(range(0, 3), range(0, 4))), fp(concat(range(0, 4), range(0, 3))));
+  EXPECT_NE(fp(range(0, 3) | map(builtins::Affine{2, 0})), fp(range(0, 3) | map(builtins::Affine{3, 0})));
+}
+
+TEST(Graph, DuplicateOrMalformedNamesAreConfigErrors) {
+  EXPECT_THROW(Graph::build(*(range(0, 3, {.name = "a"}) | take(1, {.name = "a"})).def()), ConfigError);
+  EXPECT_THROW(Graph::build(*range(0, 3, {.name = "bad name"}).def()), ConfigError);
+  EXPECT_THROW(Graph::build(*(range(0, 3, {.name = "take@0"}) | take(1)).def()), ConfigError);
+}
+
+TEST(Options, BadValuesAreConfigErrorsNamingTheNode) {
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([] { (void)(range(0, 3) | batch({.size = 0, .name = "b"})); }), "batch 'b': size must be positive, got 0");
+  EXPECT_NE(message([] { (void)(range(0, 3) | shuffle({.buffer = 0})); }).find("buffer must be positive"), std::string::npos);
+  EXPECT_NE(message([] { (void)(range(0, 3) | sharding_filter({.num_shards = 2, .shard_id = 2})); }).find("shard_id 2"),
+            std::string::npos);
+  EXPECT_NE(message([] { (void)(range(0, 3) | take(-1)); }).find("count must not be negative"), std::string::npos);
+  EXPECT_NE(message([] { (void)(range(0, 3) | repeat(0)); }).find("times must be at least 1"), std::string::npos);
+  EXPECT_NE(message([] { (void)(range(0, 3) | cycle({.count = -2})); }).find("count must not be negative"), std::string::npos);
+  EXPECT_NE(message([] { (void)range(0, 3, {.step = 0}); }).find("step must not be 0"), std::string::npos);
+  // Layout problems surface when the run starts.
+  Engine e;
+  EXPECT_NE(message([&] { e.start(range(0, 3), {.layout = Layout{2, 2, 1}}); }).find("rank 2"), std::string::npos);
+  EXPECT_NE(message([&] { e.start(range(0, 3), {.layout = Layout{0, 1, 0}}); }).find("num_workers"), std::string::npos);
+}
+
+TEST(Layout, ComesFromTorchrunOrOpenMpiVariables) {
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  EXPECT_EQ(layout_from_environment(2), (Layout{1, 3, 2}));
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  EXPECT_EQ(layout_from_environment(1), (Layout{0, 2, 1}));  // torchrun's variables win
+  ::setenv("RANK", "5", 1);
+  EXPECT_THROW(layout_from_environment(1), ConfigError);
+  ::setenv("RANK", "x", 1);
+  EXPECT_THROW(layout_from_environment(1), ConfigError);
+  for (auto v : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) ::unsetenv(v);
+  EXPECT_EQ(layout_from_environment(1), (Layout{0, 1, 1}));
+}
+
+TEST(Sharding, LevelsComposeIntoExactPartitions) {
+  // Every element lands on exactly one instance, for `all` and for rank-then-worker composition.
+  for (int world : {1, 2, 3}) {
+    for (int workers : {1, 2, 4}) {
+      for (int variant = 0; variant < 2; ++variant) {
+        auto p = variant == 0 ? range(0, 97) | sharding_filter()
+                              : range(0, 97) | sharding_filter({.level = ShardLevel::rank}) |
+                                    sharding_filter({.level = ShardLevel::worker});
+        std::multiset<std::int64_t> seen;
+        for (int rank = 0; rank < world; ++rank)
+          for (auto x : testing::collect(p, testing::options(workers, 1, rank, world))) seen.insert(x);
+        ASSERT_EQ(seen.size(), 97u);
+        for (std::int64_t i = 0; i < 97; ++i) ASSERT_EQ(seen.count(i), 1u) << "world " << world << " workers " << workers;
+      }
+    }
+  }
+}
+
+TEST(Sharding, WorkerIsTheFastDigit) {
+  // Element i goes to worker i mod W of rank (i div W) mod R.
+  const auto got = testing::collect(range(0, 24) | sharding_filter(), testing::options(2, 0, 1, 3));
+  // rank 1 of 3, 2 workers: instances 2 and 3 → elements 2,3,8,9,14,15,20,21 merged round-robin.
+  EXPECT_EQ(got, (std::vector<std::int64_t>{2, 3, 8, 9, 14, 15, 20, 21}));
+}
+
+TEST(Shuffle, IsAPermutationThatChangesWithSeedAndEpoch) {
+  auto p = range(0, 1000) | shuffle({.buffer = 100});
+  auto a = testing::collect(p, testing::options(1, 1));
+  auto b = testing::collect(p, testing::options(1, 2));
+  RunOptions e1 = testing::options(1, 1);
+  e1.epoch = 1;
+  auto c = testing::collect(p, e1);
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, c);
+  std::sort(a.begin(), a.end());
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(a[i], i);
+}
+
+TEST(Shuffle, EmitsNothingUntilTheBufferIsFull) {
+  // With a buffer as large as the stream, the first element comes only after the whole input: the
+  // drain phase. Observable through take: take(1) of a 10-element stream with buffer 10 still
+  // pulls all 10 inputs from upstream.
+  int pulled = 0;
+  auto p = generator([&pulled](const GeneratorContext&) {
+             return [&pulled, i = 0]() mutable -> std::optional<int> {
+               if (i >= 10) return std::nullopt;
+               ++pulled;
+               return i++;
+             };
+           }) |
+           shuffle({.buffer = 10}) | take(1);
+  testing::collect(p, testing::options());
+  EXPECT_EQ(pulled, 10);
+}
+
+TEST(Take, PullsNoElementPastItsCount) {
+  int pulled = 0;
+  auto p = generator([&pulled](const GeneratorContext&) {
+             return [&pulled, i = 0]() mutable -> std::optional<int> {
+               ++pulled;
+               return i++;
+             };
+           }) |
+           take(5);
+  EXPECT_EQ(testing::collect(p, testing::options()).size(), 5u);
+  EXPECT_EQ(pulled, 5);
+}
+
+TEST(Cycle, EmptyUpstreamEndsInsteadOfSpinning) {
+  EXPECT_TRUE(testing::collect(range(0, 0) | cycle(), testing::options()).empty());
+  EXPECT_TRUE(testing::collect(range(0, 5) | cycle({.count = 0}), testing::options()).empty());
+}
+
+TEST(Cycle, EachPassReshuffles) {
+  auto out = testing::collect(range(0, 50) | shuffle({.buffer = 50}) | cycle({.count = 2}), testing::options());
+  ASSERT_EQ(out.size(), 100u);
+  EXPECT_NE(std::vector(out.begin(), out.begin() + 50), std::vector(out.begin() + 50, out.end()));
+}
+
+TEST(Mux, EndsWithTheShortestAndDropsThePartialRound) {
+  EXPECT_EQ(testing::collect(mux(range(0, 5), range(10, 12)), testing::options()),
+            (std::vector<std::int64_t>{0, 10, 1, 11}));
+  EXPECT_EQ(testing::collect(mux_longest(range(0, 5), range(10, 12)), testing::options()),
+            (std::vector<std::int64_t>{0, 10, 1, 11, 2, 3, 4}));
+}
+
+TEST(NodeErrors, UserFunctionExceptionsNameTheNodeAndNestTheCause) {
+  auto p = range(0, 10) | map([](std::int64_t x) {
+             if (x == 4) throw std::invalid_argument("bad four");
+             return x;
+           }, {.name = "decode"});
+  Engine e;
+  auto run = e.start(p, testing::options());
+  try {
+    testing::drain(run);
+    FAIL() << "no error";
+  } catch (const NodeError& err) {
+    EXPECT_EQ(err.node_key(), "decode");
+    EXPECT_EQ(err.worker(), 0);
+    EXPECT_NE(std::string(err.what()).find("bad four"), std::string::npos);
+    EXPECT_THROW(std::rethrow_if_nested(err), std::invalid_argument);
+  }
+}
+
+}  // namespace
+}  // namespace dpipe
