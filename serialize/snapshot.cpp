@@ -284,13 +284,24 @@ void Snapshot::write_file(const std::string& path) const {
 }
 
 Snapshot Snapshot::read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw SnapshotError("cannot open snapshot '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw SnapshotError("cannot read snapshot '" + path + "'");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw SnapshotError("cannot open snapshot '" + path + "': " + std::strerror(errno));
+  std::string bytes;
+  char chunk[1 << 16];
+  while (true) {
+    const ssize_t k = ::read(fd, chunk, sizeof chunk);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw SnapshotError("cannot read snapshot '" + path + "': " + std::strerror(e));
+    }
+    if (k == 0) break;
+    bytes.append(chunk, static_cast<std::size_t>(k));
+  }
+  ::close(fd);
   try {
-    return from_bytes(ss.str());
+    return from_bytes(bytes);
   } catch (const SnapshotError& e) {
     throw SnapshotError("'" + path + "': " + e.what());
   }

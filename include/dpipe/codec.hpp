@@ -54,10 +54,9 @@ class ByteWriter {
 /// Reads bytes with every length checked against what remains; failures are SnapshotErrors.
 class ByteReader {
  public:
-  ByteReader(const char* p, std::size_t n, std::string what = "snapshot")
-      : p_(p), end_(p + n), what_(std::move(what)) {}
-  explicit ByteReader(std::string_view s, std::string what = "snapshot")
-      : ByteReader(s.data(), s.size(), std::move(what)) {}
+  /// `what` names the bytes in error messages; it is borrowed and must outlive the reader.
+  ByteReader(const char* p, std::size_t n, std::string_view what = "snapshot") : p_(p), end_(p + n), what_(what) {}
+  explicit ByteReader(std::string_view s, std::string_view what = "snapshot") : ByteReader(s.data(), s.size(), what) {}
 
   std::size_t remaining() const { return static_cast<std::size_t>(end_ - p_); }
   bool done() const { return p_ == end_; }
@@ -65,7 +64,7 @@ class ByteReader {
 
   void need(std::size_t n) const {
     if (n > remaining())
-      throw SnapshotError(what_ + " is truncated: " + std::to_string(n) + " bytes needed, " +
+      throw SnapshotError(std::string(what_) + " is truncated: " + std::to_string(n) + " bytes needed, " +
                           std::to_string(remaining()) + " left");
   }
   template <class T>
@@ -88,17 +87,19 @@ class ByteReader {
   std::size_t length(std::size_t min_item_bytes) {
     const auto n = get<std::uint64_t>();
     if (min_item_bytes > 0 && n > remaining() / min_item_bytes)
-      throw SnapshotError(what_ + " is corrupt: a length of " + std::to_string(n) +
+      throw SnapshotError(std::string(what_) + " is corrupt: a length of " + std::to_string(n) +
                           " does not fit in the " + std::to_string(remaining()) + " bytes left");
     return static_cast<std::size_t>(n);
   }
-  [[noreturn]] void fail(const std::string& msg) const { throw SnapshotError(what_ + " is corrupt: " + msg); }
-  const std::string& what() const { return what_; }
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw SnapshotError(std::string(what_) + " is corrupt: " + msg);
+  }
+  std::string_view what() const { return what_; }
 
  private:
   const char* p_;
   const char* end_;
-  std::string what_;
+  std::string_view what_;
 };
 
 /// Codec<T> encodes and decodes one value; specialised below. `tag()` names the type for the tool;
@@ -306,7 +307,7 @@ std::string encode_to_string(const T& v) {
 }
 
 template <Snapshottable T>
-T decode_from_string(std::string_view bytes, const std::string& what = "element") {
+T decode_from_string(std::string_view bytes, std::string_view what = "element") {
   ByteReader r(bytes, what);
   T v = Codec<T>::decode(r);
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " bytes left over after an element");

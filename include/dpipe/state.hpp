@@ -11,6 +11,7 @@
 /// Integers become u64/i64 fields, std::string a string field, Rng a four-word field, and every other
 /// Snapshottable value (vectors, optionals) an element list: opaque blobs the tool can still deal out.
 #include <concepts>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -80,6 +81,10 @@ class StateWriter {
       };
       if constexpr (detail::is_optional_v<T>) {
         if (v) put(*v);
+      } else if constexpr (std::is_arithmetic_v<E> && !std::is_same_v<E, bool>) {
+        f.elements.data.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(E));
+        f.elements.offsets.resize(v.size() + 1);
+        for (std::size_t i = 0; i <= v.size(); ++i) f.elements.offsets[i] = i * sizeof(E);
       } else {
         f.elements.offsets.reserve(v.size() + 1);
         for (const auto& e : v) put(e);
@@ -131,14 +136,25 @@ class StateReader {
       if (f.elements.tag != Codec<E>::tag())
         fail("field '" + f.name + "' holds elements of type " + f.elements.tag + ", expected " + Codec<E>::tag());
       const std::size_t n = f.elements.size();
+      const std::string who = what();
       if constexpr (detail::is_optional_v<T>) {
         if (n > 1) fail("field '" + f.name + "' holds " + std::to_string(n) + " values, expected at most 1");
         v.reset();
-        if (n == 1) v = decode_from_string<E>(f.elements.at(0), what());
+        if (n == 1) v = decode_from_string<E>(f.elements.at(0), who);
+      } else if constexpr (std::is_arithmetic_v<E> && !std::is_same_v<E, bool>) {
+        // Fixed-size elements: one length check, then a straight copy.
+        if (f.elements.data.size() != n * sizeof(E))
+          fail("field '" + f.name + "' holds " + std::to_string(f.elements.data.size()) + " bytes for " +
+               std::to_string(n) + " elements of " + std::to_string(sizeof(E)) + " bytes");
+        for (std::size_t i = 0; i < n; ++i)
+          if (f.elements.offsets[i + 1] - f.elements.offsets[i] != sizeof(E))
+            fail("field '" + f.name + "' has an element of the wrong size");
+        v.resize(n);
+        if (n) std::memcpy(v.data(), f.elements.data.data(), n * sizeof(E));
       } else {
         v.clear();
         v.reserve(n);
-        for (std::size_t i = 0; i < n; ++i) v.push_back(decode_from_string<E>(f.elements.at(i), what()));
+        for (std::size_t i = 0; i < n; ++i) v.push_back(decode_from_string<E>(f.elements.at(i), who));
       }
     } else {
       static_assert(sizeof(T) == 0, "unsupported state field type");

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs everything dpipe needs on Debian 12 (run as root, or with sudo available).
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+PACKAGES=(g++ meson ninja-build pkg-config python3 libboost-dev libcereal-dev libtbb-dev libgtest-dev libgmock-dev
+          libbenchmark-dev nlohmann-json3-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get -o DPkg::Lock::Timeout=300 update -q
+  $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds, runs every test suite (release build, then again under
+# AddressSanitizer + UBSan) and prints one closing line: "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh || exit 1
+
+run_suite() {  # build dir, extra meson options...
+  local dir=$1; shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+  fi
+  meson compile -C "$dir" || return 1
+  rm -rf "$dir/test-results"
+  meson test -C "$dir" --print-errorlogs --num-processes 2 || true
+}
+
+status=0
+run_suite build-test --buildtype=debugoptimized -Db_ndebug=false || status=1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  run_suite build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false \
+  -Dbenchmarks=false || status=1
+python3 scripts/summarize_tests.py build-test build-asan || status=1
+exit $status

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the `dpipe` tool: semantics cases, snapshot/resume, stats, inspection, errors.
+
+Writes JUnit XML to $DPIPE_BUILD_ROOT/test-results/cli.xml so the test summary counts every case."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+
+SRC = os.environ.get("DPIPE_SOURCE_ROOT", ".")
+BUILD = os.environ.get("DPIPE_BUILD_ROOT", "build")
+DPIPE = os.path.join(BUILD, "tools", "dpipe")
+TMP = tempfile.mkdtemp(prefix="dpipe-cli-")
+results = []  # (name, error or None)
+
+
+def dpipe(*args, check=True, timeout=60):
+    r = subprocess.run([DPIPE, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"dpipe {' '.join(map(str, args))} exited {r.returncode}: {r.stderr}")
+    return r
+
+
+def lines(stdout):
+    return [json.loads(x) for x in stdout.splitlines()]
+
+
+def case(name):
+    def wrap(fn):
+        try:
+            fn()
+            results.append((name, None))
+        except Exception:  # noqa: BLE001 - every failure is reported, not raised
+            results.append((name, traceback.format_exc()))
+        return fn
+    return wrap
+
+
+def layout_args(c):
+    if "layout" not in c:
+        return []
+    l = c["layout"]
+    return ["--rank", l["rank"], "--world-size", l["world_size"], "--workers", l["num_workers"]]
+
+
+case_files = sorted(glob.glob(os.path.join(SRC, "..", "shared", "semantics", "cases", "*.case.json"))) + sorted(
+    glob.glob(os.path.join(SRC, "tests", "semantics", "cases", "*.case.json")))
+assert case_files, "no semantics cases found"
+
+for path in case_files:
+    def check_case(path=path):
+        c = json.load(open(path))
+        r = dpipe("run", json.dumps(c["spec"]), *layout_args(c), check=False)
+        if "error" in c:
+            assert r.returncode != 0, "expected a failure"
+            assert c["error"] in r.stderr, r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1, "errors are one line: " + r.stderr
+        else:
+            assert r.returncode == 0, r.stderr
+            assert lines(r.stdout) == c["expected"], (lines(r.stdout), c["expected"])
+    case("semantics/" + os.path.basename(path).replace(".case.json", ""))(check_case)
+
+CANONICAL = {"seed": 3, "pipeline": [
+    {"op": "range", "start": 0, "stop": 20000},
+    {"op": "shuffle", "buffer": 1000},
+    {"op": "sharding_filter"},
+    {"op": "map", "fn": "affine", "mul": 2},
+    {"op": "batch", "size": 32}]}
+SPEC = os.path.join(TMP, "canonical.json")
+json.dump(CANONICAL, open(SPEC, "w"))
+GEN_SPEC = os.path.join(TMP, "gen.json")
+json.dump({"seed": 1, "pipeline": [{"op": "generator", "fn": "random_ints", "count": 5000, "hi": 100},
+                                    {"op": "shuffle", "buffer": 50}, {"op": "batch", "size": 8}]}, open(GEN_SPEC, "w"))
+
+
+@case("run/resume_continues_exactly_at_several_points")
+def _():
+    for workers in (1, 3):
+        full = lines(dpipe("run", SPEC, "--workers", workers).stdout)
+        for take in (0, 1, 7, len(full) // 2, len(full)):
+            snap = os.path.join(TMP, f"s{workers}_{take}.bin")
+            head = lines(dpipe("run", SPEC, "--workers", workers, "--take", take, "--snapshot-out", snap).stdout)
+            rest = lines(dpipe("run", SPEC, "--workers", workers, "--resume", snap).stdout)
+            assert head + rest == full, (workers, take)
+
+
+@case("run/take_counts_from_the_resume_point_and_snapshots_chain")
+def _():
+    full = lines(dpipe("run", SPEC).stdout)
+    a, b = os.path.join(TMP, "a.bin"), os.path.join(TMP, "b.bin")
+    first = lines(dpipe("run", SPEC, "--take", 10, "--snapshot-out", a).stdout)
+    second = lines(dpipe("run", SPEC, "--resume", a, "--take", 10, "--snapshot-out", b).stdout)
+    rest = lines(dpipe("run", SPEC, "--resume", b).stdout)
+    assert len(second) == 10
+    assert first + second + rest == full
+
+
+@case("run/stats_report_restore_and_replay")
+def _():
+    snap = os.path.join(TMP, "gen.bin")
+    dpipe("run", GEN_SPEC, "--take", 100, "--snapshot-out", snap)
+    r = dpipe("run", GEN_SPEC, "--resume", snap, "--stats")
+    stats = json.loads(r.stderr.strip().splitlines()[-1])
+    for k in ("elements", "seconds", "restore_ms", "replayed_elements"):
+        assert k in stats, stats
+    assert stats["replayed_elements"] == 100 * 8 + 50, stats  # batched + buffered in the shuffle
+    assert stats["restore_ms"] > 0
+    fresh = json.loads(dpipe("run", SPEC, "--stats").stderr.strip().splitlines()[-1])
+    assert fresh["restore_ms"] == 0 and fresh["replayed_elements"] == 0 and fresh["elements"] > 0
+
+
+@case("run/output_file")
+def _():
+    out = os.path.join(TMP, "out.jsonl")
+    dpipe("run", SPEC, "--take", 5, "--output", out)
+    assert len(open(out).read().splitlines()) == 5
+
+
+@case("run/seed_option_overrides_the_spec")
+def _():
+    a = dpipe("run", SPEC, "--seed", 3).stdout
+    b = dpipe("run", SPEC).stdout
+    c = dpipe("run", SPEC, "--seed", 4).stdout
+    assert a == b and a != c
+
+
+@case("snapshot/show_renders_json")
+def _():
+    snap = os.path.join(TMP, "show.bin")
+    dpipe("run", SPEC, "--take", 3, "--snapshot-out", snap)
+    shown = json.loads(dpipe("snapshot", "show", snap).stdout)
+    kinds = {s["kind"] for s in shown["states"]}
+    assert {"run", "range", "shuffle", "sharding_filter", "map", "batch"} <= kinds, kinds
+    assert shown["seed"] == 3 and shown["layout"]["num_workers"] == 1
+    shuffle = next(s for s in shown["states"] if s["kind"] == "shuffle")
+    assert shuffle["fields"]["buffer"]["count"] == 1000
+
+
+@case("snapshot/refusals_are_one_clear_line")
+def _():
+    snap = os.path.join(TMP, "good.bin")
+    dpipe("run", SPEC, "--take", 3, "--snapshot-out", snap)
+    data = open(snap, "rb").read()
+    bad = os.path.join(TMP, "bad.bin")
+    for mutated, needle in ((data[: len(data) // 2], "truncated"), (b"XXXX" + data[4:], "magic"),
+                            (data[:-2] + bytes([data[-2] ^ 1]) + data[-1:], "checksum")):
+        open(bad, "wb").write(mutated)
+        r = dpipe("run", SPEC, "--resume", bad, check=False)
+        assert r.returncode == 1 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        r = dpipe("snapshot", "show", bad, check=False)
+        assert r.returncode == 1 and needle in r.stderr, r.stderr
+    r = dpipe("run", SPEC, "--resume", snap, "--seed", 9, check=False)
+    assert r.returncode == 1 and "seed 3" in r.stderr, r.stderr
+    r = dpipe("run", SPEC, "--resume", snap, "--workers", 2, check=False)
+    assert r.returncode == 1 and "layout" in r.stderr, r.stderr
+    r = dpipe("run", GEN_SPEC, "--resume", snap, check=False)
+    assert r.returncode == 1 and "different pipeline" in r.stderr, r.stderr
+    r = dpipe("run", SPEC, "--resume", os.path.join(TMP, "missing.bin"), check=False)
+    assert r.returncode == 1 and "cannot open" in r.stderr, r.stderr
+
+
+@case("graph/dot")
+def _():
+    dot = dpipe("graph", SPEC).stdout
+    assert dot.startswith("digraph") and "shuffle@3" in dot and "->" in dot
+
+
+@case("bench/json_line")
+def _():
+    r = dpipe("bench", SPEC)
+    b = json.loads(r.stdout)
+    assert b["elements"] == 625 and b["elements_per_s"] > 0 and b["seconds"] > 0
+    forever = {"pipeline": [{"op": "range", "stop": 10}, {"op": "cycle"}]}
+    t0 = time.time()
+    b = json.loads(dpipe("bench", json.dumps(forever), "--seconds", "0.3").stdout)
+    assert 0.25 < b["seconds"] < 5 and time.time() - t0 < 10 and b["elements"] > 0
+
+
+@case("usage_errors_exit_2")
+def _():
+    for args in (["run"], ["run", SPEC, "--bogus"], ["run", SPEC, "--take", "-1"], ["frob"],
+                 ["run", SPEC, "--rank", 1]):
+        r = dpipe(*args, check=False)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+
+
+@case("spec_errors_name_the_node")
+def _():
+    r = dpipe("run", '{"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "size": 2, "name": "b"}, {"op": "unbatch"}, {"op": "map", "fn": "nope"}]}', check=False)
+    assert r.returncode == 1 and "pipeline[3] (map)" in r.stderr and "unknown map function" in r.stderr, r.stderr
+    r = dpipe("run", "{not json", check=False)
+    assert r.returncode == 1 and "not valid JSON" in r.stderr, r.stderr
+    r = dpipe("run", SPEC, "--rank", 2, "--world-size", 2, check=False)
+    assert r.returncode == 1 and "rank 2" in r.stderr, r.stderr
+
+
+def write_junit(path):
+    suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
+                       failures=str(sum(1 for _, e in results if e)))
+    for name, err in results:
+        tc = ET.SubElement(suite, "testcase", name=name, classname="cli")
+        if err:
+            ET.SubElement(tc, "failure", message=err.splitlines()[-1]).text = err
+    root = ET.Element("testsuites")
+    root.append(suite)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ET.ElementTree(root).write(path)
+
+
+write_junit(os.path.join(BUILD, "test-results", "cli.xml"))
+failed = [n for n, e in results if e]
+for name, err in results:
+    if err:
+        print(f"FAIL {name}\n{err}")
+print(f"cli: {len(results) - len(failed)} passed, {len(failed)} failed")
+sys.exit(1 if failed else 0)
