@@ -8,7 +8,8 @@ scripts/setup.sh || exit 1
 run_suite() {  # build dir, extra meson options...
   local dir=$1; shift
   if [ ! -f "$dir/build.ninja" ]; then
-    meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    mkdir -p logs
+    meson setup "$dir" "$@" >"logs/$dir.setup.log" 2>&1 || { cat "logs/$dir.setup.log"; return 1; }
   fi
   meson compile -C "$dir" || return 1
   rm -rf "$dir/test-results"

@@ -55,11 +55,18 @@ class ShuffleIter final : public Hooked<T> {
           st_.input_done = true;
           continue;
         }
+        // A local generator: stores into `out` may alias the state words (int64 vs uint64), which
+        // would otherwise force a reload of the state for every element.
+        Rng rng = st_.rng;
+        T* slots = buf.data();
+        const std::size_t size = size_;
+        out.reserve(out.size() + n);
         for (auto& x : scratch_) {
-          T& slot = buf[st_.rng.below(size_)];
+          T& slot = slots[rng.below(size)];
           out.push_back(std::move(slot));
           slot = std::move(x);
         }
+        st_.rng = rng;
         continue;
       }
       if (buf.empty()) break;  // drained

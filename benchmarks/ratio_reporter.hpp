@@ -1,0 +1,67 @@
+#pragma once
+// A console reporter that, after the runs, prints each benchmark's throughput as a ratio of a
+// baseline measured in the same process (this machine is noisy; absolute numbers drift).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dpipe::bench {
+
+struct Ratio {
+  std::string label, numerator, denominator;  // benchmark names (the median aggregate is used)
+  double goal = 0;                             // printed beside the ratio; 0 for none
+};
+
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  explicit RatioReporter(std::vector<Ratio> ratios) : ratios_(std::move(ratios)) {}
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const auto& r : runs) {
+      std::string name = r.benchmark_name();
+      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
+      if (r.run_type == Run::RT_Aggregate && !median) continue;
+      if (median) name = name.substr(0, name.size() - std::string("_median").size());
+      name = without_repeats(name);
+      if (!median && medians_.count(name)) continue;  // an aggregate already gave this one
+      const auto it = r.counters.find("items_per_second");
+      if (it != r.counters.end()) rate_[name] = it->second.value;
+      time_[name] = r.GetAdjustedRealTime();
+      if (median) medians_[name] = true;
+    }
+  }
+
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    std::printf("\nratios (median of repetitions, same process):\n");
+    for (const auto& q : ratios_) {
+      double v = 0;
+      if (rate_.count(q.numerator) && rate_.count(q.denominator) && rate_[q.denominator] > 0)
+        v = rate_[q.numerator] / rate_[q.denominator];
+      else if (time_.count(q.numerator) && time_.count(q.denominator) && time_[q.denominator] > 0)
+        v = time_[q.numerator] / time_[q.denominator];
+      if (q.goal > 0)
+        std::printf("  %-58s %6.3f  (goal %s %.2f)\n", q.label.c_str(), v, q.goal >= 1 ? "<=" : ">=", q.goal);
+      else
+        std::printf("  %-58s %6.3f\n", q.label.c_str(), v);
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  // "BM_Restore/10000/repeats:5" → "BM_Restore/10000": ratios name benchmarks without the suffix.
+  static std::string without_repeats(const std::string& name) {
+    const auto at = name.find("/repeats:");
+    return at == std::string::npos ? name : name.substr(0, at);
+  }
+
+  std::vector<Ratio> ratios_;
+  std::map<std::string, double> rate_, time_;
+  std::map<std::string, bool> medians_;
+};
+
+}  // namespace dpipe::bench
