@@ -100,5 +100,20 @@ void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, cons
                         l.to_string() + " (restoring on another layout is a rescale, which must be asked for)");
 }
 
+void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out) {
+  NodeStats st;
+  st.key = it.key();
+  st.kind = it.kind();
+  st.instance = it.instance();
+  st.elements = it.produced();
+  st.seconds = static_cast<double>(it.busy_ns()) * 1e-9;
+  std::uint64_t inner = 0;
+  if (it.runs_inputs_inline())
+    for (const IterBase* in : it.inputs()) inner += in->busy_ns();
+  st.self_seconds = it.busy_ns() > inner ? static_cast<double>(it.busy_ns() - inner) * 1e-9 : 0.0;
+  out.push_back(std::move(st));
+  for (const IterBase* in : it.inputs()) collect_node_stats(*in, out);
+}
+
 }  // namespace detail
 }  // namespace dpipe

@@ -41,6 +41,51 @@ void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<con
   }
 }
 
+/// Checks where the segment boundaries stand (DESIGN §4): at most one merge; dispatch only in the
+/// worker segment; prefetch only where the worker segment ends; no boundary below a cycle, which
+/// rebuilds its upstream every pass.
+void check_segments(const std::vector<GraphNode>& nodes) {
+  std::size_t merges = 0;
+  for (const auto& n : nodes) merges += n.kind == "merge";
+  if (merges > 1)
+    throw ConfigError("the pipeline has " + std::to_string(merges) + " merge nodes; a pipeline has at most one");
+  enum class Seg { suffix, worker, prefix };
+  struct Frame {
+    std::size_t node;
+    Seg seg;
+    std::string cycle;  // label of an enclosing cycle, empty if none
+  };
+  std::vector<Frame> stack{{0, merges ? Seg::suffix : Seg::worker, {}}};
+  while (!stack.empty()) {
+    const Frame f = stack.back();
+    stack.pop_back();
+    const GraphNode& n = nodes[f.node];
+    const std::string label = node_label(n.kind, n.name);
+    Seg below = f.seg;
+    if (n.kind == "merge") {
+      below = Seg::worker;
+    } else if (n.kind == "dispatch") {
+      if (f.seg != Seg::worker)
+        throw ConfigError(label + ": dispatch starts the worker segment, so it must stand before merge and not in "
+                                  "another dispatch's prefix");
+      below = Seg::prefix;
+    } else if (n.kind == "prefetch") {
+      const bool ends_workers = f.seg == Seg::worker && (f.node == 0 || [&] {
+        for (const auto& m : nodes)
+          if (m.kind == "merge" && !m.inputs.empty() && m.inputs[0] == f.node) return true;
+        return false;
+      }());
+      if (!ends_workers)
+        throw ConfigError(label + ": prefetch sets the depth of the worker queues, so it must be the last node "
+                                  "before merge (or of the pipeline)");
+    }
+    if (!f.cycle.empty() && (n.kind == "merge" || n.kind == "dispatch"))
+      throw ConfigError(f.cycle + ": a cycle rebuilds its upstream every pass, so it cannot contain " + label);
+    const std::string cycle = n.kind == "cycle" && f.cycle.empty() ? label : f.cycle;
+    for (std::size_t in : n.inputs) stack.push_back({in, below, cycle});
+  }
+}
+
 }  // namespace
 
 Graph Graph::build(const NodeDefBase& output) {
@@ -62,6 +107,9 @@ Graph Graph::build(const NodeDefBase& output) {
       throw ConfigError("the name '" + n.key + "' collides with the key of an unnamed node");
     g.keys_.push_back(n.key);
   }
+
+  check_segments(g.nodes_);
+  for (const auto& n : g.nodes_) g.has_merge_ = g.has_merge_ || n.kind == "merge";
 
   BoostGraph bg(g.nodes_.size());
   for (std::size_t v = 0; v < g.nodes_.size(); ++v)

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -146,6 +147,8 @@ constexpr bool is_composite_v<std::pair<A, B>> = true;
 template <class T>
 constexpr bool is_composite_v<std::optional<T>> = true;
 template <class T>
+constexpr bool is_composite_v<std::shared_ptr<const T>> = true;
+template <class T>
 constexpr bool is_native_v =
     std::is_arithmetic_v<T> || std::is_same_v<T, std::string> || is_vector_v<T> || is_composite_v<T>;
 }  // namespace detail
@@ -265,6 +268,19 @@ struct Codec<std::optional<T>> {
     return Codec<T>::decode(r);
   }
   static std::string tag() { return "opt<" + Codec<T>::tag() + ">"; }
+};
+
+/// A shared, immutable element (what `dispatch(broadcast)` hands to every worker) is encoded as the
+/// element itself; decoding makes a new one, so sharing is not preserved across a snapshot.
+template <Snapshottable T>
+struct Codec<std::shared_ptr<const T>> {
+  static constexpr std::size_t kMinBytes = Codec<T>::kMinBytes;
+  static void encode(ByteWriter& w, const std::shared_ptr<const T>& v) {
+    if (!v) throw SnapshotError("a shared element to encode is empty");
+    Codec<T>::encode(w, *v);
+  }
+  static std::shared_ptr<const T> decode(ByteReader& r) { return std::make_shared<const T>(Codec<T>::decode(r)); }
+  static std::string tag() { return Codec<T>::tag(); }
 };
 
 /// Any other type that cereal can serialise: a length-prefixed cereal binary blob.

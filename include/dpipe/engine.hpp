@@ -5,6 +5,7 @@
 /// `run.snapshot()` captures the state at the consumer's position; `engine.resume(pipeline, snapshot)`
 /// continues exactly there.
 #include <chrono>
+#include <exception>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -12,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/detail/executor.hpp"
+#include "dpipe/detail/run_shared.hpp"
 #include "dpipe/graph.hpp"
+#include "dpipe/nodes/merge.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/snapshot.hpp"
 
@@ -24,6 +28,26 @@ struct RunOptions {
   std::uint64_t epoch = 0;
   /// Unset: taken from the environment (RANK/WORLD_SIZE or Open MPI's variables) with one worker.
   std::optional<Layout> layout;
+  /// Run the workers one after another in the consumer's thread instead of on the engine's threads.
+  /// The stream is the same either way; this is the single-threaded reference.
+  bool inline_workers = false;
+  /// Time every node's pulls, for node_stats() (costs two clock reads per pull).
+  bool collect_stats = false;
+};
+
+struct EngineOptions {
+  /// Engine threads that run the workers; 0 means one per core.
+  int threads = 0;
+};
+
+/// Per-node figures of a Run (`RunOptions::collect_stats`).
+struct NodeStats {
+  std::string key;
+  std::string kind;
+  std::uint32_t instance = 0;
+  std::uint64_t elements = 0;  // yielded
+  double seconds = 0;          // inside pull(), inputs included
+  double self_seconds = 0;     // without the time of inputs that run inside it
 };
 
 namespace detail {
@@ -32,39 +56,65 @@ SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std
 /// Refuses a snapshot that does not belong to this graph, seed, epoch and layout.
 void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l);
 Layout resolve_layout(const RunOptions& o);
+/// Walks an iterator tree for node_stats().
+void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out);
 }  // namespace detail
 
+/// A running pipeline. Move-only; destroying it mid-stream cancels and joins its workers.
 template <class T>
 class Run {
  public:
   Run(Run&&) noexcept = default;
-  Run& operator=(Run&&) noexcept = default;
-
-  /// The next element, or nullopt at the end of the stream.
-  std::optional<T> next() {
-    const std::size_t k = workers_.size();
-    for (std::size_t tried = 0; tried < k; ++tried) {
-      Lane& lane = lanes_[cursor_];
-      if (lane.head == lane.buf.size() && !lane.done) {
-        lane.buf.clear();
-        lane.head = 0;
-        if (workers_[cursor_]->pull(lane.buf, kLaneChunk) == 0) lane.done = true;
-      }
-      const std::size_t w = cursor_;
-      cursor_ = (cursor_ + 1 == k) ? 0 : cursor_ + 1;
-      if (lane.head < lane.buf.size()) {
-        ++delivered_;
-        return std::move(lanes_[w].buf[lanes_[w].head++]);
-      }
+  Run& operator=(Run&& o) noexcept {
+    if (this != &o) {
+      root_.reset();  // joins this run's workers while their executor and shared objects still exist
+      executor_ = std::move(o.executor_);
+      shared_ = std::move(o.shared_);
+      pipeline_ = std::move(o.pipeline_);
+      options_ = std::move(o.options_);
+      layout_ = o.layout_;
+      graph_ = std::move(o.graph_);
+      root_ = std::move(o.root_);
+      buf_ = std::move(o.buf_);
+      head_ = o.head_;
+      delivered_ = o.delivered_;
+      failed_ = std::move(o.failed_);
+      report_ = std::move(o.report_);
     }
-    return std::nullopt;
+    return *this;
+  }
+  ~Run() {
+    if (root_) root_->stop();
   }
 
-  /// The complete state at the consumer's position: every node on every worker of this rank, plus
-  /// the elements already pulled from workers but not yet delivered.
-  Snapshot snapshot(std::map<std::string, std::string> user_metadata = {}) const
+  /// The next element, or nullopt at the end of the stream. A failure in any worker is rethrown here
+  /// (a NodeError naming the node and worker, nesting the original) after every element before it;
+  /// the run then stops its workers, and later calls throw the same error.
+  std::optional<T> next() {
+    if (head_ == buf_.size()) {
+      if (failed_) std::rethrow_exception(failed_);
+      buf_.clear();
+      head_ = 0;
+      try {
+        if (root_->pull(buf_, kRunChunk) == 0) return std::nullopt;
+      } catch (...) {
+        failed_ = std::current_exception();
+        root_->stop();
+        throw;
+      }
+    }
+    ++delivered_;
+    return std::move(buf_[head_++]);
+  }
+
+  /// The complete state at the consumer's position: production pauses (each busy worker finishes the
+  /// chunk it is on), every node on every worker is saved together with the elements produced but not
+  /// yet delivered, and production goes on.
+  Snapshot snapshot(std::map<std::string, std::string> user_metadata = {})
     requires Snapshottable<T>
   {
+    if (failed_) throw SnapshotError("cannot snapshot a run that failed; use a snapshot taken before the failure");
+    Paused paused(*root_);
     Snapshot s;
     s.meta = detail::make_meta(graph_, options_, layout_, delivered_);
     s.meta.user_metadata = std::move(user_metadata);
@@ -75,17 +125,20 @@ class Run {
     run.mode = StateMode::hook;
     {
       StateWriter w(run);
-      w("cursor", static_cast<std::uint64_t>(cursor_));
       w("delivered", delivered_);
-      for (std::size_t i = 0; i < lanes_.size(); ++i) {
-        const Lane& lane = lanes_[i];
-        w("pending_" + std::to_string(i),
-          std::vector<T>(lane.buf.begin() + std::ptrdiff_t(lane.head), lane.buf.end()));
-        w("done_" + std::to_string(i), lane.done);
-      }
+      w("pending", std::vector<T>(buf_.begin() + std::ptrdiff_t(head_), buf_.end()));
     }
-    for (const auto& wk : workers_) wk->save(s.states);
+    root_->save(s.states);
     return s;
+  }
+
+  /// Elements and time per node and instance, from the moment the run started (needs
+  /// RunOptions::collect_stats for the times). Pauses production while it reads.
+  std::vector<NodeStats> node_stats() {
+    Paused paused(*root_);
+    std::vector<NodeStats> out;
+    detail::collect_node_stats(*root_, out);
+    return out;
   }
 
   const Layout& layout() const { return layout_; }
@@ -96,25 +149,32 @@ class Run {
 
  private:
   friend class Engine;
-  // Elements pulled from a worker at a time. Batches are already large units of work, so they are
-  // pulled one by one: that keeps the elements a snapshot must carry to at most one per worker.
-  static constexpr std::size_t kLaneChunk = detail::is_vector_v<T> ? 1 : kChunk;
+  // Elements the consumer pulls from the graph at a time (batches one by one, scalars in chunks).
+  static constexpr std::size_t kRunChunk = detail::is_vector_v<T> ? 1 : kChunk;
 
-  struct Lane {
-    std::vector<T> buf;
-    std::size_t head = 0;
-    bool done = false;
+  struct Paused {
+    explicit Paused(IterBase& r) : root(r) { root.pause(); }
+    ~Paused() { root.resume(); }
+    IterBase& root;
   };
 
-  Run(Pipeline<T> p, RunOptions o) : pipeline_(std::move(p)), options_(std::move(o)) {
+  Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor)
+      : executor_(std::move(executor)), pipeline_(std::move(p)), options_(std::move(o)) {
     layout_ = detail::resolve_layout(options_);
     graph_ = Graph::build(*pipeline_.def());
     graph_.check_layout(layout_);
-    for (int w = 0; w < layout_.num_workers; ++w) {
-      BuildContext ctx{options_.seed, options_.epoch, layout_, w, &graph_.keys(), 0};
-      workers_.push_back(pipeline_.def()->instantiate(ctx));
+    shared_ = std::make_unique<detail::RunShared>();
+    BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_.keys(), 0};
+    ctx.executor = executor_.get();
+    ctx.shared = shared_.get();
+    ctx.inline_workers = options_.inline_workers;
+    ctx.collect_stats = options_.collect_stats;
+    if (graph_.has_merge()) {
+      ctx.segment = Segment::suffix;
+      root_ = pipeline_.def()->instantiate(ctx);
+    } else {
+      root_ = std::make_unique<MergeIter<T>>(ctx, *pipeline_.def(), "merge@out");
     }
-    lanes_.resize(workers_.size());
   }
 
   void restore(const Snapshot& s) {
@@ -123,46 +183,51 @@ class Run {
     const StateIndex index(s.states);
     const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
     StateReader r(run);
-    std::uint64_t cursor = 0;
-    r("cursor", cursor);
     r("delivered", delivered_);
-    if (cursor >= workers_.size()) r.fail("merge cursor " + std::to_string(cursor) + " is not a worker");
-    cursor_ = static_cast<std::size_t>(cursor);
-    for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      r("pending_" + std::to_string(i), lanes_[i].buf);
-      r("done_" + std::to_string(i), lanes_[i].done);
-      lanes_[i].head = 0;
-    }
+    r("pending", buf_);
+    head_ = 0;
     r.finish();
-    for (auto& wk : workers_) wk->restore(index, report_);
+    root_->restore(index, report_);
     report_.total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 
+  // Destruction runs bottom-up: the root (which joins the workers) goes before the objects the
+  // workers share and the executor they run on.
+  std::shared_ptr<detail::Executor> executor_;
+  std::unique_ptr<detail::RunShared> shared_;
   Pipeline<T> pipeline_;  // keeps the definitions the iterators borrow alive
   RunOptions options_;
   Layout layout_;
   Graph graph_;
-  std::vector<std::unique_ptr<Iter<T>>> workers_;
-  std::vector<Lane> lanes_;
-  std::size_t cursor_ = 0;
+  std::unique_ptr<Iter<T>> root_;
+  std::vector<T> buf_;
+  std::size_t head_ = 0;
   std::uint64_t delivered_ = 0;
+  std::exception_ptr failed_;
   RestoreReport report_;
 };
 
+/// Owns the engine threads (a oneTBB arena, kept out of this header) and starts Runs on them.
 class Engine {
  public:
+  explicit Engine(EngineOptions o = {}) : executor_(std::make_shared<detail::Executor>(o.threads)) {}
+
   template <class T>
   Run<T> start(const Pipeline<T>& p, RunOptions o = {}) {
-    return Run<T>(p, std::move(o));
+    return Run<T>(p, std::move(o), executor_);
   }
   /// A fresh Run restored from `s`; refuses a snapshot of another graph, seed, epoch or layout.
   template <class T>
     requires Snapshottable<T>
   Run<T> resume(const Pipeline<T>& p, const Snapshot& s, RunOptions o = {}) {
-    Run<T> run(p, std::move(o));
+    Run<T> run(p, std::move(o), executor_);
     run.restore(s);
     return run;
   }
+  int threads() const { return executor_->threads(); }
+
+ private:
+  std::shared_ptr<detail::Executor> executor_;
 };
 
 }  // namespace dpipe

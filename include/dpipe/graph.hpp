@@ -35,6 +35,9 @@ class Graph {
   const std::vector<std::size_t>& topological_order() const { return topo_; }
   /// Graphviz DOT text; edges point in the direction data flows.
   std::string to_dot() const;
+  /// Whether the pipeline ends its worker segment with an explicit `merge` (otherwise the whole
+  /// pipeline is the worker segment, merged at its end).
+  bool has_merge() const { return has_merge_; }
   /// Checks every node against a layout (shard ids, …); throws ConfigError.
   void check_layout(const Layout& layout) const;
 
@@ -44,6 +47,7 @@ class Graph {
   std::vector<std::size_t> topo_;
   std::vector<const NodeDefBase*> defs_;  // borrowed from the pipeline
   std::uint64_t fingerprint_ = 0;
+  bool has_merge_ = false;
 };
 
 }  // namespace dpipe

@@ -32,6 +32,15 @@ inline std::string node_label(const std::string& kind, const std::string& name) 
   return name.empty() ? kind : kind + " '" + name + "'";
 }
 
+namespace detail {
+class Executor;
+struct RunShared;
+}  // namespace detail
+
+/// Where a node runs (DESIGN §4): once per rank before `dispatch`, once per worker, or in the consumer's
+/// thread after `merge`.
+enum class Segment : std::uint8_t { prefix, worker, suffix };
+
 /// What an iterator needs to know when it is built: seed, epoch, layout, worker and its node key.
 /// Keys are handed out in the graph's pre-order (a node, then its inputs in order), so a subtree can
 /// be rebuilt with the same keys by rewinding the cursor (see `cycle`).
@@ -42,6 +51,11 @@ struct BuildContext {
   int worker = 0;
   const std::vector<std::string>* keys = nullptr;
   std::size_t cursor = 0;
+  Segment segment = Segment::worker;
+  detail::Executor* executor = nullptr;  // borrowed from the Engine
+  detail::RunShared* shared = nullptr;   // objects the workers of one Run share (dispatchers)
+  bool inline_workers = false;           // workers run one after another in the consumer's thread
+  bool collect_stats = false;            // iterators time their pulls
 
   std::string next_key() {
     if (!keys || cursor >= keys->size()) throw ConfigError("internal: node keys exhausted while building a run");
@@ -180,6 +194,26 @@ class IterBase {
       for (IterBase* in : inputs()) in->save(out);
   }
 
+  /// Stops background production below this node and waits until it is idle (snapshots, statistics).
+  virtual void pause() {
+    for (IterBase* in : inputs()) in->pause();
+  }
+  /// Lets background production go on after pause().
+  virtual void resume() {
+    for (IterBase* in : inputs()) in->resume();
+  }
+  /// Cancels background production below this node and joins it (a failed or abandoned run).
+  virtual void stop() {
+    for (IterBase* in : inputs()) in->stop();
+  }
+
+  /// Nanoseconds spent in pull(), inputs included (only when the run collects statistics).
+  std::uint64_t busy_ns() const { return busy_ns_; }
+  /// Whether this node's inputs run inside its pull() (false for merge: workers run on other threads).
+  virtual bool runs_inputs_inline() const { return true; }
+  /// The iterators this one pulls from, in input order.
+  virtual std::vector<IterBase*> inputs() const = 0;
+
   /// Restores this freshly built iterator and its inputs.
   void restore(const StateIndex& states, RestoreReport& report) {
     if (started_)
@@ -202,18 +236,19 @@ class IterBase {
   }
 
  protected:
-  IterBase(StateMode mode, BuildContext& ctx, std::string kind)
-      : key_(ctx.next_key()), kind_(std::move(kind)), worker_(ctx.worker),
-        instance_(static_cast<std::uint32_t>(ctx.instance())), mode_(mode) {}
+  /// `key` empty: the next key of the graph's pre-order (every node of the graph); otherwise a key of
+  /// the engine's own (the implicit merge of a pipeline without one).
+  IterBase(StateMode mode, BuildContext& ctx, std::string kind, std::string key = {})
+      : key_(key.empty() ? ctx.next_key() : std::move(key)), kind_(std::move(kind)), worker_(ctx.worker),
+        instance_(static_cast<std::uint32_t>(ctx.instance())), mode_(mode), timed_(ctx.collect_stats) {}
 
   virtual void save_state(StateWriter&) const = 0;
   virtual void restore_state(StateReader&) = 0;
-  /// The iterators this one pulls from, in input order.
-  virtual std::vector<IterBase*> inputs() const = 0;
 
   bool started_ = false;
   std::uint64_t produced_ = 0;
   std::uint64_t replayed_ = 0;
+  std::uint64_t busy_ns_ = 0;
 
  private:
   std::string key_;
@@ -221,6 +256,9 @@ class IterBase {
   int worker_;
   std::uint32_t instance_;
   StateMode mode_;
+
+ protected:
+  const bool timed_;
 };
 
 /// A typed iterator. Derive from Stateless<T>, Hooked<T> or Replayed<T>: the constructor is only
@@ -235,6 +273,7 @@ class Iter : public IterBase {
   std::size_t pull(std::vector<T>& out, std::size_t max) {
     started_ = true;
     const std::size_t before = out.size();
+    const auto t0 = timed_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     std::size_t n;
     try {
       n = pull_chunk(out, max);
@@ -245,13 +284,17 @@ class Iter : public IterBase {
     } catch (...) {
       throw NodeError(key(), worker(), "unknown exception");
     }
+    if (timed_)
+      busy_ns_ += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     produced_ += n;
     if (mode() == StateMode::replay) on_replay_elements(out, before);
     return n;
   }
 
  protected:
-  Iter(detail::ModeKey, StateMode mode, BuildContext& ctx, std::string kind) : IterBase(mode, ctx, std::move(kind)) {}
+  Iter(detail::ModeKey, StateMode mode, BuildContext& ctx, std::string kind, std::string key = {})
+      : IterBase(mode, ctx, std::move(kind), std::move(key)) {}
   virtual std::size_t pull_chunk(std::vector<T>& out, std::size_t max) = 0;
   virtual void on_replay_elements(const std::vector<T>&, std::size_t) {}
 };
@@ -281,7 +324,8 @@ class Stateless : public Iter<T> {
 template <class T>
 class Hooked : public Iter<T> {
  protected:
-  Hooked(BuildContext& ctx, std::string kind) : Iter<T>(detail::ModeKey{}, StateMode::hook, ctx, std::move(kind)) {}
+  Hooked(BuildContext& ctx, std::string kind, std::string key = {})
+      : Iter<T>(detail::ModeKey{}, StateMode::hook, ctx, std::move(kind), std::move(key)) {}
 };
 
 /// A node that cannot save its state (a user generator). It is restored by rebuilding it from the

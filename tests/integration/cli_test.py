@@ -108,7 +108,9 @@ def _():
     stats = json.loads(r.stderr.strip().splitlines()[-1])
     for k in ("elements", "seconds", "restore_ms", "replayed_elements"):
         assert k in stats, stats
-    assert stats["replayed_elements"] == 100 * 8 + 50, stats  # batched + buffered in the shuffle
+    # Batched and delivered, plus buffered in the shuffle, plus what the worker had produced ahead of
+    # the consumer (at most its queue of 8 batches of 8).
+    assert 100 * 8 + 50 <= stats["replayed_elements"] <= 100 * 8 + 50 + 8 * 8, stats
     assert stats["restore_ms"] > 0
     fresh = json.loads(dpipe("run", SPEC, "--stats").stderr.strip().splitlines()[-1])
     assert fresh["restore_ms"] == 0 and fresh["replayed_elements"] == 0 and fresh["elements"] > 0

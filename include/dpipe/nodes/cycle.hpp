@@ -1,7 +1,7 @@
 #pragma once
 /// Re-runs the whole upstream `count` times (forever without a count); each pass is a new epoch for
 /// the upstream, so shuffles reshuffle. A pass that yields nothing ends the stream. In: T → Out: T.
-/// State: the pass number (the upstream is rebuilt for it on restore, then restored itself).
+/// State: the pass number and the pass its upstream was built for (rebuilt on restore, then restored).
 #include <optional>
 #include <string>
 
@@ -59,7 +59,10 @@ class CycleIter final : public Hooked<T> {
       }
       ++st_.pass;
       st_.yielded_in_pass = false;
-      if (!finished()) rebuild();
+      if (!finished()) {
+        st_.input_pass = st_.pass;
+        rebuild();
+      }
     }
     return 0;
   }
@@ -68,7 +71,10 @@ class CycleIter final : public Hooked<T> {
     r.read(st_);
     if (def_.count() && st_.pass > static_cast<std::uint64_t>(*def_.count()))
       r.fail("pass " + std::to_string(st_.pass) + " is beyond count " + std::to_string(*def_.count()));
-    if (st_.pass > 0 && !finished()) rebuild();  // the upstream of that pass, then restored by the caller
+    if (st_.input_pass > st_.pass) r.fail("the upstream's pass is ahead of the cycle's");
+    // Rebuild the upstream of the pass it was saved in (the last one after the final pass); the caller
+    // then restores it.
+    if (st_.input_pass > 0) rebuild();
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
@@ -78,16 +84,18 @@ class CycleIter final : public Hooked<T> {
   }
   void rebuild() {
     BuildContext c = ctx_;  // cursor still points at the upstream's first key
-    c.epoch = cycle_epoch(ctx_.epoch, st_.pass);
+    c.epoch = cycle_epoch(ctx_.epoch, st_.input_pass);
     input_ = def_.input().instantiate(c);
   }
   struct State {
     std::uint64_t pass = 0;
+    std::uint64_t input_pass = 0;  // the pass the current upstream was built for
     bool yielded_in_pass = false;
     bool ended = false;
     template <class A>
     void fields(A& a) {
       a("pass", pass);
+      a("input_pass", input_pass);
       a("yielded_in_pass", yielded_in_pass);
       a("ended", ended);
     }

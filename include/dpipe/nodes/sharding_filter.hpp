@@ -109,6 +109,11 @@ class ShardingFilterIter final : public Hooked<T> {
 
 template <class T>
 std::unique_ptr<Iter<T>> ShardingFilterDef<T>::instantiate(BuildContext& ctx) const {
+  if (opts_.num_shards == 0 && opts_.level != ShardLevel::rank && ctx.segment != Segment::worker)
+    throw ConfigError(node_label("sharding_filter", this->name()) + ": level " + to_string(opts_.level) +
+                      " needs a worker, but this node runs " +
+                      (ctx.segment == Segment::prefix ? "once per rank, before dispatch" : "after merge") +
+                      "; use level rank or an explicit num_shards/shard_id");
   const auto [n, id] = shard(ctx.layout, ctx.worker);
   if (n == 0 || id >= n)
     throw ConfigError(node_label("sharding_filter", this->name()) + ": shard id " + std::to_string(id) +

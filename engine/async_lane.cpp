@@ -1,0 +1,120 @@
+#include "dpipe/detail/async_lane.hpp"
+
+namespace dpipe::detail {
+
+AsyncLaneBase::AsyncLaneBase(Executor* executor, std::size_t capacity, std::size_t chunk, bool inline_mode)
+    : executor_(executor), capacity_(capacity < 1 ? 1 : capacity), chunk_(chunk < 1 ? 1 : chunk),
+      inline_(inline_mode || executor == nullptr) {}
+
+AsyncLaneBase::~AsyncLaneBase() = default;
+
+void AsyncLaneBase::schedule_locked() {
+  if (inline_ || running_ || paused_ || cancelled_ || done_ || error_ || buffered_ >= capacity_) return;
+  running_ = true;
+  executor_->submit([this] { produce_loop(); });
+}
+
+void AsyncLaneBase::produce_loop() {
+  for (;;) {
+    std::size_t room;
+    {
+      std::lock_guard lock(mu_);
+      room = capacity_ - buffered_;
+    }
+    std::size_t n = 0;
+    std::exception_ptr error;
+    try {
+      n = produce_staged(room < chunk_ ? room : chunk_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::unique_lock lock(mu_);
+    if (error) {
+      error_ = error;
+      done_ = true;
+    } else if (n == 0) {
+      done_ = true;
+    } else {
+      publish_staged();
+      buffered_ += n;
+    }
+    // Wake a waiting consumer when half the lane is ready (fewer wake-ups) or nothing more will come.
+    const bool wake = consumer_waiting_ && (done_ || buffered_ * 2 >= capacity_ || buffered_ >= capacity_);
+    const bool more = !done_ && !paused_ && !cancelled_ && buffered_ < capacity_;
+    if (wake) consumer_cv_.notify_one();
+    if (!more) {
+      running_ = false;
+      idle_cv_.notify_all();
+      return;  // `this` may be destroyed as soon as the lock is released
+    }
+  }
+}
+
+bool AsyncLaneBase::fetch() {
+  if (inline_) {
+    if (done_) {
+      if (error_) std::rethrow_exception(error_);
+      return false;
+    }
+    std::size_t n = 0;
+    try {
+      n = produce_staged(chunk_);
+    } catch (...) {
+      error_ = std::current_exception();
+      done_ = true;
+      throw;
+    }
+    if (n == 0) {
+      done_ = true;
+      return false;
+    }
+    publish_staged();
+    take_front();
+    return true;
+  }
+  std::unique_lock lock(mu_);
+  for (;;) {
+    const std::size_t n = take_front();
+    if (n > 0) {
+      buffered_ -= n;
+      if (buffered_ * 2 <= capacity_) schedule_locked();
+      return true;
+    }
+    if (error_) std::rethrow_exception(error_);
+    if (done_) return false;
+    schedule_locked();
+    consumer_waiting_ = true;
+    consumer_cv_.wait(lock);
+    consumer_waiting_ = false;
+  }
+}
+
+void AsyncLaneBase::pause() {
+  std::unique_lock lock(mu_);
+  paused_ = true;
+  idle_cv_.wait(lock, [this] { return !running_; });
+}
+
+void AsyncLaneBase::resume() {
+  std::lock_guard lock(mu_);
+  paused_ = false;
+  schedule_locked();
+}
+
+void AsyncLaneBase::stop() {
+  std::unique_lock lock(mu_);
+  cancelled_ = true;
+  idle_cv_.wait(lock, [this] { return !running_; });
+}
+
+bool AsyncLaneBase::producer_done() const {
+  std::lock_guard lock(mu_);
+  return done_;
+}
+
+void AsyncLaneBase::set_producer_done(bool done) {
+  std::lock_guard lock(mu_);
+  done_ = done;
+}
+
+}  // namespace dpipe::detail

@@ -1,0 +1,126 @@
+#pragma once
+/// An AsyncLane runs one iterator chain (a worker) on the engine's threads and buffers its output in a
+/// bounded queue of chunks for one consumer. The producer never waits: a task produces chunks while
+/// there is room and then ends; the consumer restarts it when the queue drains below half. Only the
+/// consumer waits, on a condition variable, and only when its lane has nothing ready.
+///
+/// Snapshots: `pause()` stops production and waits until the running task (if any) has finished its
+/// chunk, so the chain is idle and the queue holds everything produced but not yet delivered.
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dpipe/detail/executor.hpp"
+#include "dpipe/node.hpp"
+
+namespace dpipe::detail {
+
+class AsyncLaneBase {
+ public:
+  /// `capacity`: elements buffered at most; `chunk`: elements produced per pull at most. With
+  /// `inline_mode` the consumer's thread produces on demand (the single-threaded reference).
+  AsyncLaneBase(Executor* executor, std::size_t capacity, std::size_t chunk, bool inline_mode);
+  virtual ~AsyncLaneBase();
+  AsyncLaneBase(const AsyncLaneBase&) = delete;
+  AsyncLaneBase& operator=(const AsyncLaneBase&) = delete;
+
+  /// Stops scheduling production and waits until no task of this lane runs.
+  void pause();
+  /// Lets production go on after pause().
+  void resume();
+  /// Cancels and joins; called by the typed lane's destructor before its chain goes away.
+  void stop();
+  /// Whether the chain has ended (no more chunks will come).
+  bool producer_done() const;
+
+ protected:
+  /// Producer, on an engine thread without the lock: pulls at most `max` elements into the staging
+  /// chunk and returns how many (0 at the end of the chain).
+  virtual std::size_t produce_staged(std::size_t max) = 0;
+  /// Under the lock: appends the staging chunk to the queue.
+  virtual void publish_staged() = 0;
+  /// Under the lock: moves the queue's first chunk to the consumer's side; returns its size, 0 if the
+  /// queue is empty.
+  virtual std::size_t take_front() = 0;
+
+  /// Consumer: brings the next chunk to the consumer's side; false once the lane has ended. A failure
+  /// of the chain is rethrown here, after every element produced before it.
+  bool fetch();
+  /// For restore, before the lane starts: the chain had already ended.
+  void set_producer_done(bool done);
+
+ private:
+  void schedule_locked();
+  void produce_loop();
+
+  Executor* executor_;  // borrowed from the engine
+  const std::size_t capacity_, chunk_;
+  const bool inline_;
+  mutable std::mutex mu_;
+  std::condition_variable consumer_cv_, idle_cv_;
+  std::size_t buffered_ = 0;
+  bool running_ = false, paused_ = false, cancelled_ = false, done_ = false, consumer_waiting_ = false;
+  std::exception_ptr error_;
+};
+
+/// The typed lane of one worker chain.
+template <class T>
+class AsyncLane final : public AsyncLaneBase {
+ public:
+  AsyncLane(std::unique_ptr<Iter<T>> chain, Executor* executor, std::size_t capacity, std::size_t chunk,
+            bool inline_mode)
+      : AsyncLaneBase(executor, capacity, chunk, inline_mode), chain_(std::move(chain)) {}
+  ~AsyncLane() override { stop(); }
+
+  /// Consumer: whether an element is ready or can be fetched; false once the lane is exhausted.
+  bool ready() {
+    if (head_ < current_.size()) return true;
+    current_.clear();
+    head_ = 0;
+    return fetch();
+  }
+  /// Consumer: the next element; only after ready() returned true.
+  T take() { return std::move(current_[head_++]); }
+
+  Iter<T>& chain() { return *chain_; }
+  /// Paused or not started: the elements produced but not delivered, in order.
+  std::vector<T> pending() const {
+    std::vector<T> out(current_.begin() + std::ptrdiff_t(head_), current_.end());
+    for (const auto& c : queue_) out.insert(out.end(), c.begin(), c.end());
+    return out;
+  }
+  /// Before the lane starts: elements to deliver before anything the chain produces.
+  void set_pending(std::vector<T> elements, bool chain_done) {
+    current_ = std::move(elements);
+    head_ = 0;
+    set_producer_done(chain_done);
+  }
+
+ protected:
+  std::size_t produce_staged(std::size_t max) override {
+    staged_.clear();
+    staged_.reserve(max);
+    return chain_->pull(staged_, max);
+  }
+  void publish_staged() override { queue_.push_back(std::move(staged_)); }
+  std::size_t take_front() override {
+    if (queue_.empty()) return 0;
+    current_ = std::move(queue_.front());
+    head_ = 0;
+    queue_.pop_front();
+    return current_.size();
+  }
+
+ private:
+  std::unique_ptr<Iter<T>> chain_;
+  std::vector<T> staged_;                // producer side
+  std::deque<std::vector<T>> queue_;     // under the lock
+  std::vector<T> current_;               // consumer side
+  std::size_t head_ = 0;
+};
+
+}  // namespace dpipe::detail

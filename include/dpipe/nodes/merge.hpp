@@ -1,0 +1,154 @@
+#pragma once
+/// Ends the worker segment: its input runs once per worker (num_workers copies, each on the engine's
+/// threads), and their outputs are merged round-robin, skipping exhausted workers, so the stream is a
+/// pure function of (pipeline, seed, layout). Nodes after it run in the consumer's thread.
+/// A pipeline without `merge` gets one at its end. In: T → Out: T.
+/// State: the merge cursor and, per worker, the elements produced but not yet delivered.
+#include <string>
+
+#include "dpipe/detail/async_lane.hpp"
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+struct MergeOptions {
+  std::string name;
+};
+
+/// How many elements each worker may run ahead of the consumer, and per pull. Batches and other
+/// vectors are large units of work, so they move one at a time; scalars move in chunks.
+template <class T>
+struct LaneDepth {
+  static constexpr std::size_t kChunk = detail::is_vector_v<T> ? 1 : dpipe::kChunk;
+  static constexpr std::size_t kDefaultCapacity = detail::is_vector_v<T> ? 8 : 4 * dpipe::kChunk;
+};
+
+/// The kind name of `prefetch`, whose parameter sets the depth of the worker queues it ends.
+inline constexpr const char* kPrefetchKind = "prefetch";
+/// The depth a `prefetch` definition asks for (its "depth" parameter).
+inline std::size_t prefetch_depth(const NodeDefBase& def) {
+  for (const auto& [k, v] : def.params())
+    if (k == "depth") return static_cast<std::size_t>(std::stoull(v));
+  return 0;
+}
+
+template <Snapshottable T>
+class MergeIter final : public Hooked<T> {
+ public:
+  /// Builds one chain of `segment` per worker of the layout; `key` empty takes the graph's next key.
+  MergeIter(BuildContext& ctx, const NodeDef<T>& segment, std::string key = {})
+      : Hooked<T>(ctx, "merge", std::move(key)) {
+    std::size_t capacity = LaneDepth<T>::kDefaultCapacity;
+    if (segment.kind() == kPrefetchKind) capacity = prefetch_depth(segment);
+    const std::size_t first_key = ctx.cursor;
+    std::size_t end_key = first_key;
+    for (int w = 0; w < ctx.layout.num_workers; ++w) {
+      BuildContext c = ctx;
+      c.worker = w;
+      c.segment = Segment::worker;
+      c.cursor = first_key;
+      auto chain = segment.instantiate(c);
+      end_key = c.cursor;
+      lanes_.push_back(std::make_unique<detail::AsyncLane<T>>(std::move(chain), ctx.executor, capacity,
+                                                              LaneDepth<T>::kChunk, ctx.inline_workers));
+    }
+    ctx.cursor = end_key;
+    finished_.assign(lanes_.size(), false);
+  }
+  ~MergeIter() override { stop(); }
+
+  void pause() override {
+    for (auto& l : lanes_) l->pause();
+  }
+  void resume() override {
+    for (auto& l : lanes_) l->resume();
+  }
+  void stop() override {
+    for (auto& l : lanes_) l->stop();
+  }
+  bool runs_inputs_inline() const override { return false; }
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    if (!started_lanes_) {  // every worker starts at once, not when the round-robin first reaches it
+      started_lanes_ = true;
+      for (auto& l : lanes_) l->resume();
+    }
+    const std::size_t k = lanes_.size();
+    std::size_t n = 0, skipped = 0;
+    while (n < max && skipped < k) {
+      auto& lane = *lanes_[st_.cursor];
+      if (!finished_[st_.cursor] && !lane.ready()) finished_[st_.cursor] = true;
+      if (finished_[st_.cursor]) {
+        ++skipped;
+      } else {
+        out.push_back(lane.take());
+        ++n;
+        skipped = 0;
+      }
+      st_.cursor = st_.cursor + 1 == k ? 0 : st_.cursor + 1;
+    }
+    return n;
+  }
+  void save_state(StateWriter& w) const override {
+    w("cursor", static_cast<std::uint64_t>(st_.cursor));
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      w("pending_" + std::to_string(i), lanes_[i]->pending());
+      w("done_" + std::to_string(i), finished_[i] || lanes_[i]->producer_done());
+    }
+  }
+  void restore_state(StateReader& r) override {
+    std::uint64_t cursor = 0;
+    r("cursor", cursor);
+    if (cursor >= lanes_.size())
+      r.fail("merge cursor " + std::to_string(cursor) + " is not one of the " + std::to_string(lanes_.size()) +
+             " workers");
+    st_.cursor = static_cast<std::size_t>(cursor);
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      std::vector<T> pending;
+      bool done = false;
+      r("pending_" + std::to_string(i), pending);
+      r("done_" + std::to_string(i), done);
+      finished_[i] = done && pending.empty();
+      lanes_[i]->set_pending(std::move(pending), done);
+    }
+  }
+  std::vector<IterBase*> inputs() const override {
+    std::vector<IterBase*> v;
+    for (const auto& l : lanes_) v.push_back(&l->chain());
+    return v;
+  }
+
+ private:
+  struct State {
+    std::size_t cursor = 0;
+  };
+  std::vector<std::unique_ptr<detail::AsyncLane<T>>> lanes_;
+  std::vector<bool> finished_;  // consumer side: lane exhausted
+  bool started_lanes_ = false;
+  State st_;
+};
+
+template <Snapshottable T>
+class MergeDef final : public NodeDef<T> {
+ public:
+  MergeDef(std::shared_ptr<const NodeDef<T>> in, MergeOptions o)
+      : NodeDef<T>("merge", o.name, {}, {in}), input_(std::move(in)) {}
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override {
+    if (ctx.segment != Segment::suffix)
+      throw ConfigError(node_label("merge", this->name()) + ": merge can only end the worker segment once");
+    return std::make_unique<MergeIter<T>>(ctx, *input_);
+  }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+};
+
+inline auto merge(MergeOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<MergeDef<T>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe

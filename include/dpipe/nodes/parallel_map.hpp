@@ -1,0 +1,91 @@
+#pragma once
+/// `map` with the function applied to up to `max_in_flight` elements at once on the engine's threads;
+/// the output keeps the input's order. Each pull takes a chunk of at most `max_in_flight` elements
+/// from its input and returns only when all of them are mapped, so no element is ever in flight
+/// between pulls and a snapshot needs no state of its own. The function must be safe to call
+/// concurrently. In: T → Out: fn(T). State: none.
+#include <optional>
+#include <string>
+
+#include "dpipe/detail/executor.hpp"
+#include "dpipe/nodes/map.hpp"
+
+namespace dpipe {
+
+struct ParallelMapOptions {
+  std::int64_t max_in_flight = 64;
+  std::string name;
+};
+
+template <class In, class Fn>
+class ParallelMapDef;
+
+template <class In, class Fn>
+class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
+ public:
+  using Out = map_result_t<In, Fn>;
+  ParallelMapIter(BuildContext& ctx, const ParallelMapDef<In, Fn>& def)
+      : Stateless<Out>(ctx, "parallel_map"), input_(def.input().instantiate(ctx)), fn_(def.fn()),
+        executor_(ctx.inline_workers ? nullptr : ctx.executor), window_(def.max_in_flight()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    in_.clear();
+    const std::size_t n = input_->pull(in_, std::min(max, window_));
+    if (n == 0) return 0;
+    results_.assign(n, std::nullopt);
+    auto apply = [&](std::size_t i) { results_[i].emplace(fn_(std::move(in_[i]))); };
+    if (executor_) executor_->parallel_for(n, apply);
+    else for (std::size_t i = 0; i < n; ++i) apply(i);
+    for (auto& r : results_) out.push_back(std::move(*r));
+    return n;
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  std::unique_ptr<Iter<In>> input_;
+  Fn fn_;
+  detail::Executor* executor_;  // borrowed; null: map in this thread
+  std::size_t window_;
+  std::vector<In> in_;
+  std::vector<std::optional<Out>> results_;
+};
+
+template <class In, class Fn>
+class ParallelMapDef final : public NodeDef<map_result_t<In, Fn>> {
+ public:
+  using Out = map_result_t<In, Fn>;
+  ParallelMapDef(std::shared_ptr<const NodeDef<In>> in, Fn fn, ParallelMapOptions o)
+      : NodeDef<Out>("parallel_map", o.name, with_window(describe_fn(fn), o.max_in_flight), {in}),
+        input_(std::move(in)), fn_(std::move(fn)) {
+    if (o.max_in_flight < 1 || o.max_in_flight > (1 << 20))
+      throw ConfigError(node_label("parallel_map", o.name) + ": max_in_flight must be between 1 and 1048576, got " +
+                        param_text(o.max_in_flight));
+    window_ = static_cast<std::size_t>(o.max_in_flight);
+  }
+  std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
+    return std::make_unique<ParallelMapIter<In, Fn>>(ctx, *this);
+  }
+  const NodeDef<In>& input() const { return *input_; }
+  const Fn& fn() const { return fn_; }
+  std::size_t max_in_flight() const { return window_; }
+
+ private:
+  static Params with_window(Params p, std::int64_t w) {
+    p.emplace_back("max_in_flight", param_text(w));
+    return p;
+  }
+  std::shared_ptr<const NodeDef<In>> input_;
+  Fn fn_;
+  std::size_t window_ = 1;
+};
+
+template <class Fn>
+auto parallel_map(Fn fn, ParallelMapOptions o = {}) {
+  return make_closure([fn = std::move(fn), o = std::move(o)](const auto& p) {
+    using In = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<ParallelMapDef<In, Fn>>(p.def(), fn, o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,54 @@
+#pragma once
+/// Sets how far each worker runs ahead of the consumer: up to `depth` elements wait in each worker's
+/// queue (for a batching pipeline, `depth` batches). It ends the worker segment, so it stands right
+/// before `merge` or at the end of the pipeline. In: T → Out: T. State: none of its own (the queued
+/// elements belong to the merge's state).
+#include <string>
+
+#include "dpipe/nodes/merge.hpp"
+
+namespace dpipe {
+
+struct PrefetchOptions {
+  std::int64_t depth = 8;
+  std::string name;
+};
+
+template <class T>
+class PrefetchIter final : public Stateless<T> {
+ public:
+  PrefetchIter(BuildContext& ctx, const NodeDef<T>& input) : Stateless<T>(ctx, kPrefetchKind), input_(input.instantiate(ctx)) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override { return input_->pull(out, max); }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  std::unique_ptr<Iter<T>> input_;
+};
+
+template <class T>
+class PrefetchDef final : public NodeDef<T> {
+ public:
+  PrefetchDef(std::shared_ptr<const NodeDef<T>> in, PrefetchOptions o)
+      : NodeDef<T>(kPrefetchKind, o.name, {{"depth", param_text(o.depth)}}, {in}), input_(std::move(in)) {
+    if (o.depth < 1 || o.depth > (1 << 24))
+      throw ConfigError(node_label(kPrefetchKind, o.name) + ": depth must be between 1 and 16777216, got " +
+                        param_text(o.depth));
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override {
+    return std::make_unique<PrefetchIter<T>>(ctx, *input_);
+  }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> input_;
+};
+
+inline auto prefetch(PrefetchOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<PrefetchDef<T>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe
