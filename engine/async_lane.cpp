@@ -112,9 +112,15 @@ bool AsyncLaneBase::producer_done() const {
   return done_;
 }
 
-void AsyncLaneBase::set_producer_done(bool done) {
+std::exception_ptr AsyncLaneBase::producer_error() const {
   std::lock_guard lock(mu_);
-  done_ = done;
+  return error_;
+}
+
+void AsyncLaneBase::set_producer_done(bool done, std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  done_ = done || error;
+  error_ = std::move(error);
 }
 
 }  // namespace dpipe::detail

@@ -180,28 +180,73 @@ AnyPipeline build_source(NodeSpec& n) {
   n.fail("the first node must be a source (range, from_vector, generator), not '" + n.op + "'");
 }
 
-AnyPipeline apply_map(NodeSpec& n, const AnyPipeline& in) {
+/// Applies a builtin map function through `apply(pipeline, fn)` (map or parallel_map).
+template <class Apply>
+AnyPipeline with_map_fn(NodeSpec& n, const AnyPipeline& in, bool concurrent, Apply apply) {
   const auto fn = n.string("fn");
   if (fn == "affine") {
     builtins::Affine f{n.integer("mul", 1), n.integer("add", 0)};
     auto* p = std::get_if<Pipeline<SpecInt>>(&in);
     if (!p) n.fail("affine takes integers, but its input yields " + type_name_of(in) + "s");
-    return *p | map(f, {.name = n.name});
+    return apply(*p, f);
   }
-  if (fn == "identity")
-    return std::visit([&](const auto& p) -> AnyPipeline { return p | map(builtins::Identity{}, {.name = n.name}); }, in);
+  if (fn == "identity") return std::visit([&](const auto& p) -> AnyPipeline { return apply(p, builtins::Identity{}); }, in);
   if (fn == "spin") {
     const auto ns = n.integer("ns");
     if (ns < 0 || ns > 1'000'000'000) n.fail("ns must be between 0 and 1e9, got " + std::to_string(ns));
-    return std::visit([&](const auto& p) -> AnyPipeline { return p | map(builtins::Spin(ns), {.name = n.name}); }, in);
+    return std::visit([&](const auto& p) -> AnyPipeline { return apply(p, builtins::Spin(ns)); }, in);
   }
-  n.fail("unknown map function '" + fn + "' (known: affine, identity, spin)");
+  if (fn == "throw_at") {
+    if (concurrent) n.fail("throw_at counts positions, which a parallel_map does not have; use map");
+    const auto index = n.integer("index");
+    if (index < 0) n.fail("index must not be negative, got " + std::to_string(index));
+    return std::visit([&](const auto& p) -> AnyPipeline { return apply(p, builtins::ThrowAt{index}); }, in);
+  }
+  n.fail("unknown map function '" + fn + "' (known: affine, identity, spin, throw_at)");
 }
+
+AnyPipeline apply_map(NodeSpec& n, const AnyPipeline& in) {
+  return with_map_fn(n, in, false, [&](const auto& p, auto fn) -> AnyPipeline { return p | map(fn, {.name = n.name}); });
+}
+
+AnyPipeline apply_parallel_map(NodeSpec& n, const AnyPipeline& in) {
+  const auto window = n.integer("max_in_flight", 64);
+  if (window < 1 || window > (1 << 20)) n.fail("max_in_flight must be between 1 and 1048576, got " + std::to_string(window));
+  return with_map_fn(n, in, true, [&](const auto& p, auto fn) -> AnyPipeline {
+    return p | parallel_map(fn, {.max_in_flight = window, .name = n.name});
+  });
+}
+
+/// Dereferences the shared elements of a broadcast: spec elements are small values, so the spec's
+/// broadcast hands each worker its own copy after the shared hand-off.
+struct Unshare {
+  template <class T>
+  T operator()(const std::shared_ptr<const T>& p) const {
+    return *p;
+  }
+  Params describe() const { return {{"fn", "unshare"}}; }
+};
 
 AnyPipeline apply_node(NodeSpec& n, const AnyPipeline& in) {
   const std::string& op = n.op;
   const std::string& name = n.name;
   if (op == "map") return apply_map(n, in);
+  if (op == "parallel_map") return apply_parallel_map(n, in);
+  if (op == "dispatch") {
+    const auto mode = n.string("mode", "round_robin");
+    if (mode == "round_robin")
+      return std::visit([&](const auto& p) -> AnyPipeline { return p | dispatch(round_robin, {.name = name}); }, in);
+    if (mode == "broadcast")
+      return std::visit(
+          [&](const auto& p) -> AnyPipeline { return p | dispatch(broadcast, {.name = name}) | map(Unshare{}); }, in);
+    n.fail("mode must be round_robin or broadcast, got '" + mode + "'");
+  }
+  if (op == "merge") return std::visit([&](const auto& p) -> AnyPipeline { return p | merge({.name = name}); }, in);
+  if (op == "prefetch") {
+    const auto depth = n.integer("depth", 8);
+    if (depth < 1 || depth > (1 << 24)) n.fail("depth must be between 1 and 16777216, got " + std::to_string(depth));
+    return std::visit([&](const auto& p) -> AnyPipeline { return p | prefetch({.depth = depth, .name = name}); }, in);
+  }
   if (op == "filter") {
     const auto fn = n.string("fn");
     if (fn != "mod_eq") n.fail("unknown filter function '" + fn + "' (known: mod_eq)");

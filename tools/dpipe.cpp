@@ -23,9 +23,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage = R"(usage:
-  dpipe run SPEC [--seed S] [--rank R --world-size W] [--workers K] [--take N] [--output PATH]
-                 [--snapshot-out PATH] [--resume PATH] [--stats]
-  dpipe bench SPEC [--seconds T] [--seed S] [--rank R --world-size W] [--workers K]
+  dpipe run SPEC [--seed S] [--rank R --world-size W] [--workers K] [--threads T] [--take N]
+                 [--output PATH] [--snapshot-out PATH] [--resume PATH] [--stats]
+  dpipe bench SPEC [--seconds T] [--seed S] [--rank R --world-size W] [--workers K] [--threads T] [--stats]
   dpipe graph SPEC
   dpipe snapshot show PATH
 SPEC is a JSON file, '-' for standard input, or the JSON text itself.
@@ -146,18 +146,45 @@ class Output {
   std::string buf_;
 };
 
+/// The engine for --threads (0 or absent: one thread per core).
+dpipe::Engine make_engine(const Args& a) {
+  return dpipe::Engine({.threads = static_cast<int>(a.integer("threads", 0, 1024).value_or(0))});
+}
+
+/// `"nodes": [...]`: per-node elements and seconds, so a user sees which node is the bottleneck.
+template <class R>
+std::string node_stats_json(R& run) {
+  std::string out = "[";
+  bool first = true;
+  for (const auto& n : run.node_stats()) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "\"instance\": %u, \"elements\": %llu, \"seconds\": %.6f, \"self_seconds\": %.6f}",
+                  n.instance, static_cast<unsigned long long>(n.elements), n.seconds, n.self_seconds);
+    out += first ? "{\"key\": " : ", {\"key\": ";
+    first = false;
+    dpipe::append_element_json(out, n.key);
+    out += ", \"kind\": ";
+    dpipe::append_element_json(out, n.kind);
+    out += ", ";
+    out += buf;
+  }
+  return out + "]";
+}
+
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int cmd_run(int argc, char** argv) {
-  const Args a(argc, argv, 2, {"seed", "rank", "world-size", "workers", "take", "output", "snapshot-out", "resume"},
+  const Args a(argc, argv, 2,
+               {"seed", "rank", "world-size", "workers", "threads", "take", "output", "snapshot-out", "resume"},
                {"stats"});
   const auto spec = load_spec(a);
-  const auto options = run_options(a, spec);
+  auto options = run_options(a, spec);
+  options.collect_stats = a.flag("stats");
   const auto take = a.integer("take", 0, INT64_MAX);
   return std::visit(
       [&](const auto& pipeline) {
         using T = typename std::decay_t<decltype(pipeline)>::element_type;
-        dpipe::Engine engine;
+        dpipe::Engine engine = make_engine(a);
         double restore_ms = 0;
         std::uint64_t replayed = 0;
         const auto t_restore = Clock::now();
@@ -188,9 +215,10 @@ int cmd_run(int argc, char** argv) {
         if (a.flag("stats")) {
           std::fprintf(stderr,
                        "{\"elements\": %llu, \"seconds\": %.6f, \"restore_ms\": %.3f, \"replayed_elements\": %llu, "
-                       "\"elements_total\": %llu}\n",
+                       "\"elements_total\": %llu, \"threads\": %d, \"nodes\": %s}\n",
                        static_cast<unsigned long long>(n), secs, restore_ms, static_cast<unsigned long long>(replayed),
-                       static_cast<unsigned long long>(run.delivered()));
+                       static_cast<unsigned long long>(run.delivered()), engine.threads(),
+                       node_stats_json(run).c_str());
         }
         (void)sizeof(T);
         return 0;
@@ -199,9 +227,10 @@ int cmd_run(int argc, char** argv) {
 }
 
 int cmd_bench(int argc, char** argv) {
-  const Args a(argc, argv, 2, {"seconds", "seed", "rank", "world-size", "workers"}, {});
+  const Args a(argc, argv, 2, {"seconds", "seed", "rank", "world-size", "workers", "threads"}, {"stats"});
   const auto spec = load_spec(a);
-  const auto options = run_options(a, spec);
+  auto options = run_options(a, spec);
+  options.collect_stats = a.flag("stats");
   double limit = 0;
   if (auto s = a.value("seconds")) {
     char* end = nullptr;
@@ -211,7 +240,7 @@ int cmd_bench(int argc, char** argv) {
   const bool progress = ::isatty(2);
   return std::visit(
       [&](const auto& pipeline) {
-        dpipe::Engine engine;
+        dpipe::Engine engine = make_engine(a);
         auto run = engine.start(pipeline, options);
         const auto t0 = Clock::now();
         auto last_report = t0;
@@ -233,8 +262,11 @@ int cmd_bench(int argc, char** argv) {
         }
         const double secs = seconds_since(t0);
         if (progress) std::fprintf(stderr, "\r%80s\r", "");
-        std::printf("{\"elements\": %llu, \"seconds\": %.6f, \"elements_per_s\": %.1f, \"items\": %zu}\n",
-                    static_cast<unsigned long long>(n), secs, secs > 0 ? n / secs : 0.0, sink);
+        std::printf("{\"elements\": %llu, \"seconds\": %.6f, \"elements_per_s\": %.1f, \"items\": %zu, "
+                    "\"workers\": %d, \"threads\": %d%s}\n",
+                    static_cast<unsigned long long>(n), secs, secs > 0 ? n / secs : 0.0, sink,
+                    run.layout().num_workers, engine.threads(),
+                    a.flag("stats") ? (", \"nodes\": " + node_stats_json(run)).c_str() : "");
         return 0;
       },
       spec.pipeline);

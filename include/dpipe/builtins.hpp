@@ -2,6 +2,7 @@
 /// The builtin functions of the spec format, usable from C++ too. Each describes its parameters for
 /// the graph fingerprint. Integers are 64-bit and wrap on overflow.
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,20 @@ struct Spin {
     return x;
   }
   Params describe() const { return {{"fn", "spin"}, {"ns", std::to_string(ns)}}; }
+};
+
+/// map, for testing failure handling: returns its input, but throws std::runtime_error on the element at
+/// 0-based position `index` of the stream reaching it. Each iterator counts in its own copy (so in each
+/// worker), from 0 when it is built or restored.
+struct ThrowAt {
+  std::int64_t index = 0;
+  mutable std::int64_t seen = 0;
+  template <class T>
+  T operator()(T x) const {
+    if (seen++ == index) throw std::runtime_error("throw_at: failing on element " + std::to_string(index) + " as asked");
+    return x;
+  }
+  Params describe() const { return {{"fn", "throw_at"}, {"index", std::to_string(index)}}; }
 };
 
 /// flat_map: x → `times` copies of x.

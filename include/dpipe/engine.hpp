@@ -116,7 +116,7 @@ class Run {
     if (failed_) throw SnapshotError("cannot snapshot a run that failed; use a snapshot taken before the failure");
     Paused paused(*root_);
     Snapshot s;
-    s.meta = detail::make_meta(graph_, options_, layout_, delivered_);
+    s.meta = detail::make_meta(*graph_, options_, layout_, delivered_);
     s.meta.user_metadata = std::move(user_metadata);
     NodeState& run = s.states.emplace_back();
     run.key = "run";
@@ -142,7 +142,7 @@ class Run {
   }
 
   const Layout& layout() const { return layout_; }
-  const Graph& graph() const { return graph_; }
+  const Graph& graph() const { return *graph_; }
   std::uint64_t delivered() const { return delivered_; }
   /// How the state was restored (empty for a fresh start).
   const RestoreReport& restore_report() const { return report_; }
@@ -161,15 +161,15 @@ class Run {
   Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor)
       : executor_(std::move(executor)), pipeline_(std::move(p)), options_(std::move(o)) {
     layout_ = detail::resolve_layout(options_);
-    graph_ = Graph::build(*pipeline_.def());
-    graph_.check_layout(layout_);
+    graph_ = std::make_unique<Graph>(Graph::build(*pipeline_.def()));
+    graph_->check_layout(layout_);
     shared_ = std::make_unique<detail::RunShared>();
-    BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_.keys(), 0};
+    BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_->keys(), 0};
     ctx.executor = executor_.get();
     ctx.shared = shared_.get();
     ctx.inline_workers = options_.inline_workers;
     ctx.collect_stats = options_.collect_stats;
-    if (graph_.has_merge()) {
+    if (graph_->has_merge()) {
       ctx.segment = Segment::suffix;
       root_ = pipeline_.def()->instantiate(ctx);
     } else {
@@ -179,7 +179,7 @@ class Run {
 
   void restore(const Snapshot& s) {
     const auto t0 = std::chrono::steady_clock::now();
-    detail::check_snapshot(s, graph_, options_, layout_);
+    detail::check_snapshot(s, *graph_, options_, layout_);
     const StateIndex index(s.states);
     const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
     StateReader r(run);
@@ -198,7 +198,7 @@ class Run {
   Pipeline<T> pipeline_;  // keeps the definitions the iterators borrow alive
   RunOptions options_;
   Layout layout_;
-  Graph graph_;
+  std::unique_ptr<Graph> graph_;  // on the heap: iterators keep pointers to its keys across moves
   std::unique_ptr<Iter<T>> root_;
   std::vector<T> buf_;
   std::size_t head_ = 0;

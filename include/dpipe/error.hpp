@@ -1,5 +1,7 @@
 #pragma once
 /// dpipe's exceptions. Messages are full sentences that name the node and the values that matter.
+#include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -32,16 +34,48 @@ class DataError : public Error {
 /// A user function threw. The original exception is nested (std::rethrow_if_nested).
 class NodeError : public Error, public std::nested_exception {
  public:
-  NodeError(std::string node_key, int worker, const std::string& what)
-      : Error("node '" + node_key + "' (worker " + std::to_string(worker) + ") failed: " + what),
+  NodeError(std::string node_key, int worker, const std::string& cause)
+      : Error("node '" + node_key + "' (worker " + std::to_string(worker) + ") failed: " + cause),
         node_key_(std::move(node_key)),
-        worker_(worker) {}
+        worker_(worker),
+        cause_(cause) {}
   const std::string& node_key() const { return node_key_; }
   int worker() const { return worker_; }
+  /// The original exception's message.
+  const std::string& cause() const { return cause_; }
 
  private:
   std::string node_key_;
   int worker_;
+  std::string cause_;
+};
+
+/// A failure as a snapshot records it: a worker that failed ahead of the consumer has a chain that is
+/// past the failure, so the failure itself is saved and raised again at the same point on restore.
+struct FailureRecord {
+  std::string cause;  // empty: no failure
+  std::string node;
+  std::int64_t worker = -1;
+
+  static FailureRecord of(const std::exception_ptr& e) {
+    FailureRecord f;
+    if (!e) return f;
+    try {
+      std::rethrow_exception(e);
+    } catch (const NodeError& ne) {
+      f = {ne.cause(), ne.node_key(), ne.worker()};
+    } catch (const std::exception& ex) {
+      f.cause = ex.what();
+    } catch (...) {
+      f.cause = "unknown exception";
+    }
+    if (f.cause.empty()) f.cause = "unknown failure";
+    return f;
+  }
+  std::exception_ptr to_exception() const {
+    if (cause.empty()) return nullptr;
+    return std::make_exception_ptr(NodeError(node, static_cast<int>(worker), cause));
+  }
 };
 
 }  // namespace dpipe

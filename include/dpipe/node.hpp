@@ -5,6 +5,7 @@
 /// A node never holds elements beyond its declared state, so saving every node's state between
 /// pulls is an exact snapshot.
 #include <chrono>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -189,6 +190,12 @@ class IterBase {
     {
       StateWriter w(st);
       save_state(w);
+      if (deferred_) {  // a failure this node holds back until its next pull (see fail_after)
+        const FailureRecord f = FailureRecord::of(deferred_);
+        w("deferred_failure", f.cause);
+        w("deferred_node", f.node);
+        w("deferred_worker", f.worker);
+      }
     }
     if (mode_ != StateMode::replay)
       for (IterBase* in : inputs()) in->save(out);
@@ -228,6 +235,13 @@ class IterBase {
     StateReader r(st);
     replayed_ = 0;
     restore_state(r);
+    if (r.has_more()) {
+      FailureRecord f;
+      r("deferred_failure", f.cause);
+      r("deferred_node", f.node);
+      r("deferred_worker", f.worker);
+      deferred_ = f.to_exception();
+    }
     r.finish();
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     report.nodes.push_back({key_, kind_, instance_, mode_, replayed_, us});
@@ -249,6 +263,7 @@ class IterBase {
   std::uint64_t produced_ = 0;
   std::uint64_t replayed_ = 0;
   std::uint64_t busy_ns_ = 0;
+  std::exception_ptr deferred_;  // a failure raised on the next pull (Iter::fail_after)
 
  private:
   std::string key_;
@@ -272,6 +287,7 @@ class Iter : public IterBase {
   /// An exception from user code becomes a NodeError naming this node.
   std::size_t pull(std::vector<T>& out, std::size_t max) {
     started_ = true;
+    if (deferred_) std::rethrow_exception(deferred_);  // kept: a failed node stays failed
     const std::size_t before = out.size();
     const auto t0 = timed_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     std::size_t n;
@@ -297,6 +313,31 @@ class Iter : public IterBase {
       : IterBase(mode, ctx, std::move(kind), std::move(key)) {}
   virtual std::size_t pull_chunk(std::vector<T>& out, std::size_t max) = 0;
   virtual void on_replay_elements(const std::vector<T>&, std::size_t) {}
+
+  /// For nodes that run user code on a chunk: call in a catch block after `delivered` elements of the
+  /// chunk succeeded. With none, rethrows; otherwise returns `delivered` and raises the failure on the
+  /// next pull, so every element before a failing one still reaches the consumer.
+  std::size_t fail_after(std::size_t delivered) {
+    if (delivered == 0) throw;
+    try {
+      throw;
+    } catch (const Error&) {
+      deferred_ = std::current_exception();
+    } catch (const std::exception& e) {
+      try {
+        throw NodeError(key(), worker(), e.what());
+      } catch (...) {
+        deferred_ = std::current_exception();
+      }
+    } catch (...) {
+      try {
+        throw NodeError(key(), worker(), "unknown exception");
+      } catch (...) {
+        deferred_ = std::current_exception();
+      }
+    }
+    return delivered;
+  }
 };
 
 /// Pulls from `in` until `out` has grown by `n` or the input ended; returns how many were added.

@@ -161,6 +161,8 @@ class StateReader {
     }
   }
 
+  /// Whether fields remain to be read.
+  bool has_more() const { return pos_ < in_.fields.size(); }
   /// Throws unless every field was read.
   void finish() const {
     if (pos_ != in_.fields.size())

@@ -36,6 +36,8 @@ class AsyncLaneBase {
   void stop();
   /// Whether the chain has ended (no more chunks will come).
   bool producer_done() const;
+  /// The chain's failure, if it failed (the consumer sees it after the elements before it).
+  std::exception_ptr producer_error() const;
 
  protected:
   /// Producer, on an engine thread without the lock: pulls at most `max` elements into the staging
@@ -50,8 +52,8 @@ class AsyncLaneBase {
   /// Consumer: brings the next chunk to the consumer's side; false once the lane has ended. A failure
   /// of the chain is rethrown here, after every element produced before it.
   bool fetch();
-  /// For restore, before the lane starts: the chain had already ended.
-  void set_producer_done(bool done);
+  /// For restore, before the lane starts: the chain had already ended, or failed.
+  void set_producer_done(bool done, std::exception_ptr error);
 
  private:
   void schedule_locked();
@@ -94,10 +96,10 @@ class AsyncLane final : public AsyncLaneBase {
     return out;
   }
   /// Before the lane starts: elements to deliver before anything the chain produces.
-  void set_pending(std::vector<T> elements, bool chain_done) {
+  void set_pending(std::vector<T> elements, bool chain_done, std::exception_ptr error = nullptr) {
     current_ = std::move(elements);
     head_ = 0;
-    set_producer_done(chain_done);
+    set_producer_done(chain_done, std::move(error));
   }
 
  protected:

@@ -35,10 +35,21 @@ class FilterIter final : public Stateless<T> {
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
     const std::size_t before = out.size();
     while (out.size() == before) {  // pull until something survives or the input ends
-      if (input_->pull(out, max) == 0) return 0;
-      auto keep_end = std::remove_if(out.begin() + static_cast<std::ptrdiff_t>(before), out.end(),
-                                     [&](const T& x) { return !static_cast<bool>(pred_(x)); });
-      out.erase(keep_end, out.end());
+      const std::size_t n = input_->pull(out, max);
+      if (n == 0) return 0;
+      T* p = out.data() + before;
+      std::size_t kept = 0, i = 0;
+      try {
+        for (; i < n; ++i)
+          if (static_cast<bool>(pred_(p[i]))) {
+            if (kept != i) p[kept] = std::move(p[i]);
+            ++kept;
+          }
+      } catch (...) {
+        out.resize(before + kept);
+        return this->fail_after(kept);
+      }
+      out.resize(before + kept);
     }
     return out.size() - before;
   }

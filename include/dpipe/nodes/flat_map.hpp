@@ -54,7 +54,12 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       if (input_->pull(scratch_, 1) == 0) break;
       pending_.clear();
       next_ = 0;
-      for (auto&& y : fn_(std::move(scratch_[0]))) pending_.push_back(std::forward<decltype(y)>(y));
+      try {
+        for (auto&& y : fn_(std::move(scratch_[0]))) pending_.push_back(std::forward<decltype(y)>(y));
+      } catch (...) {
+        pending_.clear();
+        return this->fail_after(n);
+      }
     }
     return n;
   }

@@ -50,12 +50,23 @@ class MapIter final : public Stateless<map_result_t<In, Fn>> {
       const std::size_t before = out.size();
       const std::size_t n = input_->pull(out, max);
       Out* p = out.data() + before;
-      for (std::size_t i = 0; i < n; ++i) p[i] = fn_(std::move(p[i]));
+      std::size_t i = 0;
+      try {
+        for (; i < n; ++i) p[i] = fn_(std::move(p[i]));
+      } catch (...) {
+        out.resize(before + i);
+        return this->fail_after(i);
+      }
       return n;
     } else {
       scratch_.clear();
       const std::size_t n = input_->pull(scratch_, max);
-      for (auto& x : scratch_) out.push_back(fn_(std::move(x)));
+      std::size_t i = 0;
+      try {
+        for (; i < n; ++i) out.push_back(fn_(std::move(scratch_[i])));
+      } catch (...) {
+        return this->fail_after(i);
+      }
       return n;
     }
   }

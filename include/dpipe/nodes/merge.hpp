@@ -78,7 +78,11 @@ class MergeIter final : public Hooked<T> {
     std::size_t n = 0, skipped = 0;
     while (n < max && skipped < k) {
       auto& lane = *lanes_[st_.cursor];
-      if (!finished_[st_.cursor] && !lane.ready()) finished_[st_.cursor] = true;
+      try {
+        if (!finished_[st_.cursor] && !lane.ready()) finished_[st_.cursor] = true;
+      } catch (...) {
+        return this->fail_after(n);  // a worker failed: what came before it is delivered first
+      }
       if (finished_[st_.cursor]) {
         ++skipped;
       } else {
@@ -93,8 +97,15 @@ class MergeIter final : public Hooked<T> {
   void save_state(StateWriter& w) const override {
     w("cursor", static_cast<std::uint64_t>(st_.cursor));
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      w("pending_" + std::to_string(i), lanes_[i]->pending());
-      w("done_" + std::to_string(i), finished_[i] || lanes_[i]->producer_done());
+      const std::string n = std::to_string(i);
+      w("pending_" + n, lanes_[i]->pending());
+      w("done_" + n, finished_[i] || lanes_[i]->producer_done());
+      // A worker that failed ahead of the consumer: its chain is past the failure, so the failure
+      // itself is recorded and raised again after the pending elements on restore.
+      const FailureRecord f = FailureRecord::of(lanes_[i]->producer_error());
+      w("failure_" + n, f.cause);
+      w("failed_node_" + n, f.node);
+      w("failed_worker_" + n, f.worker);
     }
   }
   void restore_state(StateReader& r) override {
@@ -105,12 +116,18 @@ class MergeIter final : public Hooked<T> {
              " workers");
     st_.cursor = static_cast<std::size_t>(cursor);
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      const std::string n = std::to_string(i);
       std::vector<T> pending;
       bool done = false;
-      r("pending_" + std::to_string(i), pending);
-      r("done_" + std::to_string(i), done);
-      finished_[i] = done && pending.empty();
-      lanes_[i]->set_pending(std::move(pending), done);
+      FailureRecord f;
+      r("pending_" + n, pending);
+      r("done_" + n, done);
+      r("failure_" + n, f.cause);
+      r("failed_node_" + n, f.node);
+      r("failed_worker_" + n, f.worker);
+      std::exception_ptr error = f.to_exception();
+      finished_[i] = done && pending.empty() && !error;
+      lanes_[i]->set_pending(std::move(pending), done, error);
     }
   }
   std::vector<IterBase*> inputs() const override {

@@ -34,10 +34,26 @@ class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
     const std::size_t n = input_->pull(in_, std::min(max, window_));
     if (n == 0) return 0;
     results_.assign(n, std::nullopt);
-    auto apply = [&](std::size_t i) { results_[i].emplace(fn_(std::move(in_[i]))); };
+    errors_.assign(n, nullptr);
+    auto apply = [&](std::size_t i) {
+      try {
+        results_[i].emplace(fn_(std::move(in_[i])));
+      } catch (...) {
+        errors_[i] = std::current_exception();
+      }
+    };
     if (executor_) executor_->parallel_for(n, apply);
     else for (std::size_t i = 0; i < n; ++i) apply(i);
-    for (auto& r : results_) out.push_back(std::move(*r));
+    for (std::size_t i = 0; i < n; ++i) {
+      if (errors_[i]) {  // the elements before the first failure go on; the failure follows them
+        try {
+          std::rethrow_exception(errors_[i]);
+        } catch (...) {
+          return this->fail_after(i);
+        }
+      }
+      out.push_back(std::move(*results_[i]));
+    }
     return n;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
@@ -49,6 +65,7 @@ class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
   std::size_t window_;
   std::vector<In> in_;
   std::vector<std::optional<Out>> results_;
+  std::vector<std::exception_ptr> errors_;
 };
 
 template <class In, class Fn>
