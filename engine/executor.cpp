@@ -13,8 +13,8 @@
 
 // ThreadSanitizer cannot see the synchronisation inside Debian's (uninstrumented) oneTBB, so the
 // hand-off of a task to an engine thread is announced to it explicitly: release before enqueue,
-// acquire when the task starts.
-#if defined(__SANITIZE_THREAD__)
+// acquire when the task starts. (Under TSan this file itself is compiled uninstrumented: see meson.build.)
+#if defined(DPIPE_TSAN_ANNOTATE) || defined(__SANITIZE_THREAD__)
 extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);
 #define DPIPE_TSAN_RELEASE(p) __tsan_release(p)
