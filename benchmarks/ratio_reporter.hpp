@@ -3,6 +3,7 @@
 // baseline measured in the same process (this machine is noisy; absolute numbers drift).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -53,10 +54,19 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
  private:
-  // "BM_Restore/10000/repeats:5" → "BM_Restore/10000": ratios name benchmarks without the suffix.
+  // "BM_Pause/10/iterations:20/repeats:3/manual_time" → "BM_Pause/10": ratios name benchmarks by
+  // their function and arguments only.
   static std::string without_repeats(const std::string& name) {
-    const auto at = name.find("/repeats:");
-    return at == std::string::npos ? name : name.substr(0, at);
+    std::string out;
+    std::size_t start = 0;
+    while (start <= name.size()) {
+      const std::size_t end = std::min(name.find('/', start), name.size());
+      const std::string part = name.substr(start, end - start);
+      if (part.find(':') == std::string::npos && part != "manual_time" && part != "real_time")
+        out += (out.empty() ? "" : "/") + part;
+      start = end + 1;
+    }
+    return out;
   }
 
   std::vector<Ratio> ratios_;

@@ -292,7 +292,10 @@ std::string describe(const std::exception& e) {
   try {
     std::rethrow_if_nested(e);
   } catch (const std::exception& inner) {
-    msg += ": caused by: " + describe(inner);
+    const std::string cause = describe(inner);
+    // A NodeError already quotes its cause: say it once.
+    if (msg.size() < cause.size() || msg.compare(msg.size() - cause.size(), cause.size(), cause) != 0)
+      msg += ": caused by: " + cause;
   } catch (...) {
     msg += ": caused by an unknown exception";
   }

@@ -201,6 +201,77 @@ def _():
     assert r.returncode == 1 and "rank 2" in r.stderr, r.stderr
 
 
+ENGINE_SPEC = {"seed": 5, "pipeline": [
+    {"op": "range", "stop": 3000},
+    {"op": "shuffle", "buffer": 100},
+    {"op": "dispatch", "mode": "round_robin"},
+    {"op": "parallel_map", "fn": "spin", "ns": 1000, "max_in_flight": 16},
+    {"op": "batch", "size": 10},
+    {"op": "prefetch", "depth": 3},
+    {"op": "merge"},
+    {"op": "unbatch"},
+    {"op": "map", "fn": "affine", "mul": 3}]}
+
+
+@case("engine/same_stream_for_any_thread_count_and_resume_exact")
+def _():
+    spec = json.dumps(ENGINE_SPEC)
+    ref = lines(dpipe("run", spec, "--workers", 3, "--threads", 1).stdout)
+    assert sorted(ref) == [3 * x for x in range(3000)], "dispatch → merge delivers every element once"
+    for threads in (2, 8):
+        assert lines(dpipe("run", spec, "--workers", 3, "--threads", threads).stdout) == ref, threads
+    snap = os.path.join(TMP, "engine.bin")
+    head = lines(dpipe("run", spec, "--workers", 3, "--take", 1234, "--snapshot-out", snap).stdout)
+    rest = lines(dpipe("run", spec, "--workers", 3, "--threads", 1, "--resume", snap).stdout)
+    assert head + rest == ref
+
+
+@case("engine/broadcast_gives_every_worker_every_element")
+def _():
+    spec = {"pipeline": [{"op": "range", "stop": 4}, {"op": "dispatch", "mode": "broadcast"}, {"op": "merge"}]}
+    assert lines(dpipe("run", json.dumps(spec), "--workers", 2).stdout) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+@case("engine/stats_name_every_node_per_worker")
+def _():
+    r = dpipe("run", json.dumps(ENGINE_SPEC), "--workers", 2, "--stats")
+    stats = json.loads(r.stderr.strip().splitlines()[-1])
+    nodes = stats["nodes"]
+    spin = [n for n in nodes if n["kind"] == "parallel_map"]
+    assert sorted(n["instance"] for n in spin) == [0, 1], nodes
+    assert sum(n["elements"] for n in spin) == 3000
+    assert all(n["seconds"] >= n["self_seconds"] >= 0 for n in nodes)
+    b = json.loads(dpipe("bench", json.dumps(ENGINE_SPEC), "--workers", 2, "--threads", 2, "--stats").stdout)
+    assert b["workers"] == 2 and b["threads"] == 2 and b["elements"] == 3000 and len(b["nodes"]) == len(nodes)
+
+
+@case("engine/throw_at_fails_fast_naming_the_node")
+def _():
+    for workers in (1, 4):
+        spec = {"pipeline": [{"op": "range", "stop": 10000000}, {"op": "sharding_filter"},
+                             {"op": "map", "fn": "spin", "ns": 100},
+                             {"op": "map", "fn": "throw_at", "index": 5000, "name": "fragile"}]}
+        t0 = time.time()
+        r = dpipe("run", json.dumps(spec), "--workers", workers, "--output", os.devnull, check=False, timeout=60)
+        assert r.returncode == 1, r
+        assert "fragile" in r.stderr and "throw_at" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert time.time() - t0 < 30
+    bad = {"pipeline": [{"op": "range", "stop": 3}, {"op": "parallel_map", "fn": "throw_at", "index": 1}]}
+    r = dpipe("run", json.dumps(bad), check=False)
+    assert r.returncode == 1 and "parallel_map" in r.stderr, r.stderr
+
+
+@case("engine/misplaced_boundaries_are_errors")
+def _():
+    for pipeline, text in (
+            ([{"op": "range", "stop": 3}, {"op": "merge"}, {"op": "dispatch"}], "dispatch"),
+            ([{"op": "range", "stop": 3}, {"op": "prefetch"}, {"op": "batch", "size": 2}], "prefetch"),
+            ([{"op": "range", "stop": 3}, {"op": "dispatch", "mode": "scatter"}], "mode")):
+        r = dpipe("run", json.dumps({"pipeline": pipeline}), "--workers", 2, check=False)
+        assert r.returncode == 1 and text in r.stderr, r.stderr
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))
