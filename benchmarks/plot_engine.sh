@@ -37,6 +37,7 @@ set multiplot layout 1,2 title "dpipe engine: map(spin 2 µs) → batch(64), 2 e
 set grid
 set ylabel "thousand elements / s"
 set xlabel "workers (prefetch 8)"
+set xtics 1
 set yrange [0:*]
 plot "$work/workers.dat" using 1:2 with linespoints lw 2 pt 7 title "throughput"
 set xlabel "prefetch depth in batches (2 workers)"

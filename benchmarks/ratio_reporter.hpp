@@ -14,6 +14,7 @@ namespace dpipe::bench {
 struct Ratio {
   std::string label, numerator, denominator;  // benchmark names (the median aggregate is used)
   double goal = 0;                             // printed beside the ratio; 0 for none
+  bool at_most = false;                        // the goal is an upper bound (times), else a lower bound
 };
 
 class RatioReporter : public benchmark::ConsoleReporter {
@@ -46,7 +47,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
       else if (time_.count(q.numerator) && time_.count(q.denominator) && time_[q.denominator] > 0)
         v = time_[q.numerator] / time_[q.denominator];
       if (q.goal > 0)
-        std::printf("  %-58s %6.3f  (goal %s %.2f)\n", q.label.c_str(), v, q.goal >= 1 ? "<=" : ">=", q.goal);
+        std::printf("  %-58s %6.3f  (goal %s %.2f)\n", q.label.c_str(), v, q.at_most ? "<=" : ">=", q.goal);
       else
         std::printf("  %-58s %6.3f\n", q.label.c_str(), v);
     }

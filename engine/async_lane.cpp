@@ -15,12 +15,17 @@ void AsyncLaneBase::schedule_locked() {
 }
 
 void AsyncLaneBase::produce_loop() {
-  for (;;) {
-    std::size_t room;
-    {
-      std::lock_guard lock(mu_);
-      room = capacity_ - buffered_;
+  std::size_t room;
+  {
+    std::lock_guard lock(mu_);
+    if (paused_ || cancelled_) {  // asked to stop before this task began: produce nothing
+      running_ = false;
+      idle_cv_.notify_all();
+      return;
     }
+    room = capacity_ - buffered_;
+  }
+  for (;;) {
     std::size_t n = 0;
     std::exception_ptr error;
     try {
@@ -40,6 +45,7 @@ void AsyncLaneBase::produce_loop() {
     }
     // Wake a waiting consumer when half the lane is ready (fewer wake-ups) or nothing more will come.
     const bool wake = consumer_waiting_ && (done_ || buffered_ * 2 >= capacity_ || buffered_ >= capacity_);
+    if (wake) consumer_waiting_ = false;  // one notification per wait: a notify is a system call
     const bool more = !done_ && !paused_ && !cancelled_ && buffered_ < capacity_;
     if (wake) consumer_cv_.notify_one();
     if (!more) {
@@ -47,6 +53,7 @@ void AsyncLaneBase::produce_loop() {
       idle_cv_.notify_all();
       return;  // `this` may be destroyed as soon as the lock is released
     }
+    room = capacity_ - buffered_;  // one lock per chunk
   }
 }
 
@@ -68,8 +75,7 @@ bool AsyncLaneBase::fetch() {
       done_ = true;
       return false;
     }
-    publish_staged();
-    take_front();
+    take_staged();
     return true;
   }
   std::unique_lock lock(mu_);
@@ -90,8 +96,17 @@ bool AsyncLaneBase::fetch() {
 }
 
 void AsyncLaneBase::pause() {
-  std::unique_lock lock(mu_);
+  request_pause();
+  wait_idle();
+}
+
+void AsyncLaneBase::request_pause() {
+  std::lock_guard lock(mu_);
   paused_ = true;
+}
+
+void AsyncLaneBase::wait_idle() {
+  std::unique_lock lock(mu_);
   idle_cv_.wait(lock, [this] { return !running_; });
 }
 

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -30,6 +31,10 @@ class AsyncLaneBase {
 
   /// Stops scheduling production and waits until no task of this lane runs.
   void pause();
+  /// The two halves of pause(), so that many lanes can be asked first and waited for after: then the
+  /// wait is for the chunks already under way, not for chunks other lanes start meanwhile.
+  void request_pause();
+  void wait_idle();
   /// Lets production go on after pause().
   void resume();
   /// Cancels and joins; called by the typed lane's destructor before its chain goes away.
@@ -45,9 +50,11 @@ class AsyncLaneBase {
   virtual std::size_t produce_staged(std::size_t max) = 0;
   /// Under the lock: appends the staging chunk to the queue.
   virtual void publish_staged() = 0;
-  /// Under the lock: moves the queue's first chunk to the consumer's side; returns its size, 0 if the
+  /// Under the lock: moves the queued elements to the consumer's side; returns how many, 0 if the
   /// queue is empty.
   virtual std::size_t take_front() = 0;
+  /// Inline mode: the staging chunk becomes the consumer's side directly.
+  virtual void take_staged() = 0;
 
   /// Consumer: brings the next chunk to the consumer's side; false once the lane has ended. A failure
   /// of the chain is rethrown here, after every element produced before it.
@@ -92,7 +99,7 @@ class AsyncLane final : public AsyncLaneBase {
   /// Paused or not started: the elements produced but not delivered, in order.
   std::vector<T> pending() const {
     std::vector<T> out(current_.begin() + std::ptrdiff_t(head_), current_.end());
-    for (const auto& c : queue_) out.insert(out.end(), c.begin(), c.end());
+    out.insert(out.end(), queue_.begin(), queue_.end());
     return out;
   }
   /// Before the lane starts: elements to deliver before anything the chain produces.
@@ -104,24 +111,28 @@ class AsyncLane final : public AsyncLaneBase {
 
  protected:
   std::size_t produce_staged(std::size_t max) override {
-    staged_.clear();
-    staged_.reserve(max);
+    staged_.clear();  // keeps its capacity: no allocation per chunk
     return chain_->pull(staged_, max);
   }
-  void publish_staged() override { queue_.push_back(std::move(staged_)); }
-  std::size_t take_front() override {
-    if (queue_.empty()) return 0;
-    current_ = std::move(queue_.front());
+  void publish_staged() override { std::move(staged_.begin(), staged_.end(), std::back_inserter(queue_)); }
+  void take_staged() override {
+    current_.swap(staged_);
     head_ = 0;
-    queue_.pop_front();
+  }
+  // Everything queued moves to the consumer's side at once: one lock per refill, not per element.
+  std::size_t take_front() override {
+    current_.clear();
+    head_ = 0;
+    std::move(queue_.begin(), queue_.end(), std::back_inserter(current_));
+    queue_.clear();
     return current_.size();
   }
 
  private:
   std::unique_ptr<Iter<T>> chain_;
-  std::vector<T> staged_;                // producer side
-  std::deque<std::vector<T>> queue_;     // under the lock
-  std::vector<T> current_;               // consumer side
+  std::vector<T> staged_;    // producer side
+  std::deque<T> queue_;      // under the lock
+  std::vector<T> current_;   // consumer side
   std::size_t head_ = 0;
 };
 

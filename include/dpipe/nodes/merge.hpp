@@ -20,7 +20,9 @@ struct MergeOptions {
 template <class T>
 struct LaneDepth {
   static constexpr std::size_t kChunk = detail::is_vector_v<T> ? 1 : dpipe::kChunk;
-  static constexpr std::size_t kDefaultCapacity = detail::is_vector_v<T> ? 8 : 4 * dpipe::kChunk;
+  // Deep enough that a worker rarely fills its queue while the consumer is being woken (tens of µs):
+  // every refill of a full queue costs a task start, every empty one a consumer wake-up.
+  static constexpr std::size_t kDefaultCapacity = detail::is_vector_v<T> ? 64 : 64 * dpipe::kChunk;
 };
 
 /// The kind name of `prefetch`, whose parameter sets the depth of the worker queues it ends.
@@ -58,7 +60,8 @@ class MergeIter final : public Hooked<T> {
   ~MergeIter() override { stop(); }
 
   void pause() override {
-    for (auto& l : lanes_) l->pause();
+    for (auto& l : lanes_) l->request_pause();
+    for (auto& l : lanes_) l->wait_idle();
   }
   void resume() override {
     for (auto& l : lanes_) l->resume();
