@@ -241,6 +241,23 @@ AnyPipeline apply_node(NodeSpec& n, const AnyPipeline& in) {
           [&](const auto& p) -> AnyPipeline { return p | dispatch(broadcast, {.name = name}) | map(Unshare{}); }, in);
     n.fail("mode must be round_robin or broadcast, got '" + mode + "'");
   }
+  if (op == "sampler") {
+    const auto mode = n.string("shuffle", "global");
+    if (mode != "global" && mode != "none") n.fail("shuffle must be global or none, got '" + mode + "'");
+    const auto epochs = n.integer("epochs", 1);
+    if (epochs < 1) n.fail("epochs must be at least 1, got " + std::to_string(epochs));
+    try {
+      return std::visit(
+          [&](const auto& p) -> AnyPipeline {
+            return p | sampler({.shuffle = mode == "global" ? SamplerShuffle::global : SamplerShuffle::none,
+                                .epochs = epochs,
+                                .name = name});
+          },
+          in);
+    } catch (const ConfigError& e) {
+      n.fail(std::string(e.what()) + " (place it right after range or from_vector)");
+    }
+  }
   if (op == "merge") return std::visit([&](const auto& p) -> AnyPipeline { return p | merge({.name = name}); }, in);
   if (op == "prefetch") {
     const auto depth = n.integer("depth", 8);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -24,11 +25,14 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage = R"(usage:
   dpipe run SPEC [--seed S] [--rank R --world-size W] [--workers K] [--threads T] [--take N]
-                 [--output PATH] [--snapshot-out PATH] [--resume PATH] [--stats]
+                 [--output PATH] [--snapshot-out PATH | --snapshot-dir DIR]
+                 [--resume PATH | --resume-dir DIR [--rescale]] [--stats]
   dpipe bench SPEC [--seconds T] [--seed S] [--rank R --world-size W] [--workers K] [--threads T] [--stats]
   dpipe graph SPEC
-  dpipe snapshot show PATH
-SPEC is a JSON file, '-' for standard input, or the JSON text itself.
+  dpipe snapshot show PATH|DIR
+  dpipe snapshot rescale DIR --world-size W --workers K --out DIR2
+SPEC is a JSON file, '-' for standard input, or the JSON text itself. '{rank}' in --output is replaced
+by the rank. The layout comes from --rank/--world-size, else RANK/WORLD_SIZE, else Open MPI's variables.
 )";
 
 struct UsageError : std::runtime_error {
@@ -175,8 +179,12 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 int cmd_run(int argc, char** argv) {
   const Args a(argc, argv, 2,
-               {"seed", "rank", "world-size", "workers", "threads", "take", "output", "snapshot-out", "resume"},
-               {"stats"});
+               {"seed", "rank", "world-size", "workers", "threads", "take", "output", "snapshot-out", "snapshot-dir",
+                "resume", "resume-dir"},
+               {"stats", "rescale"});
+  if (a.value("snapshot-out") && a.value("snapshot-dir")) throw UsageError("--snapshot-out and --snapshot-dir exclude each other");
+  if (a.value("resume") && a.value("resume-dir")) throw UsageError("--resume and --resume-dir exclude each other");
+  if (a.flag("rescale") && !a.value("resume-dir")) throw UsageError("--rescale goes with --resume-dir");
   const auto spec = load_spec(a);
   auto options = run_options(a, spec);
   options.collect_stats = a.flag("stats");
@@ -195,9 +203,21 @@ int cmd_run(int argc, char** argv) {
             replayed = r.restore_report().replayed_elements();
             return r;
           }
+          if (auto dir = a.value("resume-dir")) {
+            auto r = engine.resume(pipeline, dpipe::SnapshotSet::read_dir(*dir), options, {.rescale = a.flag("rescale")});
+            restore_ms = seconds_since(t_restore) * 1e3;
+            replayed = r.restore_report().replayed_elements();
+            return r;
+          }
           return engine.start(pipeline, options);
         }();
-        Output out(a.value("output"));
+        std::optional<std::string> output = a.value("output");
+        if (output) {
+          const std::string rank = std::to_string(options.layout->rank);
+          for (auto at = output->find("{rank}"); at != std::string::npos; at = output->find("{rank}", at + rank.size()))
+            output->replace(at, 6, rank);
+        }
+        Output out(output);
         const auto t0 = Clock::now();
         std::uint64_t n = 0;
         while (!take || n < static_cast<std::uint64_t>(*take)) {
@@ -212,6 +232,8 @@ int cmd_run(int argc, char** argv) {
         const double secs = seconds_since(t0);
         if (auto path = a.value("snapshot-out"))
           run.snapshot({{"elements_delivered_by_this_run", std::to_string(n)}}).write_file(*path);
+        if (auto dir = a.value("snapshot-dir"))
+          dpipe::SnapshotSet::write_rank(*dir, run.snapshot({{"elements_delivered_by_this_run", std::to_string(n)}}));
         if (a.flag("stats")) {
           std::fprintf(stderr,
                        "{\"elements\": %llu, \"seconds\": %.6f, \"restore_ms\": %.3f, \"replayed_elements\": %llu, "
@@ -279,12 +301,55 @@ int cmd_graph(int argc, char** argv) {
   return 0;
 }
 
+/// One JSON object summarising a snapshot set: layout, identity, and per rank what it holds.
+std::string set_summary(const dpipe::SnapshotSet& set) {
+  const auto& m = set.rank(0).meta;
+  std::string out = "{\"world_size\": " + std::to_string(set.world_size()) +
+                    ", \"num_workers\": " + std::to_string(set.num_workers()) + ", \"seed\": " +
+                    std::to_string(m.seed) + ", \"epoch\": " + std::to_string(m.epoch) + ", \"nodes\": [";
+  for (std::size_t i = 0; i < m.graph.size(); ++i) {
+    out += i ? ", " : "";
+    dpipe::append_element_json(out, m.graph[i].key + " (" + m.graph[i].kind + ")");
+  }
+  out += "], \"ranks\": [";
+  for (int r = 0; r < set.world_size(); ++r) {
+    const auto& s = set.rank(r);
+    std::uint64_t buffered = 0;
+    for (const auto& st : s.states)
+      for (const auto& f : st.fields)
+        if (f.type == dpipe::FieldType::elements && f.elements.tag != "u64") buffered += f.elements.size();
+    out += (r ? ", " : "") + std::string("{\"rank\": ") + std::to_string(r) + ", \"elements_delivered\": " +
+           std::to_string(s.meta.elements_delivered) + ", \"records\": " + std::to_string(s.states.size()) +
+           ", \"buffered_elements\": " + std::to_string(buffered) + "}";
+  }
+  return out + "]}";
+}
+
 int cmd_snapshot(int argc, char** argv) {
-  if (argc < 3 || std::string(argv[2]) != "show") throw UsageError("expected 'dpipe snapshot show PATH'");
-  const Args a(argc, argv, 3, {}, {});
-  if (a.positional.size() != 1) throw UsageError("expected exactly one snapshot PATH");
-  std::cout << dpipe::Snapshot::read_file(a.positional[0]).to_json() << "\n";
-  return 0;
+  const std::string sub = argc >= 3 ? argv[2] : "";
+  if (sub == "show") {
+    const Args a(argc, argv, 3, {}, {});
+    if (a.positional.size() != 1) throw UsageError("expected exactly one snapshot PATH or set DIR");
+    if (std::filesystem::is_directory(a.positional[0]))
+      std::cout << set_summary(dpipe::SnapshotSet::read_dir(a.positional[0])) << "\n";
+    else
+      std::cout << dpipe::Snapshot::read_file(a.positional[0]).to_json() << "\n";
+    return 0;
+  }
+  if (sub == "rescale") {
+    const Args a(argc, argv, 3, {"world-size", "workers", "out"}, {});
+    if (a.positional.size() != 1) throw UsageError("expected exactly one snapshot set DIR");
+    const auto world = a.integer("world-size", 1, 1'000'000), workers = a.integer("workers", 1, 4096);
+    const auto out = a.value("out");
+    if (!world || !workers || !out) throw UsageError("snapshot rescale needs --world-size, --workers and --out");
+    if (std::filesystem::exists(*out) && !std::filesystem::is_empty(*out))
+      throw dpipe::ConfigError("output directory '" + *out + "' is not empty");
+    const auto set = dpipe::SnapshotSet::read_dir(a.positional[0]).rescaled(static_cast<int>(*world), static_cast<int>(*workers));
+    set.write_dir(*out);
+    std::cout << set_summary(set) << "\n";
+    return 0;
+  }
+  throw UsageError("expected 'dpipe snapshot show PATH|DIR' or 'dpipe snapshot rescale DIR ...'");
 }
 
 std::string describe(const std::exception& e) {

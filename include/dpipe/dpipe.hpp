@@ -23,6 +23,7 @@
 #include "dpipe/nodes/prefetch.hpp"
 #include "dpipe/nodes/range.hpp"
 #include "dpipe/nodes/repeat.hpp"
+#include "dpipe/nodes/sampler.hpp"
 #include "dpipe/nodes/sharding_filter.hpp"
 #include "dpipe/nodes/shuffle.hpp"
 #include "dpipe/nodes/take.hpp"

@@ -19,6 +19,7 @@
 #include "dpipe/nodes/merge.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/snapshot.hpp"
+#include "dpipe/snapshot_set.hpp"
 
 namespace dpipe {
 
@@ -33,6 +34,12 @@ struct RunOptions {
   bool inline_workers = false;
   /// Time every node's pulls, for node_stats() (costs two clock reads per pull).
   bool collect_stats = false;
+};
+
+struct ResumeOptions {
+  /// Restore a snapshot set taken on another {world_size, num_workers} by redistributing it. Without
+  /// it, a layout change is refused: a wrong WORLD_SIZE must not turn into a silent rescale.
+  bool rescale = false;
 };
 
 struct EngineOptions {
@@ -223,6 +230,21 @@ class Engine {
     Run<T> run(p, std::move(o), executor_);
     run.restore(s);
     return run;
+  }
+  /// A fresh Run restored from this rank's snapshot of a set; with `rescale`, a set taken on another
+  /// layout is redistributed first (every rank computes the same redistribution, no collective).
+  template <class T>
+    requires Snapshottable<T>
+  Run<T> resume(const Pipeline<T>& p, const SnapshotSet& set, RunOptions o = {}, ResumeOptions r = {}) {
+    const Layout l = detail::resolve_layout(o);
+    o.layout = l;
+    if (set.world_size() == l.world_size && set.num_workers() == l.num_workers) return resume(p, set.rank(l.rank), o);
+    if (!r.rescale)
+      throw SnapshotError("the snapshot set was taken with world_size " + std::to_string(set.world_size()) + " and " +
+                          std::to_string(set.num_workers()) + " workers, this run has world_size " +
+                          std::to_string(l.world_size) + " and " + std::to_string(l.num_workers) +
+                          " workers; ask for a rescale to redistribute it");
+    return resume(p, set.rescaled(l.world_size, l.num_workers).rank(l.rank), o);
   }
   int threads() const { return executor_->threads(); }
 

@@ -106,6 +106,16 @@ class NodeDef : public NodeDefBase {
   virtual std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const = 0;
 };
 
+/// A source whose size is known and whose element i is readable in O(1) (`range`, `from_vector`):
+/// what a `sampler` can read in any order.
+template <class T>
+class RandomAccess {
+ public:
+  virtual ~RandomAccess() = default;
+  virtual std::uint64_t size() const = 0;
+  virtual T at(std::uint64_t i) const = 0;
+};
+
 /// How one node's state was restored.
 struct NodeRestore {
   std::string key;

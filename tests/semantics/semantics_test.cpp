@@ -71,7 +71,7 @@ std::vector<fs::path> case_files() {
   const char* root = std::getenv("DPIPE_SOURCE_ROOT");
   const fs::path src = root ? root : ".";
   std::vector<fs::path> files;
-  for (const fs::path dir : {src / ".." / "shared" / "semantics" / "cases", src / "tests" / "semantics" / "cases"}) {
+  for (const fs::path& dir : {src / ".." / "shared" / "semantics" / "cases", src / "tests" / "semantics" / "cases"}) {
     if (!fs::is_directory(dir)) continue;
     for (const auto& e : fs::directory_iterator(dir))
       if (e.path().string().ends_with(".case.json")) files.push_back(e.path());

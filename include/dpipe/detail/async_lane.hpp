@@ -8,6 +8,7 @@
 /// chunk, so the chain is idle and the queue holds everything produced but not yet delivered.
 #include <condition_variable>
 #include <cstddef>
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <iterator>
@@ -50,9 +51,9 @@ class AsyncLaneBase {
   virtual std::size_t produce_staged(std::size_t max) = 0;
   /// Under the lock: appends the staging chunk to the queue.
   virtual void publish_staged() = 0;
-  /// Under the lock: moves the queued elements to the consumer's side; returns how many, 0 if the
-  /// queue is empty.
-  virtual std::size_t take_front() = 0;
+  /// Under the lock: moves up to `max` queued elements to the consumer's side; returns how many, 0 if
+  /// the queue is empty.
+  virtual std::size_t take_front(std::size_t max) = 0;
   /// Inline mode: the staging chunk becomes the consumer's side directly.
   virtual void take_staged() = 0;
 
@@ -71,7 +72,8 @@ class AsyncLaneBase {
   const bool inline_;
   mutable std::mutex mu_;
   std::condition_variable consumer_cv_, idle_cv_;
-  std::size_t buffered_ = 0;
+  std::size_t buffered_ = 0;  // produced, not yet delivered: queued plus the consumer's side
+  std::size_t in_hand_ = 0;   // of those, on the consumer's side
   bool running_ = false, paused_ = false, cancelled_ = false, done_ = false, consumer_waiting_ = false;
   std::exception_ptr error_;
 };
@@ -119,13 +121,14 @@ class AsyncLane final : public AsyncLaneBase {
     current_.swap(staged_);
     head_ = 0;
   }
-  // Everything queued moves to the consumer's side at once: one lock per refill, not per element.
-  std::size_t take_front() override {
+  // Many elements move to the consumer's side at once: one lock per refill, not per element.
+  std::size_t take_front(std::size_t max) override {
     current_.clear();
     head_ = 0;
-    std::move(queue_.begin(), queue_.end(), std::back_inserter(current_));
-    queue_.clear();
-    return current_.size();
+    const std::size_t n = std::min(max, queue_.size());
+    std::move(queue_.begin(), queue_.begin() + std::ptrdiff_t(n), std::back_inserter(current_));
+    queue_.erase(queue_.begin(), queue_.begin() + std::ptrdiff_t(n));
+    return n;
   }
 
  private:

@@ -45,6 +45,12 @@ class BatchIter final : public Hooked<std::vector<T>> {
   std::size_t pull_chunk(std::vector<std::vector<T>>& out, std::size_t max) override {
     const std::size_t size = def_.size();
     std::size_t n = 0;
+    while (n < max && st_.partial.size() >= size) {  // more than a batch, dealt here by a rescale
+      out.emplace_back(std::make_move_iterator(st_.partial.begin()),
+                       std::make_move_iterator(st_.partial.begin() + std::ptrdiff_t(size)));
+      st_.partial.erase(st_.partial.begin(), st_.partial.begin() + std::ptrdiff_t(size));
+      ++n;
+    }
     while (n < max && !st_.input_done) {
       if (st_.partial.capacity() < size) st_.partial.reserve(size);
       // Pull straight into the partial batch: no copy.
@@ -67,10 +73,7 @@ class BatchIter final : public Hooked<std::vector<T>> {
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
-    r.read(st_);
-    if (st_.partial.size() >= def_.size())
-      r.fail("partial batch holds " + std::to_string(st_.partial.size()) + " elements, batch size is " +
-             std::to_string(def_.size()));
+    r.read(st_);  // may hold a batch or more after a rescale: those are emitted first
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 

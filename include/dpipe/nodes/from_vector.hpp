@@ -14,13 +14,15 @@ struct FromVectorOptions {
 };
 
 template <class T>
-class FromVectorDef final : public NodeDef<T> {
+class FromVectorDef final : public NodeDef<T>, public RandomAccess<T> {
  public:
   FromVectorDef(std::vector<T> values, FromVectorOptions o)
       : NodeDef<T>("from_vector", o.name, describe(values)),
         values_(std::make_shared<const std::vector<T>>(std::move(values))) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const std::vector<T>& values() const { return *values_; }
+  std::uint64_t size() const override { return values_->size(); }
+  T at(std::uint64_t i) const override { return (*values_)[i]; }
 
  private:
   // The fingerprint covers the size and, for Snapshottable types, a digest of the contents, so a

@@ -12,7 +12,7 @@ struct RangeOptions {
   std::string name;
 };
 
-class RangeDef final : public NodeDef<std::int64_t> {
+class RangeDef final : public NodeDef<std::int64_t>, public RandomAccess<std::int64_t> {
  public:
   RangeDef(std::int64_t start, std::int64_t stop, RangeOptions o)
       : NodeDef("range", o.name,
@@ -27,6 +27,10 @@ class RangeDef final : public NodeDef<std::int64_t> {
   std::int64_t start() const { return start_; }
   std::int64_t step() const { return step_; }
   std::uint64_t count() const { return count_; }
+  std::uint64_t size() const override { return count_; }
+  std::int64_t at(std::uint64_t i) const override {  // wraps like the spec's 64-bit integers
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(start_) + i * static_cast<std::uint64_t>(step_));
+  }
 
  private:
   std::int64_t start_, step_;

@@ -1,7 +1,8 @@
 #pragma once
 /// Buffered shuffle, as torch's: fill the buffer; then for each new input emit a random slot and put
 /// the input there; at the end drain the buffer in random order. In: T → Out: T.
-/// State: the buffer, the generator, whether the input ended. Reshuffles every epoch.
+/// State: the buffer, the generator, whether the input ended. Reshuffles every epoch. Rescale: the
+/// buffered elements of all instances are dealt to the new ones.
 #include <string>
 
 #include "dpipe/pipeline.hpp"
@@ -44,6 +45,13 @@ class ShuffleIter final : public Hooked<T> {
     auto& buf = st_.buffer;
     const std::size_t before = out.size();
     while (out.size() - before < max) {
+      if (buf.size() > size_) {  // overfull after a rescale dealt it more: drain down to its size first
+        T& slot = buf[st_.rng.below(buf.size())];
+        out.push_back(std::move(slot));
+        if (&slot != &buf.back()) slot = std::move(buf.back());
+        buf.pop_back();
+        continue;
+      }
       if (!st_.input_done && buf.size() < size_) {  // filling
         if (input_->pull(buf, size_ - buf.size()) == 0) st_.input_done = true;
         continue;
@@ -81,10 +89,7 @@ class ShuffleIter final : public Hooked<T> {
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
-    r.read(st_);
-    if (st_.buffer.size() > size_)
-      r.fail("buffer holds " + std::to_string(st_.buffer.size()) + " elements, more than its size " +
-             std::to_string(size_));
+    r.read(st_);  // may hold more than the buffer size after a rescale: it drains down first
     st_.buffer.reserve(size_);
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }

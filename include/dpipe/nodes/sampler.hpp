@@ -1,0 +1,141 @@
+#pragma once
+/// Reads a random-access source (`range`, `from_vector`) in a global order and deals its positions to
+/// the instances: over `epochs` passes, global position q (epoch q / n, index q mod n) goes to instance
+/// q mod (world_size × num_workers), like `sharding_filter` deals positions, but each instance reads only
+/// its own. With `shuffle = global` each epoch is a fresh keyed permutation of [0, n) computed on the
+/// fly (O(1) memory); the order never depends on the layout. In: the source's T → Out: T.
+/// State: (base, stride, offset, next) and the positions at or after base that other instances already
+/// took (non-empty only after a rescale), so a snapshot set rescales by re-slicing positions.
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "dpipe/permutation.hpp"
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+enum class SamplerShuffle { none, global };
+
+struct SamplerOptions {
+  SamplerShuffle shuffle = SamplerShuffle::global;
+  std::int64_t epochs = 1;
+  std::string name;
+};
+
+template <class T>
+class SamplerDef final : public NodeDef<T> {
+ public:
+  SamplerDef(std::shared_ptr<const NodeDef<T>> source, SamplerOptions o)
+      : NodeDef<T>("sampler", o.name,
+                   {{"shuffle", o.shuffle == SamplerShuffle::global ? "global" : "none"},
+                    {"epochs", param_text(o.epochs)}},
+                   {source}),
+        source_(std::move(source)), shuffle_(o.shuffle) {
+    access_ = dynamic_cast<const RandomAccess<T>*>(source_.get());
+    if (!access_)
+      throw ConfigError(node_label("sampler", o.name) + ": a sampler reads its input by index, so it must follow a "
+                        "random-access source (range, from_vector), not " + source_->kind());
+    if (o.epochs < 1 || o.epochs > (std::int64_t{1} << 32))
+      throw ConfigError(node_label("sampler", o.name) + ": epochs must be at least 1, got " + param_text(o.epochs));
+    epochs_ = static_cast<std::uint64_t>(o.epochs);
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const RandomAccess<T>& source() const { return *access_; }
+  bool shuffled() const { return shuffle_ == SamplerShuffle::global; }
+  std::uint64_t epochs() const { return epochs_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> source_;
+  const RandomAccess<T>* access_ = nullptr;  // the source, seen by index
+  SamplerShuffle shuffle_;
+  std::uint64_t epochs_ = 1;
+};
+
+template <class T>
+class SamplerIter final : public Hooked<T> {
+ public:
+  SamplerIter(BuildContext& ctx, const SamplerDef<T>& def) : Hooked<T>(ctx, "sampler"), def_(def) {
+    ctx.next_key();  // the source's key: it is read through the sampler, never run itself
+    if (ctx.segment != Segment::worker)
+      throw ConfigError("sampler '" + this->key() + "' deals positions to workers, so it must be in the worker segment");
+    n_ = def.source().size();
+    total_ = n_ * def.epochs();
+    st_.stride = static_cast<std::uint64_t>(ctx.layout.instances());
+    st_.offset = static_cast<std::uint64_t>(ctx.instance());
+    key_ = mix64(ctx.seed ^ mix64(fnv1a(this->key()) ^ mix64(ctx.epoch + 0x5a3d1e)));
+  }
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    std::size_t n = 0;
+    while (n < max) {
+      const std::uint64_t q = st_.base + st_.offset + st_.next * st_.stride;
+      if (q >= total_) break;
+      ++st_.next;
+      while (skip_at_ < st_.skip.size() && st_.skip[skip_at_] < q) ++skip_at_;
+      if (skip_at_ < st_.skip.size() && st_.skip[skip_at_] == q) continue;  // another instance took it
+      out.push_back(def_.source().at(index_of(q)));
+      ++n;
+    }
+    return n;
+  }
+  void save_state(StateWriter& w) const override {
+    w("base", st_.base);
+    w("stride", st_.stride);
+    w("offset", st_.offset);
+    w("next", st_.next);
+    w("skip", std::vector<std::uint64_t>(st_.skip.begin() + std::ptrdiff_t(skip_at_), st_.skip.end()));
+  }
+  void restore_state(StateReader& r) override {
+    const std::uint64_t stride = st_.stride;
+    r("base", st_.base);
+    r("stride", st_.stride);
+    r("offset", st_.offset);
+    r("next", st_.next);
+    r("skip", st_.skip);
+    skip_at_ = 0;
+    if (st_.stride != stride)
+      r.fail("the sampler deals positions to " + std::to_string(st_.stride) + " instances, this layout has " +
+             std::to_string(stride));
+    if (st_.offset >= st_.stride) r.fail("offset " + std::to_string(st_.offset) + " is not below the stride");
+    if (!std::is_sorted(st_.skip.begin(), st_.skip.end())) r.fail("the skipped positions are not in order");
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+
+ private:
+  std::uint64_t index_of(std::uint64_t q) {
+    const std::uint64_t epoch = q / n_, i = q % n_;
+    if (!def_.shuffled()) return i;
+    if (!perm_ || perm_epoch_ != epoch) {
+      perm_.emplace(n_, mix64(key_ ^ mix64(epoch)));
+      perm_epoch_ = epoch;
+    }
+    return (*perm_)(i);
+  }
+
+  struct State {
+    std::uint64_t base = 0, stride = 1, offset = 0, next = 0;
+    std::vector<std::uint64_t> skip;  // sorted
+  };
+  const SamplerDef<T>& def_;
+  std::uint64_t n_ = 0, total_ = 0, key_ = 0;
+  State st_;
+  std::size_t skip_at_ = 0;
+  std::optional<KeyedPermutation> perm_;
+  std::uint64_t perm_epoch_ = 0;
+};
+
+template <class T>
+std::unique_ptr<Iter<T>> SamplerDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<SamplerIter<T>>(ctx, *this);
+}
+
+inline auto sampler(SamplerOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    return make_pipeline<SamplerDef<T>>(p.def(), o);
+  });
+}
+
+}  // namespace dpipe

@@ -1,0 +1,389 @@
+// Snapshot sets (one file per rank) and their rescaling to another layout, on records alone.
+#include "dpipe/snapshot_set.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "dpipe/codec.hpp"
+#include "dpipe/error.hpp"
+#include "dpipe/rng.hpp"
+
+namespace dpipe {
+namespace fs = std::filesystem;
+
+SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks)) {
+  if (ranks_.empty()) throw SnapshotError("a snapshot set needs at least one rank's snapshot");
+  const auto& m0 = ranks_.front().meta;
+  const int world = static_cast<int>(ranks_.size());
+  for (int r = 0; r < world; ++r) {
+    const auto& m = ranks_[static_cast<std::size_t>(r)].meta;
+    const std::string who = "snapshot set: rank " + std::to_string(r) + "'s snapshot";
+    if (m.layout.rank != r || m.layout.world_size != world)
+      throw SnapshotError(who + " says it is rank " + std::to_string(m.layout.rank) + " of " +
+                          std::to_string(m.layout.world_size) + ", expected rank " + std::to_string(r) + " of " +
+                          std::to_string(world));
+    if (m.fingerprint != m0.fingerprint)
+      throw SnapshotError(who + " was taken from a different pipeline than rank 0's (graph fingerprints differ)");
+    if (m.seed != m0.seed || m.epoch != m0.epoch)
+      throw SnapshotError(who + " has seed " + std::to_string(m.seed) + " and epoch " + std::to_string(m.epoch) +
+                          ", rank 0's has seed " + std::to_string(m0.seed) + " and epoch " + std::to_string(m0.epoch));
+    if (m.layout.num_workers != m0.layout.num_workers)
+      throw SnapshotError(who + " has " + std::to_string(m.layout.num_workers) + " workers, rank 0's has " +
+                          std::to_string(m0.layout.num_workers));
+  }
+}
+
+std::string SnapshotSet::file_name(int rank, int world_size) {
+  return "rank-" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".dpipe";
+}
+
+void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw SnapshotError("cannot create snapshot directory '" + dir + "': " + ec.message());
+  s.write_file((fs::path(dir) / file_name(s.meta.layout.rank, s.meta.layout.world_size)).string());
+}
+
+void SnapshotSet::write_dir(const std::string& dir) const {
+  for (const auto& s : ranks_) write_rank(dir, s);
+}
+
+const Snapshot& SnapshotSet::rank(int r) const {
+  if (r < 0 || r >= world_size())
+    throw SnapshotError("snapshot set has ranks 0 to " + std::to_string(world_size() - 1) + ", not rank " +
+                        std::to_string(r));
+  return ranks_[static_cast<std::size_t>(r)];
+}
+
+SnapshotSet SnapshotSet::read_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw SnapshotError("snapshot set '" + dir + "' is not a directory");
+  std::map<int, std::set<int>> by_world;  // world size → ranks found
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int r = -1, w = -1;
+    char tail[8] = {};
+    if (std::sscanf(name.c_str(), "rank-%d-of-%d.%7s", &r, &w, tail) == 3 && std::strcmp(tail, "dpipe") == 0 &&
+        name == file_name(r, w))
+      by_world[w].insert(r);
+  }
+  if (ec) throw SnapshotError("cannot list snapshot set '" + dir + "': " + ec.message());
+  if (by_world.empty()) throw SnapshotError("snapshot set '" + dir + "' holds no rank files (rank-R-of-W.dpipe)");
+  if (by_world.size() > 1)
+    throw SnapshotError("snapshot set '" + dir + "' mixes files of " + std::to_string(by_world.size()) +
+                        " different world sizes; a set holds one run's ranks only");
+  const int world = by_world.begin()->first;
+  const auto& found = by_world.begin()->second;
+  std::string missing;
+  for (int r = 0; r < world; ++r)
+    if (!found.count(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  if (!missing.empty())
+    throw SnapshotError("snapshot set '" + dir + "' is incomplete: rank(s) " + missing + " of " +
+                        std::to_string(world) + " have no file yet");
+  std::vector<Snapshot> ranks;
+  for (int r = 0; r < world; ++r) {
+    const std::string path = (fs::path(dir) / file_name(r, world)).string();
+    try {
+      ranks.push_back(Snapshot::read_file(path));
+    } catch (const SnapshotError& e) {
+      throw SnapshotError("snapshot set '" + dir + "', rank " + std::to_string(r) + ": " + e.what());
+    }
+  }
+  return SnapshotSet(std::move(ranks));
+}
+
+// ---- rescaling ---------------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& msg) { throw SnapshotError("cannot rescale: " + msg); }
+
+const Field& field(const NodeState& s, const std::string& name, FieldType type) {
+  for (const auto& f : s.fields)
+    if (f.name == name) {
+      if (f.type != type) refuse("node '" + s.key + "' field '" + name + "' has an unexpected type");
+      return f;
+    }
+  refuse("node '" + s.key + "' (" + s.kind + ") has no field '" + name + "'");
+}
+
+Field& field(NodeState& s, const std::string& name) {
+  for (auto& f : s.fields)
+    if (f.name == name) return f;
+  refuse("node '" + s.key + "' has no field '" + name + "'");
+}
+
+std::vector<std::uint64_t> u64s(const Field& f) {
+  if (f.elements.tag != "u64") refuse("field '" + f.name + "' does not hold positions");
+  std::vector<std::uint64_t> v(f.elements.size());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = decode_from_string<std::uint64_t>(f.elements.at(i));
+  return v;
+}
+
+ElementBlobs blobs_of(const std::vector<std::uint64_t>& v) {
+  ElementBlobs b;
+  b.tag = "u64";
+  for (auto x : v) b.append(encode_to_string(x));
+  return b;
+}
+
+/// Deals the elements of `pool` round-robin to `n` lists of the same type tag.
+std::vector<ElementBlobs> deal(const ElementBlobs& pool, std::size_t n) {
+  std::vector<ElementBlobs> out(n);
+  for (auto& b : out) b.tag = pool.tag;
+  for (std::size_t i = 0; i < pool.size(); ++i) out[i % n].append(pool.at(i));
+  return out;
+}
+
+void append_all(ElementBlobs& pool, const ElementBlobs& more) {
+  if (pool.size() == 0 && pool.tag.empty()) pool.tag = more.tag;
+  if (more.tag != pool.tag) refuse("elements of types " + pool.tag + " and " + more.tag + " in one field");
+  for (std::size_t i = 0; i < more.size(); ++i) pool.append(more.at(i));
+}
+
+struct Shape {
+  int world, workers;
+  std::size_t instances() const { return static_cast<std::size_t>(world) * static_cast<std::size_t>(workers); }
+};
+
+/// Every old instance's record of one worker-segment node, in instance order.
+using Records = std::vector<const NodeState*>;
+
+std::vector<NodeState> rescale_sampler(const Records& old, Shape to) {
+  const std::size_t n_old = old.size();
+  std::uint64_t base = 0, min_next = ~std::uint64_t{0};
+  std::vector<bool> offsets(n_old, false);
+  for (std::size_t i = 0; i < n_old; ++i) {
+    const NodeState& s = *old[i];
+    const std::uint64_t b = field(s, "base", FieldType::u64).u, stride = field(s, "stride", FieldType::u64).u;
+    const std::uint64_t off = field(s, "offset", FieldType::u64).u, next = field(s, "next", FieldType::u64).u;
+    if (i == 0) base = b;
+    if (b != base || stride != n_old || off >= n_old || offsets[off])
+      refuse("sampler '" + s.key + "': its instances do not deal one position sequence between them");
+    offsets[off] = true;
+    min_next = std::min(min_next, next);
+  }
+  // Every position below the frontier was taken by someone; above it, the ones in `taken` were.
+  const std::uint64_t frontier = base + min_next * n_old;
+  std::vector<std::uint64_t> taken;
+  for (const NodeState* s : old) {
+    const std::uint64_t off = field(*s, "offset", FieldType::u64).u, next = field(*s, "next", FieldType::u64).u;
+    const auto skip = u64s(field(*s, "skip", FieldType::elements));
+    for (std::uint64_t k = min_next; k < next; ++k) {
+      const std::uint64_t q = base + off + k * n_old;
+      if (!std::binary_search(skip.begin(), skip.end(), q)) taken.push_back(q);
+    }
+    for (auto q : skip)
+      if (q >= frontier) taken.push_back(q);
+  }
+  std::sort(taken.begin(), taken.end());
+  taken.erase(std::unique(taken.begin(), taken.end()), taken.end());
+  const std::size_t n_new = to.instances();
+  std::vector<std::vector<std::uint64_t>> skips(n_new);
+  for (auto q : taken) skips[(q - frontier) % n_new].push_back(q);
+  std::vector<NodeState> out;
+  for (std::size_t j = 0; j < n_new; ++j) {
+    NodeState s = *old[0];
+    s.instance = static_cast<std::uint32_t>(j);
+    field(s, "base").u = frontier;
+    field(s, "stride").u = n_new;
+    field(s, "offset").u = j;
+    field(s, "next").u = 0;
+    field(s, "skip").elements = blobs_of(skips[j]);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+/// Nodes whose state is a list of elements (plus flags): the elements of all old instances are dealt to
+/// the new ones. `flags` are reset to false (the node looks at its input again).
+std::vector<NodeState> deal_elements(const Records& old, Shape to, const std::string& list,
+                                     const std::vector<std::string>& flags, bool reseed_rng) {
+  ElementBlobs pool;
+  for (const NodeState* s : old) append_all(pool, field(*s, list, FieldType::elements).elements);
+  bool all_done = true;
+  for (const NodeState* s : old)
+    for (const auto& f : flags) all_done = all_done && field(*s, f, FieldType::u64).u != 0;
+  const auto dealt = deal(pool, to.instances());
+  std::vector<NodeState> out;
+  for (std::size_t j = 0; j < dealt.size(); ++j) {
+    NodeState s = *old[j % old.size()];
+    s.instance = static_cast<std::uint32_t>(j);
+    field(s, list).elements = dealt[j];
+    // A shuffle whose every old instance saw its input end keeps that (its new sampler slices are empty
+    // too); anything else looks at its input again (a batch flushes its partial batch only then).
+    for (const auto& f : flags) field(s, f).u = reseed_rng && all_done ? 1 : 0;
+    if (reseed_rng && j >= old.size()) {  // a new instance beyond the old count: its own stream
+      ElementBlobs& words = field(s, "rng").elements;
+      ElementBlobs mixed;
+      mixed.tag = words.tag;
+      for (std::size_t w = 0; w < words.size(); ++w)
+        mixed.append(encode_to_string(decode_from_string<std::uint64_t>(words.at(w)) ^ mix64(j * 4 + w + 1)));
+      words = mixed;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<NodeState> replicate_stateless(const Records& old, Shape to) {
+  std::vector<NodeState> out;
+  for (std::size_t j = 0; j < to.instances(); ++j) {
+    NodeState s = *old[0];
+    s.instance = static_cast<std::uint32_t>(j);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
+  if (world_size < 1 || num_workers < 1)
+    throw SnapshotError("cannot rescale to world size " + std::to_string(world_size) + " with " +
+                        std::to_string(num_workers) + " workers");
+  const Shape from{this->world_size(), this->num_workers()}, to{world_size, num_workers};
+  const SnapshotMeta& meta = ranks_.front().meta;
+  for (const auto& n : meta.graph)
+    if (n.kind == "merge" || n.kind == "dispatch")
+      refuse("the pipeline has a " + n.kind + " node ('" + n.key + "'); rescaling covers pipelines whose whole "
+             "graph is the worker segment (no explicit dispatch or merge)");
+
+  std::map<std::pair<std::string, std::uint32_t>, const NodeState*> index;
+  for (const auto& s : ranks_)
+    for (const auto& st : s.states) index[{st.key, st.instance}] = &st;
+  auto records_of = [&](const std::string& key, std::size_t count) {
+    Records v;
+    for (std::size_t i = 0; i < count; ++i) {
+      auto it = index.find({key, static_cast<std::uint32_t>(i)});
+      if (it != index.end()) v.push_back(it->second);
+    }
+    if (!v.empty() && v.size() != count)
+      refuse("node '" + key + "' has records for " + std::to_string(v.size()) + " of " + std::to_string(count) +
+             " instances");
+    return v;
+  };
+
+  // New records per new instance (worker-segment nodes) and per new rank (run, merge).
+  std::vector<std::vector<NodeState>> per_rank(static_cast<std::size_t>(world_size));
+  auto place = [&](std::vector<NodeState> records, bool by_rank) {
+    for (auto& s : records) {
+      const std::size_t r = by_rank ? s.instance : s.instance / static_cast<std::size_t>(num_workers);
+      if (by_rank) s.instance = static_cast<std::uint32_t>(r);
+      per_rank[r].push_back(std::move(s));
+    }
+  };
+
+  // The consumers' buffers, per rank.
+  {
+    const Records run = records_of("run", from.world);
+    if (run.empty()) refuse("the snapshots have no run records");
+    ElementBlobs pool;
+    for (const NodeState* s : run) append_all(pool, field(*s, "pending", FieldType::elements).elements);
+    const auto dealt = deal(pool, static_cast<std::size_t>(world_size));
+    std::vector<NodeState> out;
+    for (int r = 0; r < world_size; ++r) {
+      NodeState s = *run[0];
+      s.instance = static_cast<std::uint32_t>(r);
+      field(s, "delivered").u = 0;
+      field(s, "pending").elements = dealt[static_cast<std::size_t>(r)];
+      out.push_back(std::move(s));
+    }
+    place(std::move(out), true);
+  }
+  // The worker queues of the implicit merge, per rank: every lane's elements, dealt to the new lanes.
+  {
+    Records merges;
+    for (int r = 0; r < from.world; ++r) {
+      auto it = index.find({"merge@out", static_cast<std::uint32_t>(r * from.workers)});
+      if (it == index.end()) refuse("rank " + std::to_string(r) + " has no record of its worker queues");
+      merges.push_back(it->second);
+    }
+    ElementBlobs pool;
+    for (const NodeState* s : merges)
+      for (int w = 0; w < from.workers; ++w) {
+        const std::string n = std::to_string(w);
+        if (!field(*s, "failure_" + n, FieldType::str).s.empty())
+          refuse("worker " + n + " of rank " + std::to_string(s->instance / static_cast<std::uint32_t>(from.workers)) +
+                 " had failed: " + field(*s, "failure_" + n, FieldType::str).s);
+        append_all(pool, field(*s, "pending_" + n, FieldType::elements).elements);
+      }
+    const auto dealt = deal(pool, to.instances());
+    for (int r = 0; r < world_size; ++r) {
+      NodeState s;
+      s.key = "merge@out";
+      s.kind = "merge";
+      s.mode = StateMode::hook;
+      s.instance = static_cast<std::uint32_t>(r * num_workers);
+      auto add = [&](Field f) { s.fields.push_back(std::move(f)); };
+      Field cursor;
+      cursor.name = "cursor";
+      cursor.type = FieldType::u64;
+      add(cursor);
+      for (int w = 0; w < num_workers; ++w) {
+        const std::string n = std::to_string(w);
+        Field pending;
+        pending.name = "pending_" + n;
+        pending.type = FieldType::elements;
+        pending.elements = dealt[static_cast<std::size_t>(r * num_workers + w)];
+        add(pending);
+        Field done;
+        done.name = "done_" + n;
+        done.type = FieldType::u64;
+        add(done);
+        Field failure;
+        failure.name = "failure_" + n;
+        failure.type = FieldType::str;
+        add(failure);
+        Field node = failure;
+        node.name = "failed_node_" + n;
+        add(node);
+        Field worker;
+        worker.name = "failed_worker_" + n;
+        worker.type = FieldType::i64;
+        worker.i = -1;
+        add(worker);
+      }
+      per_rank[static_cast<std::size_t>(r)].push_back(std::move(s));
+    }
+  }
+  // Every node of the graph, per instance.
+  for (const auto& n : meta.graph) {
+    const Records old = records_of(n.key, from.instances());
+    if (old.empty()) continue;  // not run itself (a source read through a sampler)
+    for (const NodeState* s : old)
+      for (const auto& f : s->fields)
+        if (f.name == "deferred_failure") refuse("node '" + n.key + "' had failed: " + f.s);
+    const std::string& kind = old[0]->kind;
+    if (old[0]->mode == StateMode::stateless) place(replicate_stateless(old, to), false);
+    else if (kind == "sampler") place(rescale_sampler(old, to), false);
+    else if (kind == "shuffle") place(deal_elements(old, to, "buffer", {"input_done"}, true), false);
+    else if (kind == "batch") place(deal_elements(old, to, "partial", {"input_done"}, false), false);
+    else if (kind == "flat_map") place(deal_elements(old, to, "pending", {}, false), false);
+    else if (kind == "sharding_filter")
+      refuse("sharding_filter '" + n.key + "' keeps positions in a stream that every instance reads in full, so "
+             "its instances' states are not parts of one whole; read the data through sampler() instead");
+    else
+      refuse("node '" + n.key + "' (" + kind + ") keeps state that cannot be dealt to another layout; rescalable "
+             "pipelines read through a sampler and use shuffle, batch, flat_map and stateless nodes");
+  }
+
+  std::vector<Snapshot> out;
+  for (int r = 0; r < world_size; ++r) {
+    Snapshot s;
+    s.meta = meta;
+    s.meta.format_version = 0;
+    s.meta.layout = Layout{r, world_size, num_workers};
+    s.meta.elements_delivered = 0;
+    s.meta.user_metadata["rescaled_from"] =
+        std::to_string(from.world) + " ranks x " + std::to_string(from.workers) + " workers";
+    s.states = std::move(per_rank[static_cast<std::size_t>(r)]);
+    out.push_back(std::move(s));
+  }
+  return SnapshotSet(std::move(out));
+}
+
+}  // namespace dpipe

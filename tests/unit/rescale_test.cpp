@@ -1,0 +1,200 @@
+// The sampler, snapshot sets and rescaling: every element of an epoch exactly once over all instances,
+// across any sequence of snapshot → restore on another layout.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "dpipe/dpipe.hpp"
+#include "../test_util.hpp"
+
+namespace dpipe {
+namespace {
+
+using I64 = std::int64_t;
+namespace fs = std::filesystem;
+
+RunOptions at(int rank, int world, int workers, std::uint64_t seed = 99) {
+  return RunOptions{.seed = seed, .layout = Layout{rank, world, workers}};
+}
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("dpipe-rescale-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+std::map<I64, int> counts(const std::vector<I64>& v) {
+  std::map<I64, int> c;
+  for (auto x : v) ++c[x];
+  return c;
+}
+
+TEST(Sampler, DealsEveryPositionOnceOverAllInstances) {
+  auto p = range(0, 1000) | sampler({.shuffle = SamplerShuffle::global});
+  for (auto [world, workers] : {std::pair{1, 1}, {2, 3}, {3, 2}, {5, 1}}) {
+    std::vector<I64> all;
+    for (int r = 0; r < world; ++r) {
+      auto part = testing::collect(p, at(r, world, workers));
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<I64> expected(1000);
+    std::iota(expected.begin(), expected.end(), 0);
+    EXPECT_EQ(all, expected) << world << " x " << workers;
+  }
+}
+
+TEST(Sampler, GlobalOrderDoesNotDependOnTheLayoutAndChangesPerEpoch) {
+  auto p = range(0, 500) | sampler({.shuffle = SamplerShuffle::global, .epochs = 2});
+  const auto one = testing::collect(p, at(0, 1, 1));
+  ASSERT_EQ(one.size(), 1000u);
+  EXPECT_NE(std::vector<I64>(one.begin(), one.begin() + 500), std::vector<I64>(one.begin() + 500, one.end()));
+  auto sorted_epoch = std::vector<I64>(one.begin(), one.begin() + 500);
+  std::sort(sorted_epoch.begin(), sorted_epoch.end());
+  EXPECT_EQ(sorted_epoch.front(), 0);
+  EXPECT_EQ(sorted_epoch.back(), 499);
+  EXPECT_EQ(std::adjacent_find(sorted_epoch.begin(), sorted_epoch.end()), sorted_epoch.end());
+  // Four instances, merged round-robin within each rank: instance i holds global positions i mod 4.
+  auto r0 = testing::collect(p, at(0, 2, 2)), r1 = testing::collect(p, at(1, 2, 2));
+  for (std::size_t q = 0; q < one.size(); ++q) {
+    const std::size_t inst = q % 4, k = q / 4;
+    const auto& rank = inst < 2 ? r0 : r1;
+    ASSERT_EQ(rank[k * 2 + inst % 2], one[q]) << "position " << q;
+  }
+  EXPECT_EQ(testing::collect(range(0, 5) | sampler({.shuffle = SamplerShuffle::none}), at(0, 1, 1)),
+            (std::vector<I64>{0, 1, 2, 3, 4}));
+}
+
+TEST(Sampler, FollowsOnlyRandomAccessSources) {
+  EXPECT_THROW(range(0, 5) | map([](I64 x) { return x; }) | sampler(), ConfigError);
+  EXPECT_THROW(range(0, 5) | sampler({.epochs = 0}), ConfigError);
+}
+
+/// Runs every rank of `layout` from `set` (or from the start), delivering `take(rank)` elements each,
+/// and returns the new set; everything delivered is appended to `out` (batches flattened).
+template <class T, class Take>
+SnapshotSet stage(const Pipeline<T>& p, const std::optional<SnapshotSet>& set, int world, int workers, Take take,
+                  std::vector<I64>& out) {
+  Engine e;
+  std::vector<Snapshot> next;
+  for (int r = 0; r < world; ++r) {
+    const auto o = at(r, world, workers);
+    auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
+    const std::size_t n = take(r);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto x = run.next();
+      if (!x) break;
+      if constexpr (std::is_same_v<T, I64>) out.push_back(*x);
+      else out.insert(out.end(), x->begin(), x->end());
+    }
+    next.push_back(run.snapshot());
+  }
+  return SnapshotSet(std::move(next));
+}
+
+TEST(RescaleProperty, EveryElementExactlyOnceAcrossRandomLayoutSequences) {
+  const std::uint64_t base = std::random_device{}();
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::uint64_t seed = base + static_cast<std::uint64_t>(trial);
+    SCOPED_TRACE("property seed " + std::to_string(seed));
+    std::mt19937_64 g(seed);
+    auto pick = [&](int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); };
+    const I64 n = 200 + pick(3000);
+    const int epochs = 1 + pick(2);
+    Pipeline<I64> p = range(0, n) | sampler({.shuffle = pick(2) ? SamplerShuffle::global : SamplerShuffle::none,
+                                             .epochs = epochs});
+    if (pick(2)) p = p | shuffle({.buffer = 1 + pick(100)});
+    if (pick(2)) p = p | map([](I64 x) { return x; });
+    const bool batched = pick(2);
+    const I64 batch_size = 1 + pick(16);
+    std::vector<I64> delivered;
+    std::optional<SnapshotSet> set;
+    std::string layouts;
+    const int stages = 1 + pick(4);
+    for (int s = 0; s < stages; ++s) {
+      const int world = 1 + pick(6), workers = 1 + pick(4);
+      layouts += std::to_string(world) + "x" + std::to_string(workers) + " ";
+      auto take = [&](int) { return static_cast<std::size_t>(pick(static_cast<int>(n) / (batched ? 8 : 2) + 1)); };
+      set = batched ? stage(p | batch({.size = batch_size}), set, world, workers, take, delivered)
+                    : stage(p, set, world, workers, take, delivered);
+    }
+    // Last layout: everyone runs to the end.
+    const int world = 1 + pick(6), workers = 1 + pick(4);
+    layouts += std::to_string(world) + "x" + std::to_string(workers);
+    auto all = [](int) { return std::numeric_limits<std::size_t>::max(); };
+    if (batched) stage(p | batch({.size = batch_size}), set, world, workers, all, delivered);
+    else stage(p, set, world, workers, all, delivered);
+    const auto c = counts(delivered);
+    ASSERT_EQ(static_cast<I64>(c.size()), n) << "layouts " << layouts;
+    for (const auto& [x, k] : c) ASSERT_EQ(k, epochs) << "element " << x << ", layouts " << layouts;
+  }
+}
+
+TEST(SnapshotSetFiles, RoundTripAndRefuseIncompleteOrMixedSets) {
+  auto p = range(0, 100) | sampler() | batch({.size = 4});
+  const auto dir = temp_dir("files");
+  Engine e;
+  for (int r = 0; r < 3; ++r) {
+    auto run = e.start(p, at(r, 3, 2));
+    run.next();
+    SnapshotSet::write_rank(dir, run.snapshot());
+    if (r == 1) {
+      try {
+        SnapshotSet::read_dir(dir);
+        FAIL() << "an incomplete set was accepted";
+      } catch (const SnapshotError& err) {
+        EXPECT_NE(std::string(err.what()).find("rank(s) 2 of 3"), std::string::npos) << err.what();
+      }
+    }
+  }
+  const auto set = SnapshotSet::read_dir(dir);
+  EXPECT_EQ(set.world_size(), 3);
+  EXPECT_EQ(set.num_workers(), 2);
+  // The same layout resumes without a rescale; another one only when asked.
+  EXPECT_NO_THROW(e.resume(p, set, at(1, 3, 2)));
+  try {
+    e.resume(p, set, at(0, 2, 2));
+    FAIL() << "a layout change was accepted without asking for a rescale";
+  } catch (const SnapshotError& err) {
+    EXPECT_NE(std::string(err.what()).find("rescale"), std::string::npos) << err.what();
+  }
+  EXPECT_NO_THROW(e.resume(p, set, at(0, 2, 2), {.rescale = true}));
+  // A rank file from another run does not join the set.
+  auto other = e.start(p, at(0, 3, 2, /*seed=*/5));
+  auto bad = set.ranks();
+  bad[0] = other.snapshot();
+  EXPECT_THROW(SnapshotSet{bad}, SnapshotError);
+  fs::remove_all(dir);
+}
+
+TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
+  auto refused = [](auto p) {
+    Engine e;
+    std::vector<Snapshot> ranks;
+    for (int r = 0; r < 2; ++r) {
+      auto run = e.start(p, at(r, 2, 1));
+      run.next();
+      ranks.push_back(run.snapshot());
+    }
+    try {
+      SnapshotSet(ranks).rescaled(3, 1);
+    } catch (const SnapshotError& err) {
+      return std::string(err.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refused(range(0, 100) | sharding_filter({.name = "shard"})).find("sharding_filter 'shard'"),
+            std::string::npos);
+  EXPECT_NE(refused(range(0, 100) | sampler() | take(50, {.name = "head"})).find("'head' (take)"), std::string::npos);
+  EXPECT_NE(refused(range(0, 100) | sampler() | merge({.name = "m"})).find("merge node ('m')"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dpipe
