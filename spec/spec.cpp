@@ -138,6 +138,38 @@ struct RandomIntsFactory {  // generator "random_ints": count draws from [lo, hi
   }
 };
 
+std::vector<std::string> files_of(NodeSpec& n) {
+  const json* f = n.get("files");
+  if (!f || !f->is_array() || f->empty()) n.fail("missing parameter 'files' (a non-empty list of paths)");
+  std::vector<std::string> out;
+  for (const auto& x : *f) {
+    if (!x.is_string()) n.fail("'files' must hold only paths (strings)");
+    out.push_back(x.get<std::string>());
+  }
+  return out;
+}
+
+/// Records are bytes; specs print them as base64 strings.
+struct ToBase64 {
+  std::string operator()(const std::string& bytes) const {
+    static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((bytes.size() + 2) / 3 * 4);
+    for (std::size_t i = 0; i < bytes.size(); i += 3) {
+      const std::uint32_t b0 = static_cast<unsigned char>(bytes[i]);
+      const std::uint32_t b1 = i + 1 < bytes.size() ? static_cast<unsigned char>(bytes[i + 1]) : 0;
+      const std::uint32_t b2 = i + 2 < bytes.size() ? static_cast<unsigned char>(bytes[i + 2]) : 0;
+      const std::uint32_t v = (b0 << 16) | (b1 << 8) | b2;
+      out += kAlphabet[(v >> 18) & 63];
+      out += kAlphabet[(v >> 12) & 63];
+      out += i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=';
+      out += i + 2 < bytes.size() ? kAlphabet[v & 63] : '=';
+    }
+    return out;
+  }
+  Params describe() const { return {{"fn", "base64"}}; }
+};
+
 AnyPipeline build_source(NodeSpec& n) {
   if (n.op == "range") {
     const auto start = n.integer("start", 0);
@@ -177,7 +209,22 @@ AnyPipeline build_source(NodeSpec& n) {
     }
     n.fail("unknown generator function '" + fn + "' (known: count, random_ints)");
   }
-  n.fail("the first node must be a source (range, from_vector, generator), not '" + n.op + "'");
+  if (n.op == "token_windows") {
+    const auto dtype = n.string("dtype", "uint16");
+    if (dtype != "uint16" && dtype != "uint32") n.fail("dtype must be uint16 or uint32, got '" + dtype + "'");
+    const auto seq_len = n.integer("seq_len");
+    if (seq_len < 1) n.fail("seq_len must be positive, got " + std::to_string(seq_len));
+    return token_windows(files_of(n), {.dtype = dtype == "uint16" ? TokenType::uint16 : TokenType::uint32,
+                                       .seq_len = seq_len,
+                                       .name = n.name});
+  }
+  if (n.op == "records") {
+    const auto on_error = n.string("on_error", "fail");
+    if (on_error != "fail" && on_error != "skip") n.fail("on_error must be fail or skip, got '" + on_error + "'");
+    return records(files_of(n), {.on_error = on_error == "skip" ? OnDataError::skip : OnDataError::fail,
+                                 .name = n.name});
+  }
+  n.fail("the first node must be a source (range, from_vector, generator, records, token_windows), not '" + n.op + "'");
 }
 
 /// Applies a builtin map function through `apply(pipeline, fn)` (map or parallel_map).
@@ -365,7 +412,7 @@ AnyPipeline apply_node(NodeSpec& n, const AnyPipeline& in) {
         },
         in);
   }
-  if (op == "range" || op == "from_vector" || op == "generator")
+  if (op == "range" || op == "from_vector" || op == "generator" || op == "records" || op == "token_windows")
     n.fail("a source can only start a pipeline (use concat, zip or mux with \"with\" to combine sources)");
   n.fail("unknown op '" + op + "'");
 }
@@ -373,11 +420,22 @@ AnyPipeline apply_node(NodeSpec& n, const AnyPipeline& in) {
 AnyPipeline build_chain(const json& chain, const std::string& where) {
   if (!chain.is_array() || chain.empty()) throw ConfigError(where + ": a pipeline must be a non-empty list of nodes");
   std::optional<AnyPipeline> p;
+  bool bytes = false;  // the elements are records' bytes, shown as base64 once the random access is done
   for (std::size_t i = 0; i < chain.size(); ++i) {
     NodeSpec n(chain[i], where + "[" + std::to_string(i) + "]");
-    p = i == 0 ? build_source(n) : apply_node(n, *p);
+    if (i == 0) {
+      p = build_source(n);
+      bytes = n.op == "records";
+    } else {
+      if (bytes && n.op != "sampler") {
+        p = std::get<Pipeline<SpecStr>>(*p) | map(ToBase64{});
+        bytes = false;
+      }
+      p = apply_node(n, *p);
+    }
     n.finish();
   }
+  if (bytes) p = std::get<Pipeline<SpecStr>>(*p) | map(ToBase64{});
   return *p;
 }
 

@@ -237,9 +237,10 @@ int cmd_run(int argc, char** argv) {
         if (a.flag("stats")) {
           std::fprintf(stderr,
                        "{\"elements\": %llu, \"seconds\": %.6f, \"restore_ms\": %.3f, \"replayed_elements\": %llu, "
-                       "\"elements_total\": %llu, \"threads\": %d, \"nodes\": %s}\n",
+                       "\"elements_total\": %llu, \"skipped_records\": %llu, \"threads\": %d, \"nodes\": %s}\n",
                        static_cast<unsigned long long>(n), secs, restore_ms, static_cast<unsigned long long>(replayed),
-                       static_cast<unsigned long long>(run.delivered()), engine.threads(),
+                       static_cast<unsigned long long>(run.delivered()),
+                       static_cast<unsigned long long>(run.graph().skipped_records()), engine.threads(),
                        node_stats_json(run).c_str());
         }
         (void)sizeof(T);

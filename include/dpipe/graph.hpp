@@ -38,6 +38,12 @@ class Graph {
   /// Whether the pipeline ends its worker segment with an explicit `merge` (otherwise the whole
   /// pipeline is the worker segment, merged at its end).
   bool has_merge() const { return has_merge_; }
+  /// Bad data records skipped by the pipeline's sources (`on_error = skip`).
+  std::uint64_t skipped_records() const {
+    std::uint64_t n = 0;
+    for (const auto* d : defs_) n += d->skipped();
+    return n;
+  }
   /// Checks every node against a layout (shard ids, …); throws ConfigError.
   void check_layout(const Layout& layout) const;
 

@@ -81,6 +81,12 @@ class NodeDefBase {
   virtual std::string element_type_tag() const = 0;
   /// Checks that need the layout (a shard id against the number of instances); throws ConfigError.
   virtual void check_layout(const Layout&) const {}
+  /// Bad data records a source skipped (`on_error = skip`).
+  virtual std::uint64_t skipped() const { return 0; }
+
+ protected:
+  /// For sources that learn a parameter while they are built (a file's size).
+  void add_param(std::string key, std::string value) { params_.emplace_back(std::move(key), std::move(value)); }
 
  private:
   std::string kind_, name_;

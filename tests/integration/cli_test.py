@@ -335,6 +335,45 @@ def _():
     assert r.returncode == 1 and "pipeline[2] (sampler)" in r.stderr and "random-access" in r.stderr, r.stderr
 
 
+@case("files/records_and_token_windows_through_specs")
+def _():
+    import base64
+    import struct
+    path = os.path.join(TMP, "data.tfrecord")
+    toks = os.path.join(TMP, "toks.bin")
+    open(toks, "wb").write(struct.pack("<20H", *range(20)))
+    spec = {"pipeline": [{"op": "token_windows", "files": [toks], "dtype": "uint16", "seq_len": 6}]}
+    assert lines(dpipe("run", json.dumps(spec)).stdout) == [list(range(0, 7)), list(range(6, 13)), list(range(12, 19))]
+    sampled = {"seed": 4, "pipeline": [{"op": "token_windows", "files": [toks], "seq_len": 6},
+                                       {"op": "sampler"}]}
+    got = lines(dpipe("run", json.dumps(sampled)).stdout)
+    assert sorted(got) == [list(range(0, 7)), list(range(6, 13)), list(range(12, 19))], got
+    bad = {"pipeline": [{"op": "records", "files": [os.path.join(TMP, "nope.tfrecord")]}]}
+    r = dpipe("run", json.dumps(bad), check=False)
+    assert r.returncode == 1 and "nope.tfrecord" in r.stderr, r.stderr
+    # A records file with one good record and a corrupt one, read with on_error skip.
+    def crc32c(data):
+        crc = 0xffffffff
+        for c in data:
+            crc ^= c
+            for _ in range(8):
+                crc = (crc >> 1) ^ (0x82f63b78 & -(crc & 1))
+        return crc ^ 0xffffffff
+    def masked(data):
+        c = crc32c(data)
+        return (((c >> 15) | (c << 17)) + 0xa282ead8) & 0xffffffff
+    def record(data, good=True):
+        length = struct.pack("<Q", len(data))
+        return length + struct.pack("<I", masked(length)) + data + struct.pack("<I", masked(data) ^ (0 if good else 1))
+    open(path, "wb").write(record(b"\x00\x01hello") + record(b"broken", good=False) + record(b"end"))
+    spec = {"pipeline": [{"op": "records", "files": [path], "on_error": "skip"}, {"op": "sampler", "shuffle": "none"}]}
+    r = dpipe("run", json.dumps(spec), "--stats")
+    assert [base64.b64decode(x) for x in lines(r.stdout)] == [b"\x00\x01hello", b"end"], r.stdout
+    assert json.loads(r.stderr.strip().splitlines()[-1])["skipped_records"] == 1
+    r = dpipe("run", json.dumps({"pipeline": [{"op": "records", "files": [path]}]}), check=False)
+    assert r.returncode == 1 and "byte offset" in r.stderr and "checksum" in r.stderr, r.stderr
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))

@@ -1,0 +1,99 @@
+#pragma once
+/// Records from TFRecord files: each record is a little-endian uint64 length, the masked CRC-32C of
+/// those 8 bytes, the data, and the masked CRC-32C of the data — byte-compatible with TensorFlow.
+/// `write_records` writes such files. The files are memory-mapped and indexed once when the pipeline is
+/// built, so the source is random-access: put a `sampler` after it to read in a global order and
+/// rescale; alone it reads every record in order on every worker. Out: std::string (the record's
+/// bytes). State: the next record.
+///
+/// Bad data — a truncated record, a CRC mismatch, an unreadable file — is a DataError naming the file
+/// and byte offset; with `on_error = skip` bad records are skipped and counted instead (a bad length
+/// ends its file, since nothing after it can be framed).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpipe/detail/mapped_file.hpp"
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+enum class OnDataError { fail, skip };
+
+struct RecordsOptions {
+  OnDataError on_error = OnDataError::fail;
+  std::string name;
+};
+
+/// Writes `records` as a TFRecord file, atomically (temporary file, fsync, rename).
+void write_records(const std::string& path, const std::vector<std::string>& records);
+
+/// The TFRecord checksum: CRC-32C rotated right by 15 bits plus a constant.
+std::uint32_t masked_crc32c(const void* data, std::size_t n);
+
+namespace detail {
+
+struct RecordSpan {
+  std::uint32_t file;
+  std::uint64_t offset;  // of the record's length field
+  std::uint64_t length;  // of its data
+};
+
+/// Frames every record of `file`; appends them to `out`. With `skip`, bad records are counted in
+/// `skipped` (and their data CRC checked here); otherwise the first bad framing throws DataError.
+void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on_error, std::vector<RecordSpan>& out,
+                   std::uint64_t& skipped);
+/// The data of one record, its CRC checked; DataError naming file and offset on a mismatch.
+std::string read_record(const MappedFile& file, const RecordSpan& r);
+
+}  // namespace detail
+
+class RecordsDef final : public NodeDef<std::string>, public RandomAccess<std::string> {
+ public:
+  RecordsDef(const std::vector<std::string>& files, RecordsOptions o);
+  std::unique_ptr<Iter<std::string>> instantiate(BuildContext& ctx) const override;
+  std::uint64_t size() const override { return index_.size(); }
+  std::string at(std::uint64_t i) const override {
+    const auto& r = index_[i];
+    return detail::read_record(*maps_[r.file], r);
+  }
+  /// Records skipped as bad (on_error = skip).
+  std::uint64_t skipped() const override { return skipped_; }
+
+ private:
+  std::vector<std::shared_ptr<const detail::MappedFile>> maps_;
+  std::vector<detail::RecordSpan> index_;
+  std::uint64_t skipped_ = 0;
+};
+
+class RecordsIter final : public Hooked<std::string> {
+ public:
+  RecordsIter(BuildContext& ctx, const RecordsDef& def) : Hooked(ctx, "records"), def_(def) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<std::string>& out, std::size_t max) override {
+    std::size_t n = 0;
+    for (; n < max && next_ < def_.size(); ++n) out.push_back(def_.at(next_++));
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w("next", next_); }
+  void restore_state(StateReader& r) override {
+    r("next", next_);
+    if (next_ > def_.size()) r.fail("record " + std::to_string(next_) + " is past the last one");
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+
+ private:
+  const RecordsDef& def_;
+  std::uint64_t next_ = 0;
+};
+
+inline std::unique_ptr<Iter<std::string>> RecordsDef::instantiate(BuildContext& ctx) const {
+  return std::make_unique<RecordsIter>(ctx, *this);
+}
+
+inline Pipeline<std::string> records(const std::vector<std::string>& files, RecordsOptions o = {}) {
+  return make_pipeline<RecordsDef>(files, std::move(o));
+}
+
+}  // namespace dpipe

@@ -1,0 +1,128 @@
+#pragma once
+/// Training windows from raw token files (nanoGPT's `.bin`: a headerless array of uint16 or uint32
+/// tokens). Window k of a file covers tokens [k·L, k·L + L + 1): L inputs and their shifted targets;
+/// the remainder that cannot fill a window is dropped, and windows never cross files. Random access:
+/// put a `sampler` after it to read in a global order and rescale; alone it reads every window in
+/// order on every worker, like `range`. Out: std::vector<Token>. State: the next window.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpipe/detail/mapped_file.hpp"
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+enum class TokenType { uint16, uint32 };
+
+struct TokenWindowsOptions {
+  TokenType dtype = TokenType::uint16;
+  std::int64_t seq_len = 1024;
+  std::string name;
+};
+
+template <class Token = std::int64_t>
+class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomAccess<std::vector<Token>> {
+ public:
+  TokenWindowsDef(const std::vector<std::string>& files, TokenWindowsOptions o)
+      : NodeDef<std::vector<Token>>("token_windows", o.name, describe(files, o), {}), opts_(std::move(o)) {
+    const std::string who = node_label("token_windows", opts_.name);
+    if (files.empty()) throw ConfigError(who + ": no files given");
+    if (opts_.seq_len < 1) throw ConfigError(who + ": seq_len must be positive, got " + param_text(opts_.seq_len));
+    const std::size_t width = opts_.dtype == TokenType::uint16 ? 2 : 4;
+    const auto len = static_cast<std::uint64_t>(opts_.seq_len);
+    first_.push_back(0);
+    for (const auto& f : files) {
+      auto m = std::make_shared<const detail::MappedFile>(f);
+      if (m->size() % width != 0)
+        throw DataError("token file '" + f + "' is " + std::to_string(m->size()) + " bytes, not a whole number of " +
+                        std::to_string(width) + "-byte tokens (the last token is cut at byte offset " +
+                        std::to_string(m->size() - m->size() % width) + ")");
+      const std::uint64_t tokens = m->size() / width;
+      first_.push_back(first_.back() + (tokens >= len + 1 ? (tokens - 1) / len : 0));
+      maps_.push_back(std::move(m));
+    }
+  }
+  std::unique_ptr<Iter<std::vector<Token>>> instantiate(BuildContext& ctx) const override;
+
+  std::uint64_t size() const override { return first_.back(); }
+  std::vector<Token> at(std::uint64_t i) const override {
+    const std::size_t f = static_cast<std::size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin() - 1);
+    const std::uint64_t k = i - first_[f];
+    const auto len = static_cast<std::size_t>(opts_.seq_len) + 1;
+    std::vector<Token> out(len);
+    const char* base = maps_[f]->data();
+    if (opts_.dtype == TokenType::uint16) copy_tokens<std::uint16_t>(base, k, len, out.data());
+    else copy_tokens<std::uint32_t>(base, k, len, out.data());
+    return out;
+  }
+
+ private:
+  template <class Raw>
+  void copy_tokens(const char* base, std::uint64_t k, std::size_t len, Token* out) const {
+    const char* p = base + k * static_cast<std::uint64_t>(opts_.seq_len) * sizeof(Raw);
+    if constexpr (std::is_same_v<Raw, Token>) {
+      std::memcpy(out, p, len * sizeof(Raw));
+    } else {
+      for (std::size_t t = 0; t < len; ++t) {
+        Raw v;
+        std::memcpy(&v, p + t * sizeof(Raw), sizeof(Raw));
+        out[t] = static_cast<Token>(v);
+      }
+    }
+  }
+  // The fingerprint covers the file list, the files' sizes and the window shape, so a snapshot of
+  // other data is refused.
+  static Params describe(const std::vector<std::string>& files, const TokenWindowsOptions& o) {
+    Params p{{"dtype", o.dtype == TokenType::uint16 ? "uint16" : "uint32"}, {"seq_len", param_text(o.seq_len)}};
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      std::error_code ec;
+      const auto bytes = std::filesystem::file_size(files[i], ec);
+      p.emplace_back("file" + std::to_string(i), files[i] + " (" + (ec ? std::string("?") : std::to_string(bytes)) + " bytes)");
+    }
+    return p;
+  }
+
+  TokenWindowsOptions opts_;
+  std::vector<std::shared_ptr<const detail::MappedFile>> maps_;
+  std::vector<std::uint64_t> first_;  // first window index of each file; back() = total
+};
+
+template <class Token>
+class TokenWindowsIter final : public Hooked<std::vector<Token>> {
+ public:
+  TokenWindowsIter(BuildContext& ctx, const TokenWindowsDef<Token>& def)
+      : Hooked<std::vector<Token>>(ctx, "token_windows"), def_(def) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<std::vector<Token>>& out, std::size_t max) override {
+    std::size_t n = 0;
+    for (; n < max && next_ < def_.size(); ++n) out.push_back(def_.at(next_++));
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w("next", next_); }
+  void restore_state(StateReader& r) override {
+    r("next", next_);
+    if (next_ > def_.size()) r.fail("window " + std::to_string(next_) + " is past the last one");
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+
+ private:
+  const TokenWindowsDef<Token>& def_;
+  std::uint64_t next_ = 0;
+};
+
+template <class Token>
+std::unique_ptr<Iter<std::vector<Token>>> TokenWindowsDef<Token>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<TokenWindowsIter<Token>>(ctx, *this);
+}
+
+template <class Token = std::int64_t>
+Pipeline<std::vector<Token>> token_windows(const std::vector<std::string>& files, TokenWindowsOptions o = {}) {
+  return make_pipeline<TokenWindowsDef<Token>>(files, std::move(o));
+}
+
+}  // namespace dpipe

@@ -1,0 +1,121 @@
+// TFRecord framing: reading (indexing once, then random access) and writing.
+#include "dpipe/nodes/records.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "dpipe/crc32c.hpp"
+
+namespace dpipe {
+
+std::uint32_t masked_crc32c(const void* data, std::size_t n) {
+  const std::uint32_t crc = crc32c_raw(data, n);
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+namespace detail {
+namespace {
+
+std::string where(const MappedFile& f, std::uint64_t offset) {
+  return "records file '" + f.path() + "', byte offset " + std::to_string(offset);
+}
+
+std::uint32_t load_u32(const char* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace
+
+void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on_error, std::vector<RecordSpan>& out,
+                   std::uint64_t& skipped) {
+  const char* p = file.data();
+  const std::uint64_t size = file.size();
+  std::uint64_t at = 0;
+  auto bad = [&](const std::string& what) {
+    if (on_error == OnDataError::fail) throw DataError(where(file, at) + ": " + what);
+    ++skipped;
+  };
+  while (at < size) {
+    if (size - at < 12) {
+      bad("truncated record header (" + std::to_string(size - at) + " bytes left, 12 needed)");
+      return;  // nothing after a bad frame can be found again
+    }
+    std::uint64_t len;
+    std::memcpy(&len, p + at, 8);
+    if (masked_crc32c(p + at, 8) != load_u32(p + at + 8)) {
+      bad("length checksum mismatch");
+      return;
+    }
+    if (len > size - at - 12 || size - at - 12 - len < 4) {
+      bad("truncated record: " + std::to_string(len) + " data bytes announced, " +
+          std::to_string(size - at - 12) + " bytes left with the data checksum");
+      return;
+    }
+    const RecordSpan r{file_no, at, len};
+    if (on_error == OnDataError::skip && masked_crc32c(p + at + 12, len) != load_u32(p + at + 12 + len)) {
+      bad("data checksum mismatch");  // framing holds: go on with the next record
+    } else {
+      out.push_back(r);
+    }
+    at += 12 + len + 4;
+  }
+}
+
+std::string read_record(const MappedFile& file, const RecordSpan& r) {
+  const char* data = file.data() + r.offset + 12;
+  if (masked_crc32c(data, r.length) != load_u32(data + r.length))
+    throw DataError(where(file, r.offset) + ": data checksum mismatch");
+  return std::string(data, r.length);
+}
+
+}  // namespace detail
+
+RecordsDef::RecordsDef(const std::vector<std::string>& files, RecordsOptions o)
+    : NodeDef<std::string>("records", o.name, {{"on_error", o.on_error == OnDataError::skip ? "skip" : "fail"}}, {}) {
+  if (files.empty()) throw ConfigError(node_label("records", o.name) + ": no files given");
+  for (const auto& f : files) {
+    auto m = std::make_shared<const detail::MappedFile>(f);
+    detail::index_records(*m, static_cast<std::uint32_t>(maps_.size()), o.on_error, index_, skipped_);
+    // The fingerprint covers every file and its size, so a snapshot of other data is refused.
+    add_param("file" + std::to_string(maps_.size()), f + " (" + std::to_string(m->size()) + " bytes)");
+    maps_.push_back(std::move(m));
+  }
+}
+
+void write_records(const std::string& path, const std::vector<std::string>& records) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw DataError("cannot create records file '" + tmp + "'");
+    for (const auto& r : records) {
+      const std::uint64_t len = r.size();
+      const std::uint32_t len_crc = masked_crc32c(&len, 8), data_crc = masked_crc32c(r.data(), r.size());
+      out.write(reinterpret_cast<const char*>(&len), 8);
+      out.write(reinterpret_cast<const char*>(&len_crc), 4);
+      out.write(r.data(), static_cast<std::streamsize>(r.size()));
+      out.write(reinterpret_cast<const char*>(&data_crc), 4);
+    }
+    out.flush();
+    if (!out) throw DataError("cannot write records file '" + tmp + "'");
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw DataError("cannot move records file into place at '" + path + "'");
+  }
+}
+
+}  // namespace dpipe
