@@ -30,7 +30,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (median) name = name.substr(0, name.size() - std::string("_median").size());
       name = without_repeats(name);
       if (!median && medians_.count(name)) continue;  // an aggregate already gave this one
-      const auto it = r.counters.find("items_per_second");
+      auto it = r.counters.find("items_per_second");
+      if (it == r.counters.end()) it = r.counters.find("bytes_per_second");
       if (it != r.counters.end()) rate_[name] = it->second.value;
       time_[name] = r.GetAdjustedRealTime();
       if (median) medians_[name] = true;

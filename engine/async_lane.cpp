@@ -1,5 +1,8 @@
 #include "dpipe/detail/async_lane.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 namespace dpipe::detail {
 
 AsyncLaneBase::AsyncLaneBase(Executor* executor, std::size_t capacity, std::size_t chunk, bool inline_mode)
@@ -28,11 +31,13 @@ void AsyncLaneBase::produce_loop() {
   for (;;) {
     std::size_t n = 0;
     std::exception_ptr error;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
-      n = produce_staged(room < chunk_ ? room : chunk_);
+      n = produce_staged(std::min(room, chunk_now_));
     } catch (...) {
       error = std::current_exception();
     }
+    if (n > 0) adapt_chunk(std::chrono::steady_clock::now() - t0, n);
     std::unique_lock lock(mu_);
     if (error) {
       error_ = error;
@@ -55,6 +60,17 @@ void AsyncLaneBase::produce_loop() {
     }
     room = capacity_ - buffered_;  // one lock per chunk
   }
+}
+
+void AsyncLaneBase::adapt_chunk(std::chrono::steady_clock::duration took, std::size_t elements) {
+  // Chunks of about kTargetChunkNs: cheap elements travel many to a hand-off, expensive ones (a batch
+  // that takes milliseconds) one at a time, so a snapshot's pause stays short either way.
+  constexpr double kTargetChunkNs = 20'000;
+  const double per_element = std::chrono::duration<double, std::nano>(took).count() / double(elements);
+  ns_per_element_ = ns_per_element_ == 0 ? per_element : 0.75 * ns_per_element_ + 0.25 * per_element;
+  const double want = kTargetChunkNs / std::max(ns_per_element_, 1.0);
+  const std::size_t most = std::max(chunk_, capacity_ / 2);
+  chunk_now_ = std::clamp(static_cast<std::size_t>(want), chunk_, most);
 }
 
 bool AsyncLaneBase::fetch() {

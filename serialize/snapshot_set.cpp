@@ -152,7 +152,10 @@ struct Shape {
 /// Every old instance's record of one worker-segment node, in instance order.
 using Records = std::vector<const NodeState*>;
 
-std::vector<NodeState> rescale_sampler(const Records& old, Shape to) {
+/// Nodes that deal positions of one global sequence to the instances (sampler: element positions;
+/// lines: shard work items): re-slice from the slowest instance's position, skipping what faster
+/// instances took; `started_lists` name parallel lists of work begun and not finished, dealt whole.
+std::vector<NodeState> rescale_positions(const Records& old, Shape to, const std::vector<std::string>& started_lists) {
   const std::size_t n_old = old.size();
   std::uint64_t base = 0, min_next = ~std::uint64_t{0};
   std::vector<bool> offsets(n_old, false);
@@ -162,7 +165,7 @@ std::vector<NodeState> rescale_sampler(const Records& old, Shape to) {
     const std::uint64_t off = field(s, "offset", FieldType::u64).u, next = field(s, "next", FieldType::u64).u;
     if (i == 0) base = b;
     if (b != base || stride != n_old || off >= n_old || offsets[off])
-      refuse("sampler '" + s.key + "': its instances do not deal one position sequence between them");
+      refuse(s.kind + " '" + s.key + "': its instances do not deal one position sequence between them");
     offsets[off] = true;
     min_next = std::min(min_next, next);
   }
@@ -184,6 +187,19 @@ std::vector<NodeState> rescale_sampler(const Records& old, Shape to) {
   const std::size_t n_new = to.instances();
   std::vector<std::vector<std::uint64_t>> skips(n_new);
   for (auto q : taken) skips[(q - frontier) % n_new].push_back(q);
+  // Work a node started and did not finish (a `lines` shard part-read): parallel lists, dealt whole.
+  std::vector<std::vector<std::vector<std::uint64_t>>> started(started_lists.size(),
+                                                               std::vector<std::vector<std::uint64_t>>(n_new));
+  std::size_t dealt = 0;
+  for (const NodeState* s : old) {
+    std::vector<std::vector<std::uint64_t>> lists;
+    for (const auto& name : started_lists) lists.push_back(u64s(field(*s, name, FieldType::elements)));
+    for (std::size_t k = 0; !lists.empty() && k < lists[0].size(); ++k, ++dealt)
+      for (std::size_t l = 0; l < lists.size(); ++l) {
+        if (lists[l].size() != lists[0].size()) refuse("node '" + s->key + "': its started work is inconsistent");
+        started[l][dealt % n_new].push_back(lists[l][k]);
+      }
+  }
   std::vector<NodeState> out;
   for (std::size_t j = 0; j < n_new; ++j) {
     NodeState s = *old[0];
@@ -193,6 +209,7 @@ std::vector<NodeState> rescale_sampler(const Records& old, Shape to) {
     field(s, "offset").u = j;
     field(s, "next").u = 0;
     field(s, "skip").elements = blobs_of(skips[j]);
+    for (std::size_t l = 0; l < started_lists.size(); ++l) field(s, started_lists[l]).elements = blobs_of(started[l][j]);
     out.push_back(std::move(s));
   }
   return out;
@@ -359,7 +376,9 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
         if (f.name == "deferred_failure") refuse("node '" + n.key + "' had failed: " + f.s);
     const std::string& kind = old[0]->kind;
     if (old[0]->mode == StateMode::stateless) place(replicate_stateless(old, to), false);
-    else if (kind == "sampler") place(rescale_sampler(old, to), false);
+    else if (kind == "sampler") place(rescale_positions(old, to, {}), false);
+    else if (kind == "lines")
+      place(rescale_positions(old, to, {"started_items", "started_segments", "started_offsets"}), false);
     else if (kind == "shuffle") place(deal_elements(old, to, "buffer", {"input_done"}, true), false);
     else if (kind == "batch") place(deal_elements(old, to, "partial", {"input_done"}, false), false);
     else if (kind == "flat_map") place(deal_elements(old, to, "pending", {}, false), false);

@@ -374,6 +374,24 @@ def _():
     assert r.returncode == 1 and "byte offset" in r.stderr and "checksum" in r.stderr, r.stderr
 
 
+@case("files/lines_with_logical_shards_rescale_through_the_tool")
+def _():
+    paths = []
+    expected = []
+    for f in range(3):
+        path = os.path.join(TMP, f"text{f}.txt")
+        rows = [f"file{f} line{i}" for i in range(200 + 50 * f)]
+        open(path, "w").write("\n".join(rows) + "\n")
+        paths.append(path)
+        expected += rows
+    spec = json.dumps({"seed": 8, "pipeline": [{"op": "lines", "files": paths, "logical_shards": 17},
+                                               {"op": "shuffle", "buffer": 20}, {"op": "batch", "size": 4}]})
+    d = os.path.join(TMP, "set-lines")
+    got = run_ranks(spec, 2, 2, take=30, snapshot_dir=d, tag="la")
+    got += run_ranks(spec, 3, 1, resume_dir=d, rescale=True, tag="lb")
+    assert sorted(got) == sorted(expected), (len(got), len(expected))
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))

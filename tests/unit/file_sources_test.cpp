@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -194,6 +195,83 @@ TEST(FileSources, SampledRecordsRescaleWithEveryRecordOnce) {
   for (const auto& s : got) ++count[s];
   EXPECT_EQ(count.size(), 700u);
   for (const auto& [s, k] : count) EXPECT_EQ(k, 1) << s;
+}
+
+TEST(Lines, SplitsLikeTextFilesAcrossAnyNumberOfLogicalShards) {
+  TempDir d;
+  write_bytes(d.file("a.txt"), "one\r\ntwo\n\nfour\n");
+  write_bytes(d.file("b.txt"), "");
+  write_bytes(d.file("c.txt"), "x\nlast without newline");
+  const std::vector<std::string> expected = {"one", "two", "", "four", "x", "last without newline"};
+  for (int shards : {1, 2, 3, 7, 40}) {
+    auto p = lines({d.file("a.txt"), d.file("b.txt"), d.file("c.txt")},
+                   {.logical_shards = shards, .shuffle_shards = false});
+    EXPECT_EQ(testing::collect(p, testing::options()), expected) << shards << " shards";
+    for (auto [world, workers] : {std::pair{1, 3}, {2, 2}, {3, 1}}) {
+      std::vector<std::string> all;
+      for (int r = 0; r < world; ++r) {
+        auto part = testing::collect(lines({d.file("a.txt"), d.file("b.txt"), d.file("c.txt")},
+                                           {.logical_shards = shards}),
+                                     testing::options(workers, 7, r, world));
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      std::sort(all.begin(), all.end());
+      auto sorted = expected;
+      std::sort(sorted.begin(), sorted.end());
+      EXPECT_EQ(all, sorted) << shards << " shards, " << world << " x " << workers;
+    }
+  }
+  EXPECT_THROW(lines({d.file("missing.txt")}), DataError);
+}
+
+TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
+  const std::uint64_t base = std::random_device{}();
+  for (int trial = 0; trial < 25; ++trial) {
+    const std::uint64_t seed = base + static_cast<std::uint64_t>(trial);
+    SCOPED_TRACE("property seed " + std::to_string(seed));
+    std::mt19937_64 g(seed);
+    auto pick = [&](int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); };
+    TempDir d;
+    std::vector<std::string> files;
+    int total = 0;
+    for (int f = 0, nf = 1 + pick(5); f < nf; ++f) {
+      std::string text;
+      for (int l = 0, nl = pick(300); l < nl; ++l, ++total)
+        text += "f" + std::to_string(f) + "-l" + std::to_string(l) + std::string(static_cast<std::size_t>(pick(40)), '.') + "\n";
+      files.push_back(d.file("part" + std::to_string(f) + ".txt"));
+      write_bytes(files.back(), text);
+    }
+    const int epochs = 1 + pick(2);
+    Pipeline<std::string> p = lines(files, {.logical_shards = 1 + pick(60), .epochs = epochs});
+    if (pick(2)) p = p | shuffle({.buffer = 1 + pick(50)});
+    auto b = p | batch({.size = 1 + pick(8)});
+    std::vector<std::string> got;
+    std::optional<SnapshotSet> set;
+    std::string layouts;
+    for (int stage = 0, stages = 1 + pick(4); stage <= stages; ++stage) {
+      const bool last = stage == stages;
+      const int world = 1 + pick(6), workers = 1 + pick(4);
+      layouts += std::to_string(world) + "x" + std::to_string(workers) + " ";
+      Engine e;
+      std::vector<Snapshot> next;
+      for (int r = 0; r < world; ++r) {
+        const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
+        auto run = set ? e.resume(b, *set, o, {.rescale = true}) : e.start(b, o);
+        const int take = last ? 1 << 30 : pick(total / 4 + 2);
+        for (int i = 0; i < take; ++i) {
+          auto x = run.next();
+          if (!x) break;
+          got.insert(got.end(), x->begin(), x->end());
+        }
+        if (!last) next.push_back(run.snapshot());
+      }
+      if (!last) set = SnapshotSet(std::move(next));
+    }
+    std::map<std::string, int> count;
+    for (const auto& s : got) ++count[s];
+    ASSERT_EQ(static_cast<int>(count.size()), total) << "layouts " << layouts;
+    for (const auto& [line, k] : count) ASSERT_EQ(k, epochs) << line << ", layouts " << layouts;
+  }
 }
 
 }  // namespace

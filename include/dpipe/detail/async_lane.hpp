@@ -6,6 +6,7 @@
 ///
 /// Snapshots: `pause()` stops production and waits until the running task (if any) has finished its
 /// chunk, so the chain is idle and the queue holds everything produced but not yet delivered.
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <algorithm>
@@ -66,10 +67,14 @@ class AsyncLaneBase {
  private:
   void schedule_locked();
   void produce_loop();
+  void adapt_chunk(std::chrono::steady_clock::duration took, std::size_t elements);
 
   Executor* executor_;  // borrowed from the engine
-  const std::size_t capacity_, chunk_;
+  const std::size_t capacity_, chunk_;  // chunk_: the smallest chunk (and the inline one)
   const bool inline_;
+  // Producer side (one task at a time): elements per pull, adapted to how long elements take.
+  std::size_t chunk_now_ = chunk_;
+  double ns_per_element_ = 0;
   mutable std::mutex mu_;
   std::condition_variable consumer_cv_, idle_cv_;
   std::size_t buffered_ = 0;  // produced, not yet delivered: queued plus the consumer's side
