@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 
+#include "dpipe/crc32c.hpp"
 #include "dpipe/dpipe.hpp"
 #include "ratio_reporter.hpp"
 
@@ -133,6 +134,68 @@ void BM_PlainRead(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kRecords * kRecordBytes));
 }
 
+// Restoring a snapshot set of 8 ranks × 4 workers over 30,000 logical shards of text: read the set
+// (every rank's file, checksummed), check it, and restore one rank's Run, ready to yield.
+constexpr int kWorld = 8, kWorkers = 4;
+const std::string& lines_set() {
+  static const std::string dir = [] {
+    std::vector<std::string> files;
+    for (int f = 0; f < 16; ++f) {
+      files.push_back(scratch_dir() + "/text" + std::to_string(f) + ".txt");
+      std::ofstream out(files.back());
+      for (int l = 0; l < 20'000; ++l) out << "file " << f << " line " << l << " of some text\n";
+    }
+    auto p = dpipe::lines(files, {.logical_shards = 30'000}) | dpipe::shuffle({.buffer = 100}) |
+             dpipe::batch({.size = 32});
+    const std::string d = scratch_dir() + "/set";
+    dpipe::Engine engine;
+    for (int r = 0; r < kWorld; ++r) {
+      auto run = engine.start(p, dpipe::RunOptions{.seed = 1, .layout = dpipe::Layout{r, kWorld, kWorkers}});
+      for (int i = 0; i < 50; ++i) run.next();
+      dpipe::SnapshotSet::write_rank(d, run.snapshot());
+    }
+    return d;
+  }();
+  return dir;
+}
+std::vector<std::string> lines_files() {
+  std::vector<std::string> files;
+  for (int f = 0; f < 16; ++f) files.push_back(scratch_dir() + "/text" + std::to_string(f) + ".txt");
+  return files;
+}
+
+void BM_RestoreSet(benchmark::State& state) {
+  const std::string& dir = lines_set();
+  auto p = dpipe::lines(lines_files(), {.logical_shards = 30'000}) | dpipe::shuffle({.buffer = 100}) |
+           dpipe::batch({.size = 32});
+  dpipe::Engine engine;
+  for (auto _ : state) {
+    auto run = engine.resume(p, dpipe::SnapshotSet::read_dir(dir),
+                             dpipe::RunOptions{.seed = 1, .layout = dpipe::Layout{3, kWorld, kWorkers}});
+    benchmark::DoNotOptimize(run.delivered());
+  }
+}
+
+// Baseline: read every rank file of the set and checksum its bytes.
+void BM_ReadSetBytes(benchmark::State& state) {
+  const std::string& dir = lines_set();
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    std::uint32_t crc = 0;
+    bytes = 0;
+    for (int r = 0; r < kWorld; ++r) {
+      std::ifstream in(dir + "/" + dpipe::SnapshotSet::file_name(r, kWorld), std::ios::binary);
+      const std::string b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      crc ^= dpipe::crc32c(b);
+      bytes += b.size();
+    }
+    benchmark::DoNotOptimize(crc);
+  }
+  state.counters["set_bytes"] = static_cast<double>(bytes);
+}
+
+BENCHMARK(BM_RestoreSet)->Unit(benchmark::kMicrosecond)->Repetitions(3);
+BENCHMARK(BM_ReadSetBytes)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_SamplerPermutation)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_StoredPermutation)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_TokenWindows)->Unit(benchmark::kMillisecond)->Repetitions(3);
@@ -148,6 +211,8 @@ int main(int argc, char** argv) {
       {"sampler index / stored permutation read (per-index rate)", "BM_SamplerPermutation", "BM_StoredPermutation", 0},
       {"token_windows / memcpy of the same bytes", "BM_TokenWindows", "BM_TokenMemcpy", 0.5},
       {"records / plain buffered read of the same file", "BM_Records", "BM_PlainRead", 0.5},
+      {"restore a set of 8 x 4 over 30,000 shards / read+checksum its bytes", "BM_RestoreSet", "BM_ReadSetBytes", 2.0,
+       true},
   });
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
