@@ -194,6 +194,43 @@ void BM_ReadSetBytes(benchmark::State& state) {
   state.counters["set_bytes"] = static_cast<double>(bytes);
 }
 
+// lines over the same text files as the restore benchmark, one logical shard per 64 KiB, against a
+// plain buffered read of those files.
+void BM_Lines(benchmark::State& state) {
+  lines_set();  // makes the files
+  auto p = dpipe::lines(lines_files(), {.logical_shards = 256, .shuffle_shards = false});
+  dpipe::Engine engine;
+  std::int64_t bytes = 0;
+  for (const auto& f : lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
+  for (auto _ : state) {
+    auto run = engine.start(p, kInline);
+    std::uint64_t sink = 0;
+    while (auto l = run.next()) sink += l->size();
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+void BM_LinesPlainRead(benchmark::State& state) {
+  lines_set();
+  std::vector<char> buf(64 << 10);
+  std::int64_t bytes = 0;
+  for (const auto& f : lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
+  for (auto _ : state) {
+    std::uint64_t sink = 0;
+    for (const auto& path : lines_files()) {
+      std::FILE* f = std::fopen(path.c_str(), "rb");
+      for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
+        for (std::size_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(buf[i]);
+      std::fclose(f);
+    }
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->Repetitions(3);
+BENCHMARK(BM_LinesPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_RestoreSet)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_ReadSetBytes)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_SamplerPermutation)->Unit(benchmark::kMillisecond)->Repetitions(3);
@@ -211,6 +248,7 @@ int main(int argc, char** argv) {
       {"sampler index / stored permutation read (per-index rate)", "BM_SamplerPermutation", "BM_StoredPermutation", 0},
       {"token_windows / memcpy of the same bytes", "BM_TokenWindows", "BM_TokenMemcpy", 0.5},
       {"records / plain buffered read of the same file", "BM_Records", "BM_PlainRead", 0.5},
+      {"lines / plain buffered read of the same files", "BM_Lines", "BM_LinesPlainRead", 0.5},
       {"restore a set of 8 x 4 over 30,000 shards / read+checksum its bytes", "BM_RestoreSet", "BM_ReadSetBytes", 2.0,
        true},
   });

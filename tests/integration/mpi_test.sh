@@ -20,12 +20,18 @@ ls "$WORK/set-a"
   --resume-dir "$WORK/set-a" --rescale --snapshot-dir "$WORK/set-b"
 "${MPIRUN[@]}" -np 1 "$DPIPE" run "$SPEC" --workers 1 --output "$WORK/c-{rank}.jsonl" \
   --resume-dir "$WORK/set-b" --rescale
+# The first set again, straight to 1 rank × 1 worker.
+"${MPIRUN[@]}" -np 1 "$DPIPE" run "$SPEC" --workers 1 --output "$WORK/d-{rank}.jsonl" \
+  --resume-dir "$WORK/set-a" --rescale
 python3 - "$WORK" <<'PY'
 import glob, json, os, sys
 work = sys.argv[1]
-files = sorted(glob.glob(os.path.join(work, "*-*.jsonl")))
-assert len(files) == 6, files
-got = [x for f in files for line in open(f) for x in json.loads(line)]
-assert sorted(got) == list(range(6000)), f"{len(got)} elements, {len(set(got))} distinct"
-print(f"mpi: {len(files)} rank outputs over layouts 2x3 -> 3x2 -> 1x1, every one of 6000 elements exactly once")
+def elements(*prefixes):
+    files = [f for p in prefixes for f in sorted(glob.glob(os.path.join(work, p + "-*.jsonl")))]
+    return files, [x for f in files for line in open(f) for x in json.loads(line)]
+for route, prefixes, count in (("2x3 -> 3x2 -> 1x1", "abc", 6), ("2x3 -> 1x1", "ad", 3)):
+    files, got = elements(*prefixes)
+    assert len(files) == count, files
+    assert sorted(got) == list(range(6000)), f"{route}: {len(got)} elements, {len(set(got))} distinct"
+    print(f"mpi: layouts {route}: every one of 6000 elements exactly once over {len(files)} rank outputs")
 PY
