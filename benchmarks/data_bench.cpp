@@ -58,6 +58,7 @@ const std::string& records_file() {
   return path;
 }
 
+// Single-threaded runs: the sources' own cost, without thread hand-offs.
 const dpipe::RunOptions kInline{.seed = 1, .layout = dpipe::Layout{}, .inline_workers = true};
 
 void BM_SamplerPermutation(benchmark::State& state) {

@@ -95,15 +95,12 @@ bool AsyncLaneBase::fetch() {
     return true;
   }
   std::unique_lock lock(mu_);
-  // The consumer's side held `in_hand_` elements and has delivered them all: only now do they leave
-  // the lane's count, so `capacity` bounds everything produced and not yet delivered.
-  buffered_ -= in_hand_;
-  in_hand_ = 0;
   for (;;) {
-    // At most half the lane at a time, so the producer has room while the consumer works through it.
+    // At most half the queue at a time: the producer gets room at once and keeps going while the
+    // consumer works through what it took (so at most 1.5 × capacity elements are ever ahead).
     const std::size_t n = take_front(capacity_ > 1 ? capacity_ / 2 : 1);
     if (n > 0) {
-      in_hand_ = n;
+      buffered_ -= n;
       if (buffered_ * 2 <= capacity_) schedule_locked();
       return true;
     }

@@ -77,8 +77,7 @@ class AsyncLaneBase {
   double ns_per_element_ = 0;
   mutable std::mutex mu_;
   std::condition_variable consumer_cv_, idle_cv_;
-  std::size_t buffered_ = 0;  // produced, not yet delivered: queued plus the consumer's side
-  std::size_t in_hand_ = 0;   // of those, on the consumer's side
+  std::size_t buffered_ = 0;  // queued elements
   bool running_ = false, paused_ = false, cancelled_ = false, done_ = false, consumer_waiting_ = false;
   std::exception_ptr error_;
 };

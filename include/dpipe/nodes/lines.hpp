@@ -153,7 +153,8 @@ class LinesIter final : public Hooked<std::string> {
       if (items[i] >= total) r.fail("work item " + std::to_string(items[i]) + " does not exist");
       const auto& segs = def_.shard(shard_of(items[i]));
       if (segments[i] > segs.size()) r.fail("shard segment " + std::to_string(segments[i]) + " does not exist");
-      started_.push_back({items[i], segments[i], offsets[i] & ~kUnaligned, (offsets[i] & kUnaligned) == 0});
+      started_.push_back(
+          {items[i], shard_of(items[i]), segments[i], offsets[i] & ~kUnaligned, (offsets[i] & kUnaligned) == 0});
     }
   }
   std::vector<IterBase*> inputs() const override { return {}; }
@@ -162,6 +163,7 @@ class LinesIter final : public Hooked<std::string> {
   static constexpr std::uint64_t kUnaligned = std::uint64_t{1} << 63;  // saved offsets: not yet at a line start
   struct Cursor {
     std::uint64_t item;     // work item: epoch item / S, shard shard_of(item)
+    std::uint64_t shard;    // shard_of(item), kept so each line does not recompute it
     std::uint64_t segment;  // index into the shard's segments
     std::uint64_t pos;      // byte offset in that segment's file: the next line starts here
     bool aligned;           // pos is known to be a line start (false: skip the rest of a line first)
@@ -187,7 +189,7 @@ class LinesIter final : public Hooked<std::string> {
       while (skip_at_ < st_.skip.size() && st_.skip[skip_at_] < q) ++skip_at_;
       if (skip_at_ < st_.skip.size() && st_.skip[skip_at_] == q) continue;
       const auto& segs = def_.shard(shard_of(q));
-      current_ = Cursor{q, 0, segs.empty() ? 0 : segs[0].begin, false};
+      current_ = Cursor{q, shard_of(q), 0, segs.empty() ? 0 : segs[0].begin, false};
       return true;
     }
   }
@@ -203,7 +205,7 @@ class LinesIter final : public Hooked<std::string> {
 
   /// Appends the current shard's next line; false when the shard has no more.
   bool read_line(std::vector<std::string>& out) {
-    const auto& segs = def_.shard(shard_of(current_->item));
+    const auto& segs = def_.shard(current_->shard);
     while (current_->segment < segs.size()) {
       const auto& seg = segs[current_->segment];
       const auto& m = map(seg.file);

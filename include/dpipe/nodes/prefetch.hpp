@@ -1,6 +1,6 @@
 #pragma once
 /// Sets how far each worker runs ahead of the consumer: up to `depth` elements wait in each worker's
-/// queue (for a batching pipeline, `depth` batches). It ends the worker segment, so it stands right
+/// queue (for a batching pipeline, `depth` batches), and the consumer takes up to half that at a time. It ends the worker segment, so it stands right
 /// before `merge` or at the end of the pipeline. In: T → Out: T. State: none of its own (the queued
 /// elements belong to the merge's state).
 #include <string>
