@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dpipe/detail/mapped_file.hpp"
+#include "dpipe/detail/position_deal.hpp"
 #include "dpipe/permutation.hpp"
 #include "dpipe/pipeline.hpp"
 
@@ -89,11 +90,11 @@ class LinesDef final : public NodeDef<std::string> {
 
 class LinesIter final : public Hooked<std::string> {
  public:
-  LinesIter(BuildContext& ctx, const LinesDef& def) : Hooked(ctx, "lines"), def_(def) {
+  LinesIter(BuildContext& ctx, const LinesDef& def)
+      : Hooked(ctx, "lines"), def_(def),
+        deal_(static_cast<std::uint64_t>(ctx.layout.instances()), static_cast<std::uint64_t>(ctx.instance())) {
     if (ctx.segment != dpipe::Segment::worker)
       throw ConfigError("lines '" + key() + "' deals logical shards to workers, so it must be in the worker segment");
-    st_.stride = static_cast<std::uint64_t>(ctx.layout.instances());
-    st_.offset = static_cast<std::uint64_t>(ctx.instance());
     key_ = mix64(ctx.seed ^ mix64(fnv1a(key()) ^ mix64(ctx.epoch + 0x11e5)));
   }
 
@@ -112,11 +113,7 @@ class LinesIter final : public Hooked<std::string> {
   }
 
   void save_state(StateWriter& w) const override {
-    w("base", st_.base);
-    w("stride", st_.stride);
-    w("offset", st_.offset);
-    w("next", st_.next);
-    w("skip", std::vector<std::uint64_t>(st_.skip.begin() + std::ptrdiff_t(skip_at_), st_.skip.end()));
+    deal_.save(w);
     // Shards started and not finished: the current one first, then any dealt here by a rescale.
     std::vector<std::uint64_t> items, segments, offsets;
     auto add = [&](const Cursor& c) {
@@ -131,21 +128,11 @@ class LinesIter final : public Hooked<std::string> {
     w("started_offsets", offsets);
   }
   void restore_state(StateReader& r) override {
-    const std::uint64_t stride = st_.stride;
     std::vector<std::uint64_t> items, segments, offsets;
-    r("base", st_.base);
-    r("stride", st_.stride);
-    r("offset", st_.offset);
-    r("next", st_.next);
-    r("skip", st_.skip);
+    deal_.restore(r, "shards");
     r("started_items", items);
     r("started_segments", segments);
     r("started_offsets", offsets);
-    skip_at_ = 0;
-    if (st_.stride != stride)
-      r.fail("the shards are dealt to " + std::to_string(st_.stride) + " instances, this layout has " +
-             std::to_string(stride));
-    if (st_.offset >= st_.stride) r.fail("offset " + std::to_string(st_.offset) + " is not below the stride");
     if (items.size() != segments.size() || items.size() != offsets.size()) r.fail("started shards are inconsistent");
     started_.clear();
     const std::uint64_t total = def_.shards() * def_.epochs();
@@ -181,17 +168,12 @@ class LinesIter final : public Hooked<std::string> {
       started_.pop_front();
       return true;
     }
-    const std::uint64_t total = def_.shards() * def_.epochs();
-    for (;;) {
-      const std::uint64_t q = st_.base + st_.offset + st_.next * st_.stride;
-      if (q >= total) return false;
-      ++st_.next;
-      while (skip_at_ < st_.skip.size() && st_.skip[skip_at_] < q) ++skip_at_;
-      if (skip_at_ < st_.skip.size() && st_.skip[skip_at_] == q) continue;
-      const auto& segs = def_.shard(shard_of(q));
-      current_ = Cursor{q, shard_of(q), 0, segs.empty() ? 0 : segs[0].begin, false};
-      return true;
-    }
+    const auto q = deal_.next(def_.shards() * def_.epochs());
+    if (!q) return false;
+    const std::uint64_t shard = shard_of(*q);
+    const auto& segs = def_.shard(shard);
+    current_ = Cursor{*q, shard, 0, segs.empty() ? 0 : segs[0].begin, false};
+    return true;
   }
 
   const detail::MappedFile& map(std::uint32_t file) {
@@ -237,13 +219,8 @@ class LinesIter final : public Hooked<std::string> {
     return false;
   }
 
-  struct State {
-    std::uint64_t base = 0, stride = 1, offset = 0, next = 0;
-    std::vector<std::uint64_t> skip;  // sorted
-  };
   const LinesDef& def_;
-  State st_;
-  std::size_t skip_at_ = 0;
+  detail::PositionDeal deal_;  // work items: epoch × shard
   std::uint64_t key_ = 0;
   std::optional<Cursor> current_;
   std::deque<Cursor> started_;  // dealt here by a rescale: finished before new items

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/detail/indexed_source.hpp"
 #include "dpipe/detail/mapped_file.hpp"
 #include "dpipe/pipeline.hpp"
 
@@ -66,30 +67,8 @@ class RecordsDef final : public NodeDef<std::string>, public RandomAccess<std::s
   std::uint64_t skipped_ = 0;
 };
 
-class RecordsIter final : public Hooked<std::string> {
- public:
-  RecordsIter(BuildContext& ctx, const RecordsDef& def) : Hooked(ctx, "records"), def_(def) {}
-
- protected:
-  std::size_t pull_chunk(std::vector<std::string>& out, std::size_t max) override {
-    std::size_t n = 0;
-    for (; n < max && next_ < def_.size(); ++n) out.push_back(def_.at(next_++));
-    return n;
-  }
-  void save_state(StateWriter& w) const override { w("next", next_); }
-  void restore_state(StateReader& r) override {
-    r("next", next_);
-    if (next_ > def_.size()) r.fail("record " + std::to_string(next_) + " is past the last one");
-  }
-  std::vector<IterBase*> inputs() const override { return {}; }
-
- private:
-  const RecordsDef& def_;
-  std::uint64_t next_ = 0;
-};
-
 inline std::unique_ptr<Iter<std::string>> RecordsDef::instantiate(BuildContext& ctx) const {
-  return std::make_unique<RecordsIter>(ctx, *this);
+  return std::make_unique<detail::IndexedSourceIter<std::string>>(ctx, *this, "records");
 }
 
 inline Pipeline<std::string> records(const std::vector<std::string>& files, RecordsOptions o = {}) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "dpipe/detail/position_deal.hpp"
 #include "dpipe/permutation.hpp"
 #include "dpipe/pipeline.hpp"
 
@@ -55,52 +56,29 @@ class SamplerDef final : public NodeDef<T> {
 template <class T>
 class SamplerIter final : public Hooked<T> {
  public:
-  SamplerIter(BuildContext& ctx, const SamplerDef<T>& def) : Hooked<T>(ctx, "sampler"), def_(def) {
+  SamplerIter(BuildContext& ctx, const SamplerDef<T>& def)
+      : Hooked<T>(ctx, "sampler"), def_(def),
+        deal_(static_cast<std::uint64_t>(ctx.layout.instances()), static_cast<std::uint64_t>(ctx.instance())) {
     ctx.next_key();  // the source's key: it is read through the sampler, never run itself
     if (ctx.segment != Segment::worker)
       throw ConfigError("sampler '" + this->key() + "' deals positions to workers, so it must be in the worker segment");
     n_ = def.source().size();
     total_ = n_ * def.epochs();
-    st_.stride = static_cast<std::uint64_t>(ctx.layout.instances());
-    st_.offset = static_cast<std::uint64_t>(ctx.instance());
     key_ = mix64(ctx.seed ^ mix64(fnv1a(this->key()) ^ mix64(ctx.epoch + 0x5a3d1e)));
   }
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
     std::size_t n = 0;
-    while (n < max) {
-      const std::uint64_t q = st_.base + st_.offset + st_.next * st_.stride;
-      if (q >= total_) break;
-      ++st_.next;
-      while (skip_at_ < st_.skip.size() && st_.skip[skip_at_] < q) ++skip_at_;
-      if (skip_at_ < st_.skip.size() && st_.skip[skip_at_] == q) continue;  // another instance took it
-      out.push_back(def_.source().at(index_of(q)));
-      ++n;
+    for (; n < max; ++n) {
+      const auto q = deal_.next(total_);
+      if (!q) break;
+      out.push_back(def_.source().at(index_of(*q)));
     }
     return n;
   }
-  void save_state(StateWriter& w) const override {
-    w("base", st_.base);
-    w("stride", st_.stride);
-    w("offset", st_.offset);
-    w("next", st_.next);
-    w("skip", std::vector<std::uint64_t>(st_.skip.begin() + std::ptrdiff_t(skip_at_), st_.skip.end()));
-  }
-  void restore_state(StateReader& r) override {
-    const std::uint64_t stride = st_.stride;
-    r("base", st_.base);
-    r("stride", st_.stride);
-    r("offset", st_.offset);
-    r("next", st_.next);
-    r("skip", st_.skip);
-    skip_at_ = 0;
-    if (st_.stride != stride)
-      r.fail("the sampler deals positions to " + std::to_string(st_.stride) + " instances, this layout has " +
-             std::to_string(stride));
-    if (st_.offset >= st_.stride) r.fail("offset " + std::to_string(st_.offset) + " is not below the stride");
-    if (!std::is_sorted(st_.skip.begin(), st_.skip.end())) r.fail("the skipped positions are not in order");
-  }
+  void save_state(StateWriter& w) const override { deal_.save(w); }
+  void restore_state(StateReader& r) override { deal_.restore(r, "positions"); }
   std::vector<IterBase*> inputs() const override { return {}; }
 
  private:
@@ -114,14 +92,9 @@ class SamplerIter final : public Hooked<T> {
     return (*perm_)(i);
   }
 
-  struct State {
-    std::uint64_t base = 0, stride = 1, offset = 0, next = 0;
-    std::vector<std::uint64_t> skip;  // sorted
-  };
   const SamplerDef<T>& def_;
+  detail::PositionDeal deal_;
   std::uint64_t n_ = 0, total_ = 0, key_ = 0;
-  State st_;
-  std::size_t skip_at_ = 0;
   std::optional<KeyedPermutation> perm_;
   std::uint64_t perm_epoch_ = 0;
 };

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/detail/indexed_source.hpp"
 #include "dpipe/detail/mapped_file.hpp"
 #include "dpipe/pipeline.hpp"
 
@@ -83,32 +84,8 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
 };
 
 template <class Token>
-class TokenWindowsIter final : public Hooked<std::vector<Token>> {
- public:
-  TokenWindowsIter(BuildContext& ctx, const TokenWindowsDef<Token>& def)
-      : Hooked<std::vector<Token>>(ctx, "token_windows"), def_(def) {}
-
- protected:
-  std::size_t pull_chunk(std::vector<std::vector<Token>>& out, std::size_t max) override {
-    std::size_t n = 0;
-    for (; n < max && next_ < def_.size(); ++n) out.push_back(def_.at(next_++));
-    return n;
-  }
-  void save_state(StateWriter& w) const override { w("next", next_); }
-  void restore_state(StateReader& r) override {
-    r("next", next_);
-    if (next_ > def_.size()) r.fail("window " + std::to_string(next_) + " is past the last one");
-  }
-  std::vector<IterBase*> inputs() const override { return {}; }
-
- private:
-  const TokenWindowsDef<Token>& def_;
-  std::uint64_t next_ = 0;
-};
-
-template <class Token>
 std::unique_ptr<Iter<std::vector<Token>>> TokenWindowsDef<Token>::instantiate(BuildContext& ctx) const {
-  return std::make_unique<TokenWindowsIter<Token>>(ctx, *this);
+  return std::make_unique<detail::IndexedSourceIter<std::vector<Token>>>(ctx, *this, "token_windows");
 }
 
 template <class Token = std::int64_t>

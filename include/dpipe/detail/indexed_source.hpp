@@ -1,0 +1,36 @@
+#pragma once
+/// The iterator of a random-access source read on its own (no sampler): every element in index order,
+/// on every worker, like `range`. State: the next index.
+#include <string>
+
+#include "dpipe/node.hpp"
+
+namespace dpipe::detail {
+
+template <class T>
+class IndexedSourceIter final : public Hooked<T> {
+ public:
+  /// `source` is borrowed from the node definition, which outlives the Run.
+  IndexedSourceIter(BuildContext& ctx, const RandomAccess<T>& source, std::string kind)
+      : Hooked<T>(ctx, std::move(kind)), source_(source) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    std::size_t n = 0;
+    for (; n < max && next_ < source_.size(); ++n) out.push_back(source_.at(next_++));
+    return n;
+  }
+  void save_state(StateWriter& w) const override { w("next", next_); }
+  void restore_state(StateReader& r) override {
+    r("next", next_);
+    if (next_ > source_.size())
+      r.fail("element " + std::to_string(next_) + " is past the last of " + std::to_string(source_.size()));
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+
+ private:
+  const RandomAccess<T>& source_;
+  std::uint64_t next_ = 0;
+};
+
+}  // namespace dpipe::detail

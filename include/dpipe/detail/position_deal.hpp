@@ -1,0 +1,62 @@
+#pragma once
+/// The state shared by the instance-aware sources (`sampler` over element positions, `lines` over
+/// shard work items): positions [0, total) of one global sequence dealt to the instances. An instance
+/// takes base + offset + k·stride for k = next, next + 1, …, passing over positions in `skip` (taken by
+/// other instances before a rescale). Initially base 0, stride = instances, offset = instance; a rescale
+/// (serialize/snapshot_set.cpp) re-slices from the slowest instance's position.
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dpipe/state.hpp"
+
+namespace dpipe::detail {
+
+class PositionDeal {
+ public:
+  PositionDeal(std::uint64_t instances, std::uint64_t instance) : stride_(instances), offset_(instance) {}
+
+  /// The next position of this instance below `total`, or nullopt when it has none left.
+  std::optional<std::uint64_t> next(std::uint64_t total) {
+    for (;;) {
+      const std::uint64_t q = base_ + offset_ + next_ * stride_;
+      if (q >= total) return std::nullopt;
+      ++next_;
+      while (skip_at_ < skip_.size() && skip_[skip_at_] < q) ++skip_at_;
+      if (skip_at_ < skip_.size() && skip_[skip_at_] == q) continue;  // another instance took it
+      return q;
+    }
+  }
+
+  void save(StateWriter& w) const {
+    w("base", base_);
+    w("stride", stride_);
+    w("offset", offset_);
+    w("next", next_);
+    w("skip", std::vector<std::uint64_t>(skip_.begin() + std::ptrdiff_t(skip_at_), skip_.end()));
+  }
+  /// `what` names the dealt things in error messages ("positions", "shards").
+  void restore(StateReader& r, const std::string& what) {
+    const std::uint64_t stride = stride_;
+    r("base", base_);
+    r("stride", stride_);
+    r("offset", offset_);
+    r("next", next_);
+    r("skip", skip_);
+    skip_at_ = 0;
+    if (stride_ != stride)
+      r.fail("the " + what + " are dealt to " + std::to_string(stride_) + " instances, this layout has " +
+             std::to_string(stride));
+    if (offset_ >= stride_) r.fail("offset " + std::to_string(offset_) + " is not below the stride");
+    if (!std::is_sorted(skip_.begin(), skip_.end())) r.fail("the skipped " + what + " are not in order");
+  }
+
+ private:
+  std::uint64_t base_ = 0, stride_ = 1, offset_ = 0, next_ = 0;
+  std::vector<std::uint64_t> skip_;  // sorted
+  std::size_t skip_at_ = 0;
+};
+
+}  // namespace dpipe::detail
