@@ -82,11 +82,15 @@ void Executor::parallel_for(std::size_t n, const std::function<void(std::size_t)
   }
   int token = 0;  // a sync address for ThreadSanitizer: inputs flow out to the calls, results back
   DPIPE_TSAN_RELEASE(&token);
+  // Isolated: while it waits for its iterations, this thread must not pick up another worker's task,
+  // which could need a lock the caller holds (a dispatcher pulling its prefix through a parallel_map).
   impl_->arena.execute([&] {
-    oneapi::tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) {
-      DPIPE_TSAN_ACQUIRE(&token);
-      body(i);
-      DPIPE_TSAN_RELEASE(&token);
+    oneapi::tbb::this_task_arena::isolate([&] {
+      oneapi::tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) {
+        DPIPE_TSAN_ACQUIRE(&token);
+        body(i);
+        DPIPE_TSAN_RELEASE(&token);
+      });
     });
   });
   DPIPE_TSAN_ACQUIRE(&token);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <numeric>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -93,6 +94,15 @@ TEST(Dispatch, PrefixRunsOncePerRankAndTakeActsAfterMerge) {
   auto out = testing::collect(p, layout(4));
   EXPECT_EQ(out, (std::vector<I64>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
   EXPECT_LE(pulled->load(), 40);  // once per rank, not once per worker
+}
+
+TEST(Dispatch, APrefixWithParallelMapNeitherDeadlocksNorReorders) {
+  // Workers pull the prefix under the dispatcher's lock; the prefix's parallel_map must not run another
+  // worker's task on the same thread while it waits.
+  auto p = range(0, 6000) | parallel_map(busy, {.max_in_flight = 32}) | dispatch() | map(busy) | merge();
+  std::vector<I64> expected(6000);
+  std::iota(expected.begin(), expected.end(), 0);
+  for (int threads : {1, 2, 4}) EXPECT_EQ(collect_with(p, layout(4), threads), expected) << threads << " threads";
 }
 
 TEST(Dispatch, BroadcastSharesOneObjectWithEveryWorker) {
