@@ -22,12 +22,14 @@ spec='{"seed": 42, "pipeline": [{"op": "range", "stop": 1000000}, {"op": "shuffl
 dpipe=build-release/tools/dpipe
 $dpipe run "$spec" --output "$work/all.jsonl"
 $dpipe run "$spec" --take 1000 --output "$work/part1.jsonl" --snapshot-out "$work/step1000.snapshot"
-$dpipe run "$spec" --resume "$work/step1000.snapshot" --output "$work/part2.jsonl" --stats
+$dpipe run "$spec" --resume "$work/step1000.snapshot" --output "$work/part2.jsonl" --stats 2>&1 | cut -c1-300
 if cat "$work/part1.jsonl" "$work/part2.jsonl" | cmp -s - "$work/all.jsonl"; then
   echo "resumed at batch 1000: the two parts equal the uninterrupted run ($(wc -l <"$work/all.jsonl") batches)"
 else
   echo "resumed stream DIFFERS from the uninterrupted run"; exit 1
 fi
-$dpipe snapshot show "$work/step1000.snapshot" | head -n 20
-echo "..."
+$dpipe snapshot show "$work/step1000.snapshot" | cut -c1-600
+echo "...   (the whole snapshot as JSON: every node's state, the queued batches included)"
+echo "== throughput (one worker, then two)"
 $dpipe bench "$spec"
+$dpipe bench "$spec" --workers 2
