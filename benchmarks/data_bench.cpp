@@ -230,7 +230,55 @@ void BM_LinesPlainRead(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+// The same with lines of about 1 KiB (JSON-lines corpora average a few KiB per line).
+std::vector<std::string> long_lines_files() {
+  static const std::vector<std::string> files = [] {
+    std::vector<std::string> out;
+    for (int f = 0; f < 4; ++f) {
+      out.push_back(scratch_dir() + "/long" + std::to_string(f) + ".jsonl");
+      std::ofstream o(out.back());
+      for (int l = 0; l < 16'000; ++l)
+        o << "{\"id\": " << l << ", \"text\": \"" << std::string(1000 + (l * 37) % 100, 'a' + l % 26) << "\"}\n";
+    }
+    return out;
+  }();
+  return files;
+}
+
+void BM_LinesLong(benchmark::State& state) {
+  auto p = dpipe::lines(long_lines_files(), {.logical_shards = 256, .shuffle_shards = false});
+  dpipe::Engine engine;
+  std::int64_t bytes = 0;
+  for (const auto& f : long_lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
+  for (auto _ : state) {
+    auto run = engine.start(p, kInline);
+    std::uint64_t sink = 0;
+    while (auto l = run.next()) sink += l->size();
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+void BM_LinesLongPlainRead(benchmark::State& state) {
+  std::vector<char> buf(64 << 10);
+  std::int64_t bytes = 0;
+  for (const auto& f : long_lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
+  for (auto _ : state) {
+    std::uint64_t sink = 0;
+    for (const auto& path : long_lines_files()) {
+      std::FILE* f = std::fopen(path.c_str(), "rb");
+      for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
+        for (std::size_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(buf[i]);
+      std::fclose(f);
+    }
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->Repetitions(3);
+BENCHMARK(BM_LinesLong)->Unit(benchmark::kMillisecond)->Repetitions(3);
+BENCHMARK(BM_LinesLongPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_LinesPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_RestoreSet)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_ReadSetBytes)->Unit(benchmark::kMicrosecond)->Repetitions(3);
@@ -249,7 +297,8 @@ int main(int argc, char** argv) {
       {"sampler index / stored permutation read (per-index rate)", "BM_SamplerPermutation", "BM_StoredPermutation", 0},
       {"token_windows / memcpy of the same bytes", "BM_TokenWindows", "BM_TokenMemcpy", 0.5},
       {"records / plain buffered read of the same file", "BM_Records", "BM_PlainRead", 0.5},
-      {"lines / plain buffered read of the same files", "BM_Lines", "BM_LinesPlainRead", 0.5},
+      {"lines (~30-byte lines) / plain buffered read of the same files", "BM_Lines", "BM_LinesPlainRead", 0.5},
+      {"lines (~1 KiB lines) / plain buffered read of the same files", "BM_LinesLong", "BM_LinesLongPlainRead", 0.5},
       {"restore a set of 8 x 4 over 30,000 shards / read+checksum its bytes", "BM_RestoreSet", "BM_ReadSetBytes", 2.0,
        true},
   });
