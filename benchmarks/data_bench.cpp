@@ -121,20 +121,6 @@ void BM_Records(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kRecords * kRecordBytes));
 }
 
-// A plain buffered read of the same file (64 KiB reads), touching every byte.
-void BM_PlainRead(benchmark::State& state) {
-  std::vector<char> buf(64 << 10);
-  for (auto _ : state) {
-    std::FILE* f = std::fopen(records_file().c_str(), "rb");
-    std::uint64_t sink = 0;
-    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
-      for (std::size_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(buf[i]);
-    std::fclose(f);
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kRecords * kRecordBytes));
-}
-
 // Restoring a snapshot set of 8 ranks × 4 workers over 30,000 logical shards of text: read the set
 // (every rank's file, checksummed), check it, and restore one rank's Run, ready to yield.
 constexpr int kWorld = 8, kWorkers = 4;
@@ -197,29 +183,31 @@ void BM_ReadSetBytes(benchmark::State& state) {
 
 // lines over the same text files as the restore benchmark, one logical shard per 64 KiB, against a
 // plain buffered read of those files.
-void BM_Lines(benchmark::State& state) {
-  lines_set();  // makes the files
-  auto p = dpipe::lines(lines_files(), {.logical_shards = 256, .shuffle_shards = false});
-  dpipe::Engine engine;
+std::int64_t total_bytes(const std::vector<std::string>& files) {
   std::int64_t bytes = 0;
-  for (const auto& f : lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
+  for (const auto& f : files) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
+  return bytes;
+}
+
+/// Every line of `files` through `lines` (one logical shard per ~64 KiB, in order), single-threaded.
+void read_lines(benchmark::State& state, const std::vector<std::string>& files) {
+  auto p = dpipe::lines(files, {.logical_shards = 256, .shuffle_shards = false});
+  dpipe::Engine engine;
   for (auto _ : state) {
     auto run = engine.start(p, kInline);
     std::uint64_t sink = 0;
     while (auto l = run.next()) sink += l->size();
     benchmark::DoNotOptimize(sink);
   }
-  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetBytesProcessed(state.iterations() * total_bytes(files));
 }
 
-void BM_LinesPlainRead(benchmark::State& state) {
-  lines_set();
+/// The baseline: the same files read with 64 KiB freads, touching every cache line.
+void read_plain(benchmark::State& state, const std::vector<std::string>& files) {
   std::vector<char> buf(64 << 10);
-  std::int64_t bytes = 0;
-  for (const auto& f : lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
   for (auto _ : state) {
     std::uint64_t sink = 0;
-    for (const auto& path : lines_files()) {
+    for (const auto& path : files) {
       std::FILE* f = std::fopen(path.c_str(), "rb");
       for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
         for (std::size_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(buf[i]);
@@ -227,7 +215,18 @@ void BM_LinesPlainRead(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(sink);
   }
-  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetBytesProcessed(state.iterations() * total_bytes(files));
+}
+
+void BM_PlainRead(benchmark::State& state) { read_plain(state, {records_file()}); }
+
+void BM_Lines(benchmark::State& state) {
+  lines_set();  // makes the files
+  read_lines(state, lines_files());
+}
+void BM_LinesPlainRead(benchmark::State& state) {
+  lines_set();
+  read_plain(state, lines_files());
 }
 
 // The same with lines of about 1 KiB (JSON-lines corpora average a few KiB per line).
@@ -245,36 +244,8 @@ std::vector<std::string> long_lines_files() {
   return files;
 }
 
-void BM_LinesLong(benchmark::State& state) {
-  auto p = dpipe::lines(long_lines_files(), {.logical_shards = 256, .shuffle_shards = false});
-  dpipe::Engine engine;
-  std::int64_t bytes = 0;
-  for (const auto& f : long_lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
-  for (auto _ : state) {
-    auto run = engine.start(p, kInline);
-    std::uint64_t sink = 0;
-    while (auto l = run.next()) sink += l->size();
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * bytes);
-}
-
-void BM_LinesLongPlainRead(benchmark::State& state) {
-  std::vector<char> buf(64 << 10);
-  std::int64_t bytes = 0;
-  for (const auto& f : long_lines_files()) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
-  for (auto _ : state) {
-    std::uint64_t sink = 0;
-    for (const auto& path : long_lines_files()) {
-      std::FILE* f = std::fopen(path.c_str(), "rb");
-      for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
-        for (std::size_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(buf[i]);
-      std::fclose(f);
-    }
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * bytes);
-}
+void BM_LinesLong(benchmark::State& state) { read_lines(state, long_lines_files()); }
+void BM_LinesLongPlainRead(benchmark::State& state) { read_plain(state, long_lines_files()); }
 
 BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_LinesLong)->Unit(benchmark::kMillisecond)->Repetitions(3);
