@@ -90,13 +90,20 @@ void BM_SpecPipeline(benchmark::State& state) {
   consume(state, std::get<dpipe::Pipeline<std::vector<std::int64_t>>>(spec.pipeline));
 }
 
+/// A run of `p` that has delivered `position / kBatch` batches.
+template <class P>
+auto run_to(Engine& engine, const P& p, std::size_t position) {
+  auto run = engine.start(p, kOptions);
+  for (std::size_t i = 0; i < position / kBatch; ++i) run.next();
+  return run;
+}
+
 // Restore at a position: bytes → checks → hooks → ready to yield. Must not depend on the position.
 void BM_Restore(benchmark::State& state) {
   const auto position = static_cast<std::size_t>(state.range(0));  // input elements consumed
   const auto p = canonical(20'000'000);
   Engine engine;
-  auto run = engine.start(p, kOptions);
-  for (std::size_t i = 0; i < position / kBatch; ++i) run.next();
+  auto run = run_to(engine, p, position);
   const std::string bytes = run.snapshot().to_bytes();
   for (auto _ : state) {
     auto resumed = engine.resume(p, dpipe::Snapshot::from_bytes(bytes), kOptions);
@@ -110,8 +117,7 @@ void BM_Capture(benchmark::State& state) {
   const auto position = static_cast<std::size_t>(state.range(0));
   const auto p = canonical(20'000'000);
   Engine engine;
-  auto run = engine.start(p, kOptions);
-  for (std::size_t i = 0; i < position / kBatch; ++i) run.next();
+  auto run = run_to(engine, p, position);
   for (auto _ : state) benchmark::DoNotOptimize(run.snapshot().to_bytes());
 }
 
@@ -130,8 +136,7 @@ void BM_ReplayRestore(benchmark::State& state) {
   const auto position = static_cast<std::size_t>(state.range(0));
   const auto p = generated(20'000'000);
   Engine engine;
-  auto run = engine.start(p, kOptions);
-  for (std::size_t i = 0; i < position / kBatch; ++i) run.next();
+  auto run = run_to(engine, p, position);
   const std::string bytes = run.snapshot().to_bytes();
   std::uint64_t replayed = 0;
   for (auto _ : state) {

@@ -61,6 +61,19 @@ const std::string& records_file() {
 // Single-threaded runs: the sources' own cost, without thread hand-offs.
 const dpipe::RunOptions kInline{.seed = 1, .layout = dpipe::Layout{}, .inline_workers = true};
 
+/// Runs `p` to its end once per iteration, touching each element's size; `bytes` is what one run reads.
+template <class P>
+void drain(benchmark::State& state, const P& p, std::int64_t bytes) {
+  dpipe::Engine engine;
+  for (auto _ : state) {
+    auto run = engine.start(p, kInline);
+    std::uint64_t sink = 0;
+    while (auto x = run.next()) sink += x->size();
+    benchmark::DoNotOptimize(sink);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 void BM_SamplerPermutation(benchmark::State& state) {
   const dpipe::KeyedPermutation perm(kIndices, 0x1234);
   for (auto _ : state) {
@@ -84,15 +97,8 @@ void BM_StoredPermutation(benchmark::State& state) {
 }
 
 void BM_TokenWindows(benchmark::State& state) {
-  auto p = dpipe::token_windows<std::uint16_t>({token_file()}, {.dtype = dpipe::TokenType::uint16, .seq_len = 1024});
-  dpipe::Engine engine;
-  for (auto _ : state) {
-    auto run = engine.start(p, kInline);
-    std::uint64_t sink = 0;
-    while (auto w = run.next()) sink += (*w)[0];
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kTokenBytes));
+  drain(state, dpipe::token_windows<std::uint16_t>({token_file()}, {.dtype = dpipe::TokenType::uint16, .seq_len = 1024}),
+        static_cast<std::int64_t>(kTokenBytes));
 }
 
 // The same bytes copied out of the mapped file window by window with memcpy.
@@ -110,15 +116,7 @@ void BM_TokenMemcpy(benchmark::State& state) {
 }
 
 void BM_Records(benchmark::State& state) {
-  auto p = dpipe::records({records_file()});
-  dpipe::Engine engine;
-  for (auto _ : state) {
-    auto run = engine.start(p, kInline);
-    std::uint64_t sink = 0;
-    while (auto r = run.next()) sink += r->size();
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kRecords * kRecordBytes));
+  drain(state, dpipe::records({records_file()}), static_cast<std::int64_t>(kRecords * kRecordBytes));
 }
 
 // Restoring a snapshot set of 8 ranks × 4 workers over 30,000 logical shards of text: read the set
@@ -191,15 +189,7 @@ std::int64_t total_bytes(const std::vector<std::string>& files) {
 
 /// Every line of `files` through `lines` (one logical shard per ~64 KiB, in order), single-threaded.
 void read_lines(benchmark::State& state, const std::vector<std::string>& files) {
-  auto p = dpipe::lines(files, {.logical_shards = 256, .shuffle_shards = false});
-  dpipe::Engine engine;
-  for (auto _ : state) {
-    auto run = engine.start(p, kInline);
-    std::uint64_t sink = 0;
-    while (auto l = run.next()) sink += l->size();
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * total_bytes(files));
+  drain(state, dpipe::lines(files, {.logical_shards = 256, .shuffle_shards = false}), total_bytes(files));
 }
 
 /// The baseline: the same files read with 64 KiB freads, touching every cache line.
