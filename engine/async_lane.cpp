@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace dpipe::detail {
 
@@ -48,6 +53,7 @@ void AsyncLaneBase::produce_loop() {
       publish_staged();
       buffered_ += n;
     }
+    publishes_.fetch_add(1, std::memory_order_release);
     // Wake a waiting consumer when half the lane is ready (fewer wake-ups) or nothing more will come.
     const bool wake = consumer_waiting_ && (done_ || buffered_ * 2 >= capacity_ || buffered_ >= capacity_);
     if (wake) consumer_waiting_ = false;  // one notification per wait: a notify is a system call
@@ -73,28 +79,64 @@ void AsyncLaneBase::adapt_chunk(std::chrono::steady_clock::duration took, std::s
   chunk_now_ = std::clamp(static_cast<std::size_t>(want), chunk_, most);
 }
 
+bool AsyncLaneBase::inline_ended() const {
+  if (error_) std::rethrow_exception(error_);
+  return done_;
+}
+
+void AsyncLaneBase::inline_result(std::size_t produced, std::exception_ptr error) {
+  if (error) error_ = std::move(error);
+  if (produced == 0) done_ = true;
+}
+
+namespace {
+// Waits shorter than this on average are spun through; longer ones block at once.
+constexpr double kSpinWaitNs = 50'000;
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+}  // namespace
+
+bool AsyncLaneBase::spin_for_publish(std::uint64_t seen) {
+  if (wait_ns_ > kSpinWaitNs) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<long>(kSpinWaitNs));
+  for (unsigned i = 1;; ++i) {
+    if (publishes_.load(std::memory_order_acquire) != seen) return true;
+    cpu_relax();
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::yield();  // an oversubscribed core runs the producer meanwhile
+    }
+  }
+}
+
 bool AsyncLaneBase::fetch() {
   if (inline_) {
-    if (done_) {
-      if (error_) std::rethrow_exception(error_);
-      return false;
-    }
+    if (inline_ended()) return false;
     std::size_t n = 0;
     try {
       n = produce_staged(chunk_);
     } catch (...) {
-      error_ = std::current_exception();
-      done_ = true;
+      inline_result(0, std::current_exception());
       throw;
     }
-    if (n == 0) {
-      done_ = true;
-      return false;
-    }
+    inline_result(n);
+    if (n == 0) return false;
     take_staged();
     return true;
   }
   std::unique_lock lock(mu_);
+  std::chrono::steady_clock::time_point wait_began{};
+  auto waited = [&] {  // after a wait: fold its length into the average
+    if (wait_began == std::chrono::steady_clock::time_point{}) return;
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - wait_began).count();
+    wait_ns_ = 0.75 * wait_ns_ + 0.25 * ns;
+  };
   for (;;) {
     // At most half the queue at a time: the producer gets room at once and keeps going while the
     // consumer works through what it took (so at most 1.5 × capacity elements are ever ahead).
@@ -102,11 +144,20 @@ bool AsyncLaneBase::fetch() {
     if (n > 0) {
       buffered_ -= n;
       if (buffered_ * 2 <= capacity_) schedule_locked();
+      waited();
       return true;
     }
     if (error_) std::rethrow_exception(error_);
     if (done_) return false;
     schedule_locked();
+    if (wait_began == std::chrono::steady_clock::time_point{}) {
+      wait_began = std::chrono::steady_clock::now();
+      const std::uint64_t seen = publishes_.load(std::memory_order_relaxed);
+      lock.unlock();
+      spin_for_publish(seen);
+      lock.lock();
+      continue;  // the lane may have changed meanwhile: look again before blocking
+    }
     consumer_waiting_ = true;
     consumer_cv_.wait(lock);
     consumer_waiting_ = false;

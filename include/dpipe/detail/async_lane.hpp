@@ -4,8 +4,13 @@
 /// there is room and then ends; the consumer restarts it when the queue drains below half. Only the
 /// consumer waits, on a condition variable, and only when its lane has nothing ready.
 ///
+/// A consumer that finds its lane empty first spins for a short while (as long as its recent waits
+/// were short: a cheap producer is about to publish) and only then blocks; a wake-up through the
+/// kernel costs more than a chunk of cheap elements takes to produce.
+///
 /// Snapshots: `pause()` stops production and waits until the running task (if any) has finished its
 /// chunk, so the chain is idle and the queue holds everything produced but not yet delivered.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -61,6 +66,11 @@ class AsyncLaneBase {
   /// Consumer: brings the next chunk to the consumer's side; false once the lane has ended. A failure
   /// of the chain is rethrown here, after every element produced before it.
   bool fetch();
+  /// Inline mode: the consumer pulls the chain itself. `inline_ended()` rethrows a recorded failure and
+  /// says whether the chain has ended; `inline_result` records what a pull gave (0: the end).
+  bool inline_mode() const { return inline_; }
+  bool inline_ended() const;
+  void inline_result(std::size_t produced, std::exception_ptr error = nullptr);
   /// For restore, before the lane starts: the chain had already ended, or failed.
   void set_producer_done(bool done, std::exception_ptr error);
 
@@ -68,6 +78,9 @@ class AsyncLaneBase {
   void schedule_locked();
   void produce_loop();
   void adapt_chunk(std::chrono::steady_clock::duration took, std::size_t elements);
+  /// Consumer, without the lock: spins while the lane's recent waits were short, until something is
+  /// published (true) or the spin gives up (false); the caller looks at the lane again either way.
+  bool spin_for_publish(std::uint64_t seen);
 
   Executor* executor_;  // borrowed from the engine
   const std::size_t capacity_, chunk_;  // chunk_: the smallest chunk (and the inline one)
@@ -80,6 +93,8 @@ class AsyncLaneBase {
   std::size_t buffered_ = 0;  // queued elements
   bool running_ = false, paused_ = false, cancelled_ = false, done_ = false, consumer_waiting_ = false;
   std::exception_ptr error_;
+  std::atomic<std::uint64_t> publishes_{0};  // bumped under the lock on every publish, the end or a failure
+  double wait_ns_ = 0;                       // consumer: moving average of how long its waits took
 };
 
 /// The typed lane of one worker chain.
@@ -100,6 +115,34 @@ class AsyncLane final : public AsyncLaneBase {
   }
   /// Consumer: the next element; only after ready() returned true.
   T take() { return std::move(current_[head_++]); }
+  /// Consumer: appends up to `max` next elements to `out` (at least one unless the lane is exhausted)
+  /// and returns how many. Inline, a chain with nothing pending pulls straight into `out`.
+  std::size_t take_into(std::vector<T>& out, std::size_t max) {
+    if (head_ == current_.size()) {
+      current_.clear();
+      head_ = 0;
+      if (inline_mode()) {
+        if (inline_ended()) return 0;
+        const std::size_t before = out.size();
+        std::size_t n = 0;
+        try {
+          n = chain_->pull(out, max);
+        } catch (...) {
+          out.erase(out.begin() + std::ptrdiff_t(before), out.end());
+          inline_result(0, std::current_exception());
+          throw;
+        }
+        inline_result(n);
+        return n;
+      }
+      if (!fetch()) return 0;
+    }
+    const std::size_t n = std::min(max, current_.size() - head_);
+    const auto from = current_.begin() + std::ptrdiff_t(head_);
+    out.insert(out.end(), std::make_move_iterator(from), std::make_move_iterator(from + std::ptrdiff_t(n)));
+    head_ += n;
+    return n;
+  }
 
   Iter<T>& chain() { return *chain_; }
   /// Paused or not started: the elements produced but not delivered, in order.

@@ -78,6 +78,12 @@ class MergeIter final : public Hooked<T> {
       for (auto& l : lanes_) l->resume();
     }
     const std::size_t k = lanes_.size();
+    if (k == 1) {  // one worker: its elements move on in runs, not one at a time
+      if (finished_[0]) return 0;
+      const std::size_t got = lanes_[0]->take_into(out, max);
+      if (got == 0) finished_[0] = true;
+      return got;
+    }
     std::size_t n = 0, skipped = 0;
     while (n < max && skipped < k) {
       auto& lane = *lanes_[st_.cursor];
