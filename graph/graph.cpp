@@ -44,12 +44,13 @@ void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<con
 /// Checks where the segment boundaries stand (DESIGN §4): at most one merge; dispatch only in the
 /// worker segment; prefetch only where the worker segment ends; no boundary below a cycle, which
 /// rebuilds its upstream every pass.
-void check_segments(const std::vector<GraphNode>& nodes) {
+/// Also records each node's segment.
+void check_segments(std::vector<GraphNode>& nodes) {
   std::size_t merges = 0;
   for (const auto& n : nodes) merges += n.kind == "merge";
   if (merges > 1)
     throw ConfigError("the pipeline has " + std::to_string(merges) + " merge nodes; a pipeline has at most one");
-  enum class Seg { suffix, worker, prefix };
+  using Seg = Segment;
   struct Frame {
     std::size_t node;
     Seg seg;
@@ -59,7 +60,8 @@ void check_segments(const std::vector<GraphNode>& nodes) {
   while (!stack.empty()) {
     const Frame f = stack.back();
     stack.pop_back();
-    const GraphNode& n = nodes[f.node];
+    GraphNode& n = nodes[f.node];
+    n.segment = f.seg;  // merge itself runs after the workers, dispatch once per worker
     const std::string label = node_label(n.kind, n.name);
     Seg below = f.seg;
     if (n.kind == "merge") {

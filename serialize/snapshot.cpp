@@ -1,4 +1,4 @@
-// Snapshot bytes: header, section table, checksummed sections (see format.md beside this file).
+// Snapshot bytes: header, section table, checksummed sections (layout in the README, "Snapshots").
 #include "dpipe/snapshot.hpp"
 
 #include <fcntl.h>
@@ -20,7 +20,9 @@ constexpr char kMagic[8] = {'D', 'P', 'I', 'P', 'E', 'S', 'N', 'P'};
 constexpr std::size_t kHeaderBytes = 32;
 constexpr std::size_t kSectionEntryBytes = 24;
 constexpr std::uint32_t kMaxSections = 64;
-enum SectionId : std::uint32_t { kMeta = 1, kStates = 2 };
+// Sections a reader does not know are skipped, so a section added later keeps older files and
+// older readers working: kSegments (each graph node's segment) came after format version 1 shipped.
+enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kSegments = 3 };
 
 void put_u32(ByteWriter& w, std::uint32_t v) { w.put(v); }
 
@@ -72,6 +74,26 @@ SnapshotMeta decode_meta(ByteReader& r) {
   }
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the metadata");
   return m;
+}
+
+std::string encode_segments(const SnapshotMeta& m) {
+  ByteWriter w;
+  w.put<std::uint64_t>(m.graph.size());
+  for (const auto& n : m.graph) w.str(n.segment);
+  return w.take();
+}
+
+/// After the metadata: one segment name per graph node, in graph order.
+void decode_segments(ByteReader& r, SnapshotMeta& m) {
+  const std::size_t n = r.length(8);
+  if (n != m.graph.size())
+    r.fail("it names segments for " + std::to_string(n) + " nodes, the graph has " + std::to_string(m.graph.size()));
+  for (auto& node : m.graph) {
+    node.segment = std::string(r.str());
+    if (node.segment != "prefix" && node.segment != "worker" && node.segment != "suffix")
+      r.fail("node '" + node.key + "' has an unknown segment '" + node.segment + "'");
+  }
+  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the segments");
 }
 
 std::string encode_states(const std::vector<NodeState>& states) {
@@ -164,9 +186,9 @@ const NodeState* Snapshot::find(std::string_view key, std::uint32_t instance) co
 }
 
 std::string Snapshot::to_bytes() const {
-  const std::string sections[] = {encode_meta(meta), encode_states(states)};
-  const SectionId ids[] = {kMeta, kStates};
-  constexpr std::uint32_t n = 2;
+  const std::string sections[] = {encode_meta(meta), encode_states(states), encode_segments(meta)};
+  const SectionId ids[] = {kMeta, kStates, kSegments};
+  constexpr std::uint32_t n = 3;
   ByteWriter table;
   std::uint64_t offset = kHeaderBytes + n * kSectionEntryBytes;
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -220,6 +242,7 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
   Snapshot s;
   s.meta.format_version = version;
   bool have_meta = false, have_states = false;
+  std::string_view segments;  // read after the metadata, wherever it stands
   ByteReader t(table, "snapshot section table");
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto id = t.get<std::uint32_t>();
@@ -240,9 +263,15 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
       ByteReader r(body, "snapshot node states");
       s.states = decode_states(r);
       have_states = true;
+    } else if (id == kSegments) {
+      segments = body;
     }  // unknown sections of a readable version are skipped
   }
   if (!have_meta || !have_states) throw SnapshotError("snapshot lacks its metadata or node-state section");
+  if (!segments.empty()) {
+    ByteReader r(segments, "snapshot segment section");
+    decode_segments(r, s.meta);
+  }
   return s;
 }
 
@@ -329,6 +358,7 @@ std::string Snapshot::to_json() const {
     j.key("key").string(n.key);
     j.key("kind").string(n.kind);
     j.key("element_type").string(n.element_type);
+    if (!n.segment.empty()) j.key("segment").string(n.segment);
     j.end_object();
   }
   j.end_array();

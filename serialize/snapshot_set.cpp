@@ -264,10 +264,21 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
                         std::to_string(num_workers) + " workers");
   const Shape from{this->world_size(), this->num_workers()}, to{world_size, num_workers};
   const SnapshotMeta& meta = ranks_.front().meta;
-  for (const auto& n : meta.graph)
-    if (n.kind == "merge" || n.kind == "dispatch")
-      refuse("the pipeline has a " + n.kind + " node ('" + n.key + "'); rescaling covers pipelines whose whole "
-             "graph is the worker segment (no explicit dispatch or merge)");
+  // Which nodes run per worker and which once per rank after `merge` (the suffix).
+  std::string merge_key = "merge@out";  // the implicit merge's record
+  for (const auto& n : meta.graph) {
+    if (n.kind == "dispatch")
+      refuse("the pipeline has a dispatch node ('" + n.key + "'): the prefix before it reads one stream per rank, "
+             "which cannot be dealt to other ranks; read the data through a sampler or lines in the worker "
+             "segment instead");
+    if (n.kind == "merge") {
+      merge_key = n.key;
+      for (const auto& m : meta.graph)
+        if (m.segment.empty())
+          refuse("the snapshots do not record which nodes run after merge ('" + n.key + "'); they were written by "
+                 "an older dpipe: take them again to rescale");
+    }
+  }
 
   std::map<std::pair<std::string, std::uint32_t>, const NodeState*> index;
   for (const auto& s : ranks_)
@@ -284,12 +295,31 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     return v;
   };
 
-  // New records per new instance (worker-segment nodes) and per new rank (run, merge).
+  // The records of a node that runs once per rank (merge and the suffix after it): on worker 0's instance.
+  auto records_per_rank = [&](const std::string& key) {
+    Records v;
+    for (int r = 0; r < from.world; ++r) {
+      auto it = index.find({key, static_cast<std::uint32_t>(r * from.workers)});
+      if (it == index.end()) refuse("rank " + std::to_string(r) + " has no record of node '" + key + "'");
+      v.push_back(it->second);
+    }
+    return v;
+  };
+
+  // New records per new instance (worker-segment nodes) and per new rank (run, merge, suffix).
   std::vector<std::vector<NodeState>> per_rank(static_cast<std::size_t>(world_size));
   auto place = [&](std::vector<NodeState> records, bool by_rank) {
     for (auto& s : records) {
       const std::size_t r = by_rank ? s.instance : s.instance / static_cast<std::size_t>(num_workers);
       if (by_rank) s.instance = static_cast<std::uint32_t>(r);
+      per_rank[r].push_back(std::move(s));
+    }
+  };
+  // Records made for Shape{world_size, 1} (instance = rank) of a node that runs once per rank.
+  auto place_per_rank = [&](std::vector<NodeState> records) {
+    for (auto& s : records) {
+      const std::size_t r = s.instance;
+      s.instance = static_cast<std::uint32_t>(r * static_cast<std::size_t>(num_workers));
       per_rank[r].push_back(std::move(s));
     }
   };
@@ -311,14 +341,9 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     }
     place(std::move(out), true);
   }
-  // The worker queues of the implicit merge, per rank: every lane's elements, dealt to the new lanes.
+  // The worker queues of the merge, per rank: every lane's elements, dealt to the new lanes.
   {
-    Records merges;
-    for (int r = 0; r < from.world; ++r) {
-      auto it = index.find({"merge@out", static_cast<std::uint32_t>(r * from.workers)});
-      if (it == index.end()) refuse("rank " + std::to_string(r) + " has no record of its worker queues");
-      merges.push_back(it->second);
-    }
+    const Records merges = records_per_rank(merge_key);
     ElementBlobs pool;
     for (const NodeState* s : merges)
       for (int w = 0; w < from.workers; ++w) {
@@ -331,7 +356,7 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     const auto dealt = deal(pool, to.instances());
     for (int r = 0; r < world_size; ++r) {
       NodeState s;
-      s.key = "merge@out";
+      s.key = merge_key;
       s.kind = "merge";
       s.mode = StateMode::hook;
       s.instance = static_cast<std::uint32_t>(r * num_workers);
@@ -367,21 +392,27 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
       per_rank[static_cast<std::size_t>(r)].push_back(std::move(s));
     }
   }
-  // Every node of the graph, per instance.
+  // Every other node of the graph: per instance in the worker segment, per rank in the suffix.
   for (const auto& n : meta.graph) {
-    const Records old = records_of(n.key, from.instances());
+    if (n.key == merge_key) continue;
+    const bool suffix = n.segment == "suffix";
+    const Records old = suffix ? records_per_rank(n.key) : records_of(n.key, from.instances());
     if (old.empty()) continue;  // not run itself (a source read through a sampler)
     for (const NodeState* s : old)
       for (const auto& f : s->fields)
         if (f.name == "deferred_failure") refuse("node '" + n.key + "' had failed: " + f.s);
+    const Shape shape = suffix ? Shape{world_size, 1} : to;
+    auto put = [&](std::vector<NodeState> records) {
+      if (suffix) place_per_rank(std::move(records));
+      else place(std::move(records), false);
+    };
     const std::string& kind = old[0]->kind;
-    if (old[0]->mode == StateMode::stateless) place(replicate_stateless(old, to), false);
-    else if (kind == "sampler") place(rescale_positions(old, to, {}), false);
-    else if (kind == "lines")
-      place(rescale_positions(old, to, {"started_items", "started_segments", "started_offsets"}), false);
-    else if (kind == "shuffle") place(deal_elements(old, to, "buffer", {"input_done"}, true), false);
-    else if (kind == "batch") place(deal_elements(old, to, "partial", {"input_done"}, false), false);
-    else if (kind == "flat_map") place(deal_elements(old, to, "pending", {}, false), false);
+    if (old[0]->mode == StateMode::stateless) put(replicate_stateless(old, shape));
+    else if (kind == "sampler") put(rescale_positions(old, shape, {}));
+    else if (kind == "lines") put(rescale_positions(old, shape, {"started_items", "started_segments", "started_offsets"}));
+    else if (kind == "shuffle") put(deal_elements(old, shape, "buffer", {"input_done"}, true));
+    else if (kind == "batch") put(deal_elements(old, shape, "partial", {"input_done"}, false));
+    else if (kind == "flat_map") put(deal_elements(old, shape, "pending", {}, false));
     else if (kind == "sharding_filter")
       refuse("sharding_filter '" + n.key + "' keeps positions in a stream that every instance reads in full, so "
              "its instances' states are not parts of one whole; read the data through sampler() instead");

@@ -18,6 +18,7 @@ struct GraphNode {
   std::string element_type;
   Params params;
   std::vector<std::size_t> inputs;  // indices into Graph::nodes()
+  Segment segment = Segment::worker;  // where it runs: per rank before dispatch, per worker, after merge
 };
 
 class Graph {

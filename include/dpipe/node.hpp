@@ -41,6 +41,9 @@ struct RunShared;
 /// Where a node runs (DESIGN §4): once per rank before `dispatch`, once per worker, or in the consumer's
 /// thread after `merge`.
 enum class Segment : std::uint8_t { prefix, worker, suffix };
+inline const char* segment_name(Segment s) {
+  return s == Segment::prefix ? "prefix" : s == Segment::worker ? "worker" : "suffix";
+}
 
 /// What an iterator needs to know when it is built: seed, epoch, layout, worker and its node key.
 /// Keys are handed out in the graph's pre-order (a node, then its inputs in order), so a subtree can

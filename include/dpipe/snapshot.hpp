@@ -59,6 +59,8 @@ struct GraphNodeRecord {
   std::string key;
   std::string kind;
   std::string element_type;
+  /// "prefix", "worker" or "suffix" (see Segment); empty in snapshots written before it was recorded.
+  std::string segment;
 };
 
 struct SnapshotMeta {

@@ -112,11 +112,15 @@ TEST(RescaleProperty, EveryElementExactlyOnceAcrossRandomLayoutSequences) {
                                              .epochs = epochs});
     if (pick(2)) p = p | shuffle({.buffer = 1 + pick(100)});
     if (pick(2)) p = p | map([](I64 x) { return x; });
+    // An explicit merge: what follows runs once per rank, and its state is dealt per rank.
+    const int merged = pick(3);
+    if (merged == 1) p = p | merge();
+    if (merged == 2) p = p | prefetch({.depth = 1 + pick(8)}) | merge() | shuffle({.buffer = 1 + pick(50)});
     const bool batched = pick(2);
     const I64 batch_size = 1 + pick(16);
     std::vector<I64> delivered;
     std::optional<SnapshotSet> set;
-    std::string layouts;
+    std::string layouts = merged ? "(merge) " : "";
     const int stages = 1 + pick(4);
     for (int s = 0; s < stages; ++s) {
       const int world = 1 + pick(6), workers = 1 + pick(4);
@@ -193,7 +197,8 @@ TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
   EXPECT_NE(refused(range(0, 100) | sharding_filter({.name = "shard"})).find("sharding_filter 'shard'"),
             std::string::npos);
   EXPECT_NE(refused(range(0, 100) | sampler() | take(50, {.name = "head"})).find("'head' (take)"), std::string::npos);
-  EXPECT_NE(refused(range(0, 100) | sampler() | merge({.name = "m"})).find("merge node ('m')"), std::string::npos);
+  EXPECT_NE(refused(range(0, 100) | dispatch({.name = "d"}) | merge()).find("dispatch node ('d')"), std::string::npos);
+  EXPECT_EQ(refused(range(0, 100) | sampler() | merge({.name = "m"}) | batch({.size = 3})), "accepted");
 }
 
 }  // namespace
