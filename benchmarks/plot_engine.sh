@@ -39,9 +39,12 @@ set ylabel "thousand elements / s"
 set xlabel "workers (prefetch 8)"
 set xtics 1
 set yrange [0:*]
+set key bottom right
 plot "$work/workers.dat" using 1:2 with linespoints lw 2 pt 7 title "throughput"
 set xlabel "prefetch depth in batches (2 workers)"
 set logscale x 2
+set xtics ("1" 1, "2" 2, "4" 4, "8" 8, "16" 16, "32" 32)
+set key bottom right
 plot "$work/prefetch.dat" using 1:2 with linespoints lw 2 pt 7 title "throughput"
 unset multiplot
 GP
