@@ -63,7 +63,7 @@ SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std
   m.epoch = o.epoch;
   m.layout = l;
   m.elements_delivered = delivered;
-  for (const auto& n : g.nodes()) m.graph.push_back({n.key, n.kind, n.element_type, segment_name(n.segment)});
+  for (const auto& n : g.nodes()) m.graph.push_back({n.key, n.kind, n.element_type, segment_name(n.segment), n.params});
   return m;
 }
 

@@ -21,8 +21,9 @@ constexpr std::size_t kHeaderBytes = 32;
 constexpr std::size_t kSectionEntryBytes = 24;
 constexpr std::uint32_t kMaxSections = 64;
 // Sections a reader does not know are skipped, so a section added later keeps older files and
-// older readers working: kSegments (each graph node's segment) came after format version 1 shipped.
-enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kSegments = 3 };
+// older readers working: kNodeDetails (each graph node's segment and parameters) came after format
+// version 1 shipped.
+enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kNodeDetails = 3 };
 
 void put_u32(ByteWriter& w, std::uint32_t v) { w.put(v); }
 
@@ -76,24 +77,36 @@ SnapshotMeta decode_meta(ByteReader& r) {
   return m;
 }
 
-std::string encode_segments(const SnapshotMeta& m) {
+std::string encode_node_details(const SnapshotMeta& m) {
   ByteWriter w;
   w.put<std::uint64_t>(m.graph.size());
-  for (const auto& n : m.graph) w.str(n.segment);
+  for (const auto& n : m.graph) {
+    w.str(n.segment);
+    w.put<std::uint64_t>(n.params.size());
+    for (const auto& [k, v] : n.params) {
+      w.str(k);
+      w.str(v);
+    }
+  }
   return w.take();
 }
 
-/// After the metadata: one segment name per graph node, in graph order.
-void decode_segments(ByteReader& r, SnapshotMeta& m) {
-  const std::size_t n = r.length(8);
+/// After the metadata: each graph node's segment and parameters, in graph order.
+void decode_node_details(ByteReader& r, SnapshotMeta& m) {
+  const std::size_t n = r.length(16);
   if (n != m.graph.size())
-    r.fail("it names segments for " + std::to_string(n) + " nodes, the graph has " + std::to_string(m.graph.size()));
+    r.fail("it describes " + std::to_string(n) + " nodes, the graph has " + std::to_string(m.graph.size()));
   for (auto& node : m.graph) {
     node.segment = std::string(r.str());
     if (node.segment != "prefix" && node.segment != "worker" && node.segment != "suffix")
       r.fail("node '" + node.key + "' has an unknown segment '" + node.segment + "'");
+    const std::size_t params = r.length(16);
+    for (std::size_t i = 0; i < params; ++i) {
+      std::string k(r.str());
+      node.params.emplace_back(std::move(k), std::string(r.str()));
+    }
   }
-  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the segments");
+  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the node details");
 }
 
 std::string encode_states(const std::vector<NodeState>& states) {
@@ -186,8 +199,8 @@ const NodeState* Snapshot::find(std::string_view key, std::uint32_t instance) co
 }
 
 std::string Snapshot::to_bytes() const {
-  const std::string sections[] = {encode_meta(meta), encode_states(states), encode_segments(meta)};
-  const SectionId ids[] = {kMeta, kStates, kSegments};
+  const std::string sections[] = {encode_meta(meta), encode_states(states), encode_node_details(meta)};
+  const SectionId ids[] = {kMeta, kStates, kNodeDetails};
   constexpr std::uint32_t n = 3;
   ByteWriter table;
   std::uint64_t offset = kHeaderBytes + n * kSectionEntryBytes;
@@ -242,7 +255,7 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
   Snapshot s;
   s.meta.format_version = version;
   bool have_meta = false, have_states = false;
-  std::string_view segments;  // read after the metadata, wherever it stands
+  std::string_view details;  // read after the metadata, wherever it stands
   ByteReader t(table, "snapshot section table");
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto id = t.get<std::uint32_t>();
@@ -263,14 +276,14 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
       ByteReader r(body, "snapshot node states");
       s.states = decode_states(r);
       have_states = true;
-    } else if (id == kSegments) {
-      segments = body;
+    } else if (id == kNodeDetails) {
+      details = body;
     }  // unknown sections of a readable version are skipped
   }
   if (!have_meta || !have_states) throw SnapshotError("snapshot lacks its metadata or node-state section");
-  if (!segments.empty()) {
-    ByteReader r(segments, "snapshot segment section");
-    decode_segments(r, s.meta);
+  if (!details.empty()) {
+    ByteReader r(details, "snapshot node details");
+    decode_node_details(r, s.meta);
   }
   return s;
 }
@@ -359,6 +372,11 @@ std::string Snapshot::to_json() const {
     j.key("kind").string(n.kind);
     j.key("element_type").string(n.element_type);
     if (!n.segment.empty()) j.key("segment").string(n.segment);
+    if (!n.params.empty()) {
+      j.key("params").begin_object();
+      for (const auto& [k, v] : n.params) j.key(k).string(v);
+      j.end_object();
+    }
     j.end_object();
   }
   j.end_array();

@@ -246,6 +246,53 @@ std::vector<NodeState> deal_elements(const Records& old, Shape to, const std::st
   return out;
 }
 
+/// dispatch(round_robin): worker 0's record on each rank owns the dispatcher, with a backlog per worker
+/// of elements the prefix dealt and the worker has not taken. The backlogs of all ranks are pooled and
+/// dealt to the new workers; the prefix (re-sliced over the new ranks) goes on filling them.
+std::vector<NodeState> deal_dispatch(const Records& old, Shape from, Shape to) {
+  ElementBlobs pool;
+  for (std::size_t i = 0; i < old.size(); ++i) {
+    const NodeState& s = *old[i];
+    const bool owner = field(s, "owner", FieldType::u64).u != 0;
+    if (owner != (i % static_cast<std::size_t>(from.workers) == 0))
+      refuse("dispatch '" + s.key + "': the dispatcher's record is not on worker 0 of instance " + std::to_string(i));
+    if (!owner) continue;
+    for (int w = 0; w < from.workers; ++w)
+      append_all(pool, field(s, "backlog_" + std::to_string(w), FieldType::elements).elements);
+  }
+  const auto dealt = deal(pool, to.instances());
+  auto u64_field = [](std::string name, std::uint64_t v) {
+    Field f;
+    f.name = std::move(name);
+    f.type = FieldType::u64;
+    f.u = v;
+    return f;
+  };
+  std::vector<NodeState> out;
+  for (std::size_t j = 0; j < to.instances(); ++j) {
+    NodeState s;
+    s.key = old[0]->key;
+    s.kind = old[0]->kind;
+    s.mode = old[0]->mode;
+    s.instance = static_cast<std::uint32_t>(j);
+    const bool owner = j % static_cast<std::size_t>(to.workers) == 0;
+    s.fields.push_back(u64_field("owner", owner));
+    if (owner) {
+      s.fields.push_back(u64_field("next_worker", 0));
+      s.fields.push_back(u64_field("prefix_done", 0));  // the dispatcher asks its prefix again
+      for (int w = 0; w < to.workers; ++w) {
+        Field backlog;
+        backlog.name = "backlog_" + std::to_string(w);
+        backlog.type = FieldType::elements;
+        backlog.elements = dealt[j + static_cast<std::size_t>(w)];
+        s.fields.push_back(std::move(backlog));
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 std::vector<NodeState> replicate_stateless(const Records& old, Shape to) {
   std::vector<NodeState> out;
   for (std::size_t j = 0; j < to.instances(); ++j) {
@@ -264,20 +311,20 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
                         std::to_string(num_workers) + " workers");
   const Shape from{this->world_size(), this->num_workers()}, to{world_size, num_workers};
   const SnapshotMeta& meta = ranks_.front().meta;
-  // Which nodes run per worker and which once per rank after `merge` (the suffix).
+  // Which nodes run once per rank (the prefix before dispatch, the suffix after merge) and which per
+  // worker: recorded per node since the node-details section; without it, only pipelines with neither.
   std::string merge_key = "merge@out";  // the implicit merge's record
   for (const auto& n : meta.graph) {
-    if (n.kind == "dispatch")
-      refuse("the pipeline has a dispatch node ('" + n.key + "'): the prefix before it reads one stream per rank, "
-             "which cannot be dealt to other ranks; read the data through a sampler or lines in the worker "
-             "segment instead");
-    if (n.kind == "merge") {
-      merge_key = n.key;
-      for (const auto& m : meta.graph)
-        if (m.segment.empty())
-          refuse("the snapshots do not record which nodes run after merge ('" + n.key + "'); they were written by "
-                 "an older dpipe: take them again to rescale");
-    }
+    if (n.kind != "merge" && n.kind != "dispatch") continue;
+    if (n.kind == "merge") merge_key = n.key;
+    for (const auto& m : meta.graph)
+      if (m.segment.empty())
+        refuse("the snapshots do not record which nodes run once per rank around " + n.kind + " ('" + n.key +
+               "'); they were written by an older dpipe: take them again to rescale");
+    for (const auto& [k, v] : n.params)
+      if (n.kind == "dispatch" && k == "mode" && v == "broadcast")
+        refuse("dispatch '" + n.key + "' broadcasts every element to all workers of a rank, and which part of it "
+               "each worker has taken is not recorded, so it cannot be dealt to another number of workers");
   }
 
   std::map<std::pair<std::string, std::uint32_t>, const NodeState*> index;
@@ -295,18 +342,21 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     return v;
   };
 
-  // The records of a node that runs once per rank (merge and the suffix after it): on worker 0's instance.
+  // The records of a node that runs once per rank (prefix, merge, suffix): on worker 0's instance.
+  // None at all: the node is not run itself (a source read through a sampler).
   auto records_per_rank = [&](const std::string& key) {
     Records v;
     for (int r = 0; r < from.world; ++r) {
       auto it = index.find({key, static_cast<std::uint32_t>(r * from.workers)});
-      if (it == index.end()) refuse("rank " + std::to_string(r) + " has no record of node '" + key + "'");
-      v.push_back(it->second);
+      if (it != index.end()) v.push_back(it->second);
     }
+    if (!v.empty() && v.size() != static_cast<std::size_t>(from.world))
+      refuse("node '" + key + "' has records on " + std::to_string(v.size()) + " of " + std::to_string(from.world) +
+             " ranks");
     return v;
   };
 
-  // New records per new instance (worker-segment nodes) and per new rank (run, merge, suffix).
+  // New records per new instance (worker-segment nodes) and per new rank (run, prefix, merge, suffix).
   std::vector<std::vector<NodeState>> per_rank(static_cast<std::size_t>(world_size));
   auto place = [&](std::vector<NodeState> records, bool by_rank) {
     for (auto& s : records) {
@@ -344,6 +394,7 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
   // The worker queues of the merge, per rank: every lane's elements, dealt to the new lanes.
   {
     const Records merges = records_per_rank(merge_key);
+    if (merges.empty()) refuse("the snapshots have no record of the worker queues");
     ElementBlobs pool;
     for (const NodeState* s : merges)
       for (int w = 0; w < from.workers; ++w) {
@@ -392,18 +443,22 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
       per_rank[static_cast<std::size_t>(r)].push_back(std::move(s));
     }
   }
-  // Every other node of the graph: per instance in the worker segment, per rank in the suffix.
+  // Every other node of the graph: per instance in the worker segment, per rank in the prefix and suffix.
   for (const auto& n : meta.graph) {
     if (n.key == merge_key) continue;
-    const bool suffix = n.segment == "suffix";
-    const Records old = suffix ? records_per_rank(n.key) : records_of(n.key, from.instances());
+    if (n.kind == "dispatch") {
+      place(deal_dispatch(records_of(n.key, from.instances()), from, to), false);
+      continue;
+    }
+    const bool per_rank = n.segment == "suffix" || n.segment == "prefix";
+    const Records old = per_rank ? records_per_rank(n.key) : records_of(n.key, from.instances());
     if (old.empty()) continue;  // not run itself (a source read through a sampler)
     for (const NodeState* s : old)
       for (const auto& f : s->fields)
         if (f.name == "deferred_failure") refuse("node '" + n.key + "' had failed: " + f.s);
-    const Shape shape = suffix ? Shape{world_size, 1} : to;
+    const Shape shape = per_rank ? Shape{world_size, 1} : to;
     auto put = [&](std::vector<NodeState> records) {
-      if (suffix) place_per_rank(std::move(records));
+      if (per_rank) place_per_rank(std::move(records));
       else place(std::move(records), false);
     };
     const std::string& kind = old[0]->kind;

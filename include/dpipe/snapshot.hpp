@@ -59,8 +59,10 @@ struct GraphNodeRecord {
   std::string key;
   std::string kind;
   std::string element_type;
-  /// "prefix", "worker" or "suffix" (see Segment); empty in snapshots written before it was recorded.
+  /// "prefix", "worker" or "suffix" (see Segment), and the node's parameters; empty in snapshots
+  /// written before they were recorded.
   std::string segment;
+  std::vector<std::pair<std::string, std::string>> params;
 };
 
 struct SnapshotMeta {

@@ -244,10 +244,13 @@ TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
     const int epochs = 1 + pick(2);
     Pipeline<std::string> p = lines(files, {.logical_shards = 1 + pick(60), .epochs = epochs});
     if (pick(2)) p = p | shuffle({.buffer = 1 + pick(50)});
+    // Before a dispatch, lines runs once per rank and deals its shards to the ranks.
+    const bool dispatched = pick(3) == 0;
+    if (dispatched) p = p | dispatch();
     auto b = p | batch({.size = 1 + pick(8)});
     std::vector<std::string> got;
     std::optional<SnapshotSet> set;
-    std::string layouts;
+    std::string layouts = dispatched ? "(dispatch) " : "";
     for (int stage = 0, stages = 1 + pick(4); stage <= stages; ++stage) {
       const bool last = stage == stages;
       const int world = 1 + pick(6), workers = 1 + pick(4);

@@ -111,7 +111,12 @@ TEST(RescaleProperty, EveryElementExactlyOnceAcrossRandomLayoutSequences) {
     Pipeline<I64> p = range(0, n) | sampler({.shuffle = pick(2) ? SamplerShuffle::global : SamplerShuffle::none,
                                              .epochs = epochs});
     if (pick(2)) p = p | shuffle({.buffer = 1 + pick(100)});
+    // A dispatch: the sampler (and shuffle) before it run once per rank and deal to the ranks; the
+    // dispatcher's backlogs are dealt to the new workers.
+    const bool dispatched = pick(3) == 0;
+    if (dispatched) p = p | dispatch();
     if (pick(2)) p = p | map([](I64 x) { return x; });
+    if (dispatched && pick(2)) p = p | shuffle({.buffer = 1 + pick(30)});
     // An explicit merge: what follows runs once per rank, and its state is dealt per rank.
     const int merged = pick(3);
     if (merged == 1) p = p | merge();
@@ -120,7 +125,7 @@ TEST(RescaleProperty, EveryElementExactlyOnceAcrossRandomLayoutSequences) {
     const I64 batch_size = 1 + pick(16);
     std::vector<I64> delivered;
     std::optional<SnapshotSet> set;
-    std::string layouts = merged ? "(merge) " : "";
+    std::string layouts = std::string(dispatched ? "(dispatch) " : "") + (merged ? "(merge) " : "");
     const int stages = 1 + pick(4);
     for (int s = 0; s < stages; ++s) {
       const int world = 1 + pick(6), workers = 1 + pick(4);
@@ -197,7 +202,13 @@ TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
   EXPECT_NE(refused(range(0, 100) | sharding_filter({.name = "shard"})).find("sharding_filter 'shard'"),
             std::string::npos);
   EXPECT_NE(refused(range(0, 100) | sampler() | take(50, {.name = "head"})).find("'head' (take)"), std::string::npos);
-  EXPECT_NE(refused(range(0, 100) | dispatch({.name = "d"}) | merge()).find("dispatch node ('d')"), std::string::npos);
+  auto deref = [](const std::shared_ptr<const I64>& x) { return *x; };
+  EXPECT_NE(refused(range(0, 100) | sampler() | dispatch(broadcast, {.name = "b"}) | map(deref))
+                .find("dispatch 'b' broadcasts"),
+            std::string::npos);
+  EXPECT_NE(refused(range(0, 100) | dispatch() | map([](I64 x) { return x; }, {.name = "m"})).find("range"),
+            std::string::npos);
+  EXPECT_EQ(refused(range(0, 100) | sampler() | dispatch() | batch({.size = 3})), "accepted");
   EXPECT_EQ(refused(range(0, 100) | sampler() | merge({.name = "m"}) | batch({.size = 3})), "accepted");
 }
 

@@ -107,9 +107,11 @@ TEST(SnapshotBytes, RecordsEachNodesSegmentAndReadsFilesWithout) {
   EXPECT_EQ(segment["merge"], "suffix");
   EXPECT_EQ(segment["map"], "worker");
   EXPECT_EQ(segment["sampler"], "worker");
+  for (const auto& n : s.meta.graph)
+    if (n.kind == "batch") EXPECT_EQ(n.params, (std::vector<std::pair<std::string, std::string>>{{"size", "4"}, {"drop_last", "false"}}));
   // A file without the section still restores; it only lacks what rescaling a merge needs.
   const auto old = Snapshot::from_bytes(without_segment_section(s.to_bytes()));
-  for (const auto& n : old.meta.graph) EXPECT_EQ(n.segment, "") << n.key;
+  for (const auto& n : old.meta.graph) EXPECT_TRUE(n.segment.empty() && n.params.empty()) << n.key;
   auto resumed = e.resume(p, old, options(2));
   EXPECT_TRUE(resumed.next().has_value());
   try {

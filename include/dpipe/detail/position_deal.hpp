@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/node.hpp"
 #include "dpipe/state.hpp"
 
 namespace dpipe::detail {
@@ -17,6 +18,16 @@ namespace dpipe::detail {
 class PositionDeal {
  public:
   PositionDeal(std::uint64_t instances, std::uint64_t instance) : stride_(instances), offset_(instance) {}
+  /// The deal of a node built in `ctx`: over every worker of every rank in the worker segment, over the
+  /// ranks in the prefix (once per rank, before dispatch). After merge is a ConfigError naming `who`.
+  static PositionDeal in(const BuildContext& ctx, const std::string& who) {
+    if (ctx.segment == Segment::worker)
+      return {static_cast<std::uint64_t>(ctx.layout.instances()), static_cast<std::uint64_t>(ctx.instance())};
+    if (ctx.segment == Segment::prefix)
+      return {static_cast<std::uint64_t>(ctx.layout.world_size), static_cast<std::uint64_t>(ctx.layout.rank)};
+    throw ConfigError(who + " deals its input to ranks (before dispatch) or to workers, so it cannot stand after "
+                            "merge, where every rank would read all of it");
+  }
 
   /// The next position of this instance below `total`, or nullopt when it has none left.
   std::optional<std::uint64_t> next(std::uint64_t total) {

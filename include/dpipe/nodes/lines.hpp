@@ -3,7 +3,8 @@
 /// ranges of about equal size, a count fixed up front and independent of the layout (a file may span
 /// shards; a line belongs to the shard where it starts). Over `epochs` passes, the shards' order is
 /// reshuffled every epoch from the seed, and work item q (epoch q / S, shard q mod S of that epoch's
-/// order) goes to instance q mod (world_size × num_workers). Each instance reads one shard at a time
+/// order) goes to instance q mod (world_size × num_workers) — to rank q mod world_size before `dispatch`,
+/// where it runs once per rank. Each instance reads one shard at a time
 /// and maps one file at a time (no descriptor stays open). A trailing '\r' is stripped; empty lines are
 /// elements; a last line without a newline counts. Out: std::string.
 /// State: like a sampler's over work items (base, stride, offset, next, skip), plus the shards it has
@@ -92,9 +93,7 @@ class LinesIter final : public Hooked<std::string> {
  public:
   LinesIter(BuildContext& ctx, const LinesDef& def)
       : Hooked(ctx, "lines"), def_(def),
-        deal_(static_cast<std::uint64_t>(ctx.layout.instances()), static_cast<std::uint64_t>(ctx.instance())) {
-    if (ctx.segment != dpipe::Segment::worker)
-      throw ConfigError("lines '" + key() + "' deals logical shards to workers, so it must be in the worker segment");
+        deal_(detail::PositionDeal::in(ctx, "lines '" + key() + "'")) {
     key_ = mix64(ctx.seed ^ mix64(fnv1a(key()) ^ mix64(ctx.epoch + 0x11e5)));
   }
 

@@ -3,7 +3,8 @@
 /// the instances: over `epochs` passes, global position q (epoch q / n, index q mod n) goes to instance
 /// q mod (world_size × num_workers), like `sharding_filter` deals positions, but each instance reads only
 /// its own. With `shuffle = global` each epoch is a fresh keyed permutation of [0, n) computed on the
-/// fly (O(1) memory); the order never depends on the layout. In: the source's T → Out: T.
+/// fly (O(1) memory); the order never depends on the layout. Before `dispatch` (the prefix, once per
+/// rank) it deals to the ranks instead: position q to rank q mod world_size. In: the source's T → Out: T.
 /// State: (base, stride, offset, next) and the positions at or after base that other instances already
 /// took (non-empty only after a rescale), so a snapshot set rescales by re-slicing positions.
 #include <algorithm>
@@ -58,10 +59,8 @@ class SamplerIter final : public Hooked<T> {
  public:
   SamplerIter(BuildContext& ctx, const SamplerDef<T>& def)
       : Hooked<T>(ctx, "sampler"), def_(def),
-        deal_(static_cast<std::uint64_t>(ctx.layout.instances()), static_cast<std::uint64_t>(ctx.instance())) {
+        deal_(detail::PositionDeal::in(ctx, "sampler '" + this->key() + "'")) {
     ctx.next_key();  // the source's key: it is read through the sampler, never run itself
-    if (ctx.segment != Segment::worker)
-      throw ConfigError("sampler '" + this->key() + "' deals positions to workers, so it must be in the worker segment");
     n_ = def.source().size();
     total_ = n_ * def.epochs();
     key_ = mix64(ctx.seed ^ mix64(fnv1a(this->key()) ^ mix64(ctx.epoch + 0x5a3d1e)));
