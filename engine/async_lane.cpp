@@ -91,7 +91,11 @@ void AsyncLaneBase::inline_result(std::size_t produced, std::exception_ptr error
 
 namespace {
 // Waits shorter than this on average are spun through; longer ones block at once.
-constexpr double kSpinWaitNs = 50'000;
+// A blocked consumer costs a wake-up, and while it sleeps a cheap producer fills its queue and ends its
+// task, which then costs a task restart: 50-100 µs each on the development VM. Spinning through waits
+// up to 200 µs removed those cascades there (about 40 blocking waits per 13 ms run at 50 µs, none at
+// 200 µs).
+constexpr double kSpinWaitNs = 200'000;
 
 void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
