@@ -253,10 +253,29 @@ std::vector<std::string> long_lines_files() {
   return files;
 }
 
+// And lines of about 120 bytes (CSV rows, log lines).
+std::vector<std::string> medium_lines_files() {
+  static const std::vector<std::string> files = [] {
+    std::vector<std::string> out;
+    for (int f = 0; f < 8; ++f) {
+      out.push_back(scratch_dir() + "/medium" + std::to_string(f) + ".csv");
+      std::ofstream o(out.back());
+      for (int l = 0; l < 12'000; ++l)
+        o << l << ',' << f << ",2026-11-22T17:00:00," << std::string(80 + (l * 13) % 40, 'a' + l % 26) << '\n';
+    }
+    return out;
+  }();
+  return files;
+}
+
+void BM_LinesMedium(benchmark::State& state) { read_lines(state, medium_lines_files()); }
+void BM_LinesMediumPlainRead(benchmark::State& state) { read_plain(state, medium_lines_files()); }
 void BM_LinesLong(benchmark::State& state) { read_lines(state, long_lines_files()); }
 void BM_LinesLongPlainRead(benchmark::State& state) { read_plain(state, long_lines_files()); }
 
 BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->Repetitions(3);
+BENCHMARK(BM_LinesMedium)->Unit(benchmark::kMillisecond)->Repetitions(3);
+BENCHMARK(BM_LinesMediumPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_LinesLong)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_LinesLongPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_LinesPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
@@ -280,6 +299,8 @@ int main(int argc, char** argv) {
       {"records / plain buffered read of the same file", "BM_Records", "BM_PlainRead", 0.5},
       {"lines (~30-byte lines) / plain buffered read of the same files", "BM_Lines", "BM_LinesPlainRead", 0.5},
       {"lines (~30-byte lines) / hand-written getline loop", "BM_Lines", "BM_LinesGetline", 0},
+      {"lines (~120-byte lines) / plain buffered read of the same files", "BM_LinesMedium", "BM_LinesMediumPlainRead",
+       0.5},
       {"lines (~1 KiB lines) / plain buffered read of the same files", "BM_LinesLong", "BM_LinesLongPlainRead", 0.5},
       {"restore a set of 8 x 4 over 30,000 shards / read+checksum its bytes", "BM_RestoreSet", "BM_ReadSetBytes", 2.0,
        true},
