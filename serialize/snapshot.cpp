@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -199,9 +201,13 @@ const NodeState* Snapshot::find(std::string_view key, std::uint32_t instance) co
 }
 
 std::string Snapshot::to_bytes() const {
-  const std::string sections[] = {encode_meta(meta), encode_states(states), encode_node_details(meta)};
+  // Node details only when every node has them: a snapshot read from an older file has none, and is
+  // written back as it was.
+  const bool details = std::all_of(meta.graph.begin(), meta.graph.end(), [](const auto& n) { return !n.segment.empty(); });
+  const std::string sections[] = {encode_meta(meta), encode_states(states),
+                                  details ? encode_node_details(meta) : std::string()};
   const SectionId ids[] = {kMeta, kStates, kNodeDetails};
-  constexpr std::uint32_t n = 3;
+  const std::uint32_t n = details ? 3 : 2;
   ByteWriter table;
   std::uint64_t offset = kHeaderBytes + n * kSectionEntryBytes;
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -255,7 +261,7 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
   Snapshot s;
   s.meta.format_version = version;
   bool have_meta = false, have_states = false;
-  std::string_view details;  // read after the metadata, wherever it stands
+  std::optional<std::string_view> details;  // read after the metadata, wherever it stands
   ByteReader t(table, "snapshot section table");
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto id = t.get<std::uint32_t>();
@@ -277,12 +283,13 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
       s.states = decode_states(r);
       have_states = true;
     } else if (id == kNodeDetails) {
+      if (details) throw SnapshotError("snapshot has two node-detail sections");
       details = body;
     }  // unknown sections of a readable version are skipped
   }
   if (!have_meta || !have_states) throw SnapshotError("snapshot lacks its metadata or node-state section");
-  if (!details.empty()) {
-    ByteReader r(details, "snapshot node details");
+  if (details) {
+    ByteReader r(*details, "snapshot node details");
     decode_node_details(r, s.meta);
   }
   return s;

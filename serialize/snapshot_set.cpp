@@ -446,19 +446,22 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
   // Every other node of the graph: per instance in the worker segment, per rank in the prefix and suffix.
   for (const auto& n : meta.graph) {
     if (n.key == merge_key) continue;
-    if (n.kind == "dispatch") {
-      place(deal_dispatch(records_of(n.key, from.instances()), from, to), false);
-      continue;
+    const bool once_per_rank = n.segment == "suffix" || n.segment == "prefix";
+    const Records old = once_per_rank ? records_per_rank(n.key) : records_of(n.key, from.instances());
+    if (old.empty()) {
+      if (n.kind == "dispatch") refuse("dispatch '" + n.key + "' has no records");
+      continue;  // not run itself (a source read through a sampler)
     }
-    const bool per_rank = n.segment == "suffix" || n.segment == "prefix";
-    const Records old = per_rank ? records_per_rank(n.key) : records_of(n.key, from.instances());
-    if (old.empty()) continue;  // not run itself (a source read through a sampler)
     for (const NodeState* s : old)
       for (const auto& f : s->fields)
         if (f.name == "deferred_failure") refuse("node '" + n.key + "' had failed: " + f.s);
-    const Shape shape = per_rank ? Shape{world_size, 1} : to;
+    if (n.kind == "dispatch") {
+      place(deal_dispatch(old, from, to), false);
+      continue;
+    }
+    const Shape shape = once_per_rank ? Shape{world_size, 1} : to;
     auto put = [&](std::vector<NodeState> records) {
-      if (per_rank) place_per_rank(std::move(records));
+      if (once_per_rank) place_per_rank(std::move(records));
       else place(std::move(records), false);
     };
     const std::string& kind = old[0]->kind;

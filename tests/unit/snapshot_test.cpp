@@ -108,10 +108,15 @@ TEST(SnapshotBytes, RecordsEachNodesSegmentAndReadsFilesWithout) {
   EXPECT_EQ(segment["map"], "worker");
   EXPECT_EQ(segment["sampler"], "worker");
   for (const auto& n : s.meta.graph)
-    if (n.kind == "batch") EXPECT_EQ(n.params, (std::vector<std::pair<std::string, std::string>>{{"size", "4"}, {"drop_last", "false"}}));
+    if (n.kind == "batch") {
+      EXPECT_EQ(n.params, (std::vector<std::pair<std::string, std::string>>{{"size", "4"}, {"drop_last", "false"}}));
+    }
   // A file without the section still restores; it only lacks what rescaling a merge needs.
-  const auto old = Snapshot::from_bytes(without_segment_section(s.to_bytes()));
+  const std::string old_bytes = without_segment_section(s.to_bytes());
+  const auto old = Snapshot::from_bytes(old_bytes);
   for (const auto& n : old.meta.graph) EXPECT_TRUE(n.segment.empty() && n.params.empty()) << n.key;
+  EXPECT_EQ(old.to_bytes(), old_bytes);  // written back as it was read, and readable again
+  EXPECT_NO_THROW(Snapshot::from_bytes(old.to_bytes()));
   auto resumed = e.resume(p, old, options(2));
   EXPECT_TRUE(resumed.next().has_value());
   try {
