@@ -238,33 +238,34 @@ void BM_LinesGetline(benchmark::State& state) {
   read_getline(state, lines_files());
 }
 
+/// Writes `files` text files of `lines` lines each into the scratch directory, line l of file f made
+/// by `line(f, l)` (newline included).
+template <class MakeLine>
+std::vector<std::string> write_text_files(const std::string& stem, int files, int lines, MakeLine line) {
+  std::vector<std::string> out;
+  for (int f = 0; f < files; ++f) {
+    out.push_back(scratch_dir() + "/" + stem + std::to_string(f));
+    std::ofstream o(out.back());
+    for (int l = 0; l < lines; ++l) o << line(f, l);
+  }
+  return out;
+}
+
 // The same with lines of about 1 KiB (JSON-lines corpora average a few KiB per line).
 std::vector<std::string> long_lines_files() {
-  static const std::vector<std::string> files = [] {
-    std::vector<std::string> out;
-    for (int f = 0; f < 4; ++f) {
-      out.push_back(scratch_dir() + "/long" + std::to_string(f) + ".jsonl");
-      std::ofstream o(out.back());
-      for (int l = 0; l < 16'000; ++l)
-        o << "{\"id\": " << l << ", \"text\": \"" << std::string(1000 + (l * 37) % 100, 'a' + l % 26) << "\"}\n";
-    }
-    return out;
-  }();
+  static const auto files = write_text_files("long", 4, 16'000, [](int, int l) {
+    return "{\"id\": " + std::to_string(l) + ", \"text\": \"" + std::string(1000 + (l * 37) % 100, char('a' + l % 26)) +
+           "\"}\n";
+  });
   return files;
 }
 
 // And lines of about 120 bytes (CSV rows, log lines).
 std::vector<std::string> medium_lines_files() {
-  static const std::vector<std::string> files = [] {
-    std::vector<std::string> out;
-    for (int f = 0; f < 8; ++f) {
-      out.push_back(scratch_dir() + "/medium" + std::to_string(f) + ".csv");
-      std::ofstream o(out.back());
-      for (int l = 0; l < 12'000; ++l)
-        o << l << ',' << f << ",2026-11-22T17:00:00," << std::string(80 + (l * 13) % 40, 'a' + l % 26) << '\n';
-    }
-    return out;
-  }();
+  static const auto files = write_text_files("medium", 8, 12'000, [](int f, int l) {
+    return std::to_string(l) + ',' + std::to_string(f) + ",2026-11-22T17:00:00," +
+           std::string(80 + (l * 13) % 40, char('a' + l % 26)) + '\n';
+  });
   return files;
 }
 
