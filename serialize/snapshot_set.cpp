@@ -246,6 +246,61 @@ std::vector<NodeState> deal_elements(const Records& old, Shape to, const std::st
   return out;
 }
 
+/// Fields of records the rescale writes itself (merge queues, dispatchers).
+Field new_field(std::string name, FieldType type) {
+  Field f;
+  f.name = std::move(name);
+  f.type = type;
+  return f;
+}
+Field u64_field(std::string name, std::uint64_t v) {
+  Field f = new_field(std::move(name), FieldType::u64);
+  f.u = v;
+  return f;
+}
+Field blobs_field(std::string name, ElementBlobs elements) {
+  Field f = new_field(std::move(name), FieldType::elements);
+  f.elements = std::move(elements);
+  return f;
+}
+
+/// The merge's records, one per rank: each lane's queued elements (plus whether it ended or failed).
+/// The queues of all ranks are pooled and dealt to the new lanes; a failed worker refuses the rescale.
+std::vector<NodeState> deal_merge_queues(const Records& merges, Shape from, Shape to) {
+  ElementBlobs pool;
+  for (const NodeState* s : merges)
+    for (int w = 0; w < from.workers; ++w) {
+      const std::string n = std::to_string(w);
+      const std::string& failure = field(*s, "failure_" + n, FieldType::str).s;
+      if (!failure.empty())
+        refuse("worker " + n + " of rank " + std::to_string(s->instance / static_cast<std::uint32_t>(from.workers)) +
+               " had failed: " + failure);
+      append_all(pool, field(*s, "pending_" + n, FieldType::elements).elements);
+    }
+  const auto dealt = deal(pool, to.instances());
+  std::vector<NodeState> out;
+  for (int r = 0; r < to.world; ++r) {
+    NodeState s;
+    s.key = merges[0]->key;
+    s.kind = "merge";
+    s.mode = StateMode::hook;
+    s.instance = static_cast<std::uint32_t>(r * to.workers);
+    s.fields.push_back(u64_field("cursor", 0));
+    for (int w = 0; w < to.workers; ++w) {
+      const std::string n = std::to_string(w);
+      s.fields.push_back(blobs_field("pending_" + n, dealt[static_cast<std::size_t>(r * to.workers + w)]));
+      s.fields.push_back(u64_field("done_" + n, 0));
+      s.fields.push_back(new_field("failure_" + n, FieldType::str));
+      s.fields.push_back(new_field("failed_node_" + n, FieldType::str));
+      Field worker = new_field("failed_worker_" + n, FieldType::i64);
+      worker.i = -1;
+      s.fields.push_back(std::move(worker));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 /// dispatch(round_robin): worker 0's record on each rank owns the dispatcher, with a backlog per worker
 /// of elements the prefix dealt and the worker has not taken. The backlogs of all ranks are pooled and
 /// dealt to the new workers; the prefix (re-sliced over the new ranks) goes on filling them.
@@ -261,13 +316,6 @@ std::vector<NodeState> deal_dispatch(const Records& old, Shape from, Shape to) {
       append_all(pool, field(s, "backlog_" + std::to_string(w), FieldType::elements).elements);
   }
   const auto dealt = deal(pool, to.instances());
-  auto u64_field = [](std::string name, std::uint64_t v) {
-    Field f;
-    f.name = std::move(name);
-    f.type = FieldType::u64;
-    f.u = v;
-    return f;
-  };
   std::vector<NodeState> out;
   for (std::size_t j = 0; j < to.instances(); ++j) {
     NodeState s;
@@ -280,13 +328,8 @@ std::vector<NodeState> deal_dispatch(const Records& old, Shape from, Shape to) {
     if (owner) {
       s.fields.push_back(u64_field("next_worker", 0));
       s.fields.push_back(u64_field("prefix_done", 0));  // the dispatcher asks its prefix again
-      for (int w = 0; w < to.workers; ++w) {
-        Field backlog;
-        backlog.name = "backlog_" + std::to_string(w);
-        backlog.type = FieldType::elements;
-        backlog.elements = dealt[j + static_cast<std::size_t>(w)];
-        s.fields.push_back(std::move(backlog));
-      }
+      for (int w = 0; w < to.workers; ++w)
+        s.fields.push_back(blobs_field("backlog_" + std::to_string(w), dealt[j + static_cast<std::size_t>(w)]));
     }
     out.push_back(std::move(s));
   }
@@ -395,53 +438,7 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
   {
     const Records merges = records_per_rank(merge_key);
     if (merges.empty()) refuse("the snapshots have no record of the worker queues");
-    ElementBlobs pool;
-    for (const NodeState* s : merges)
-      for (int w = 0; w < from.workers; ++w) {
-        const std::string n = std::to_string(w);
-        if (!field(*s, "failure_" + n, FieldType::str).s.empty())
-          refuse("worker " + n + " of rank " + std::to_string(s->instance / static_cast<std::uint32_t>(from.workers)) +
-                 " had failed: " + field(*s, "failure_" + n, FieldType::str).s);
-        append_all(pool, field(*s, "pending_" + n, FieldType::elements).elements);
-      }
-    const auto dealt = deal(pool, to.instances());
-    for (int r = 0; r < world_size; ++r) {
-      NodeState s;
-      s.key = merge_key;
-      s.kind = "merge";
-      s.mode = StateMode::hook;
-      s.instance = static_cast<std::uint32_t>(r * num_workers);
-      auto add = [&](Field f) { s.fields.push_back(std::move(f)); };
-      Field cursor;
-      cursor.name = "cursor";
-      cursor.type = FieldType::u64;
-      add(cursor);
-      for (int w = 0; w < num_workers; ++w) {
-        const std::string n = std::to_string(w);
-        Field pending;
-        pending.name = "pending_" + n;
-        pending.type = FieldType::elements;
-        pending.elements = dealt[static_cast<std::size_t>(r * num_workers + w)];
-        add(pending);
-        Field done;
-        done.name = "done_" + n;
-        done.type = FieldType::u64;
-        add(done);
-        Field failure;
-        failure.name = "failure_" + n;
-        failure.type = FieldType::str;
-        add(failure);
-        Field node = failure;
-        node.name = "failed_node_" + n;
-        add(node);
-        Field worker;
-        worker.name = "failed_worker_" + n;
-        worker.type = FieldType::i64;
-        worker.i = -1;
-        add(worker);
-      }
-      per_rank[static_cast<std::size_t>(r)].push_back(std::move(s));
-    }
+    place(deal_merge_queues(merges, from, to), false);  // on worker 0's instance of each rank
   }
   // Every other node of the graph: per instance in the worker segment, per rank in the prefix and suffix.
   for (const auto& n : meta.graph) {
