@@ -1,11 +1,33 @@
 #pragma once
 // Helpers shared by the test suites.
+#include <gtest/gtest.h>
+
+#include <cstdint>
 #include <optional>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "dpipe/dpipe.hpp"
 
 namespace dpipe::testing {
+
+/// Runs `trial(g)` `trials` times, each with a generator seeded from this machine's entropy plus the
+/// trial number. A failure names its seed (rerun with it to reproduce); the first fatal one ends the test.
+template <class Trial>
+void property_trials(int trials, Trial trial) {
+  const std::uint64_t base = std::random_device{}();
+  for (int t = 0; t < trials; ++t) {
+    const std::uint64_t seed = base + static_cast<std::uint64_t>(t);
+    SCOPED_TRACE("property seed " + std::to_string(seed) + " (rerun with this seed to reproduce)");
+    std::mt19937_64 g(seed);
+    trial(g);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+/// An integer in [0, n) drawn from `g`.
+inline int draw(std::mt19937_64& g, int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); }
 
 inline RunOptions options(int workers = 1, std::uint64_t seed = 7, int rank = 0, int world = 1) {
   return RunOptions{.seed = seed, .epoch = 0, .layout = Layout{rank, world, workers}};

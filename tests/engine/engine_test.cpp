@@ -160,7 +160,7 @@ TEST(ParallelMap, KeepsTheInputOrder) {
 
 /// A random pipeline of int64 elements over the node kinds, with a random segment structure.
 Pipeline<I64> random_pipeline(std::mt19937_64& g, bool& sharded) {
-  auto pick = [&](int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); };
+  auto pick = [&](int n) { return testing::draw(g, n); };
   Pipeline<I64> p = range(0, 300 + pick(1500));
   const bool dispatched = pick(2) == 0;
   if (dispatched) {
@@ -197,11 +197,7 @@ Pipeline<I64> random_pipeline(std::mt19937_64& g, bool& sharded) {
 }
 
 TEST(SnapshotProperty, ResumeMidStreamWithBusyWorkersContinuesExactly) {
-  const std::uint64_t base = std::random_device{}();
-  for (int trial = 0; trial < 60; ++trial) {
-    const std::uint64_t seed = base + static_cast<std::uint64_t>(trial);
-    SCOPED_TRACE("property seed " + std::to_string(seed) + " (rerun with this seed to reproduce)");
-    std::mt19937_64 g(seed);
+  testing::property_trials(60, [&](std::mt19937_64& g) {
     bool sharded = false;
     const auto p = random_pipeline(g, sharded);
     const int workers = 1 + static_cast<int>(g() % 4);
@@ -223,7 +219,7 @@ TEST(SnapshotProperty, ResumeMidStreamWithBusyWorkersContinuesExactly) {
     EXPECT_EQ(rest, continued);
     got.insert(got.end(), rest.begin(), rest.end());
     ASSERT_EQ(got, reference) << "workers " << workers << ", world " << world << ", at " << at;
-  }
+  });
 }
 
 TEST(Snapshot, RestoringIntoAnotherThreadCountOrInlineGivesTheSameRest) {

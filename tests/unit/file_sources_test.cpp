@@ -225,12 +225,8 @@ TEST(Lines, SplitsLikeTextFilesAcrossAnyNumberOfLogicalShards) {
 }
 
 TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
-  const std::uint64_t base = std::random_device{}();
-  for (int trial = 0; trial < 25; ++trial) {
-    const std::uint64_t seed = base + static_cast<std::uint64_t>(trial);
-    SCOPED_TRACE("property seed " + std::to_string(seed));
-    std::mt19937_64 g(seed);
-    auto pick = [&](int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); };
+  testing::property_trials(25, [&](std::mt19937_64& g) {
+    auto pick = [&](int n) { return testing::draw(g, n); };
     TempDir d;
     std::vector<std::string> files;
     int total = 0;
@@ -274,7 +270,7 @@ TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
     for (const auto& s : got) ++count[s];
     ASSERT_EQ(static_cast<int>(count.size()), total) << "layouts " << layouts;
     for (const auto& [line, k] : count) ASSERT_EQ(k, epochs) << line << ", layouts " << layouts;
-  }
+  });
 }
 
 }  // namespace

@@ -100,12 +100,8 @@ SnapshotSet stage(const Pipeline<T>& p, const std::optional<SnapshotSet>& set, i
 }
 
 TEST(RescaleProperty, EveryElementExactlyOnceAcrossRandomLayoutSequences) {
-  const std::uint64_t base = std::random_device{}();
-  for (int trial = 0; trial < 40; ++trial) {
-    const std::uint64_t seed = base + static_cast<std::uint64_t>(trial);
-    SCOPED_TRACE("property seed " + std::to_string(seed));
-    std::mt19937_64 g(seed);
-    auto pick = [&](int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); };
+  testing::property_trials(40, [&](std::mt19937_64& g) {
+    auto pick = [&](int n) { return testing::draw(g, n); };
     const I64 n = 200 + pick(3000);
     const int epochs = 1 + pick(2);
     Pipeline<I64> p = range(0, n) | sampler({.shuffle = pick(2) ? SamplerShuffle::global : SamplerShuffle::none,
@@ -143,7 +139,7 @@ TEST(RescaleProperty, EveryElementExactlyOnceAcrossRandomLayoutSequences) {
     const auto c = counts(delivered);
     ASSERT_EQ(static_cast<I64>(c.size()), n) << "layouts " << layouts;
     for (const auto& [x, k] : c) ASSERT_EQ(k, epochs) << "element " << x << ", layouts " << layouts;
-  }
+  });
 }
 
 TEST(SnapshotSetFiles, RoundTripAndRefuseIncompleteOrMixedSets) {
