@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "dpipe/detail/position_deal.hpp"
 #include "dpipe/dpipe.hpp"
 #include "../test_util.hpp"
 
@@ -70,6 +71,34 @@ TEST(Sampler, GlobalOrderDoesNotDependOnTheLayoutAndChangesPerEpoch) {
   }
   EXPECT_EQ(testing::collect(range(0, 5) | sampler({.shuffle = SamplerShuffle::none}), at(0, 1, 1)),
             (std::vector<I64>{0, 1, 2, 3, 4}));
+}
+
+// The sampler looks one position ahead to prefetch its element: peek must name what next takes,
+// skipped positions (a rescale's) included, and take nothing itself.
+TEST(PositionDeal, PeekShowsWhatNextTakesWithoutTakingIt) {
+  using U64 = std::uint64_t;
+  NodeState saved;
+  {
+    StateWriter w(saved);
+    w("base", U64{6});
+    w("stride", U64{3});
+    w("offset", U64{1});
+    w("next", U64{0});
+    w("skip", std::vector<U64>{7, 10, 13});
+  }
+  detail::PositionDeal deal(3, 1);
+  StateReader r(saved);
+  deal.restore(r, "positions");
+  std::vector<U64> taken;
+  for (;;) {
+    const auto peeked = deal.peek(22);
+    EXPECT_EQ(peeked, deal.peek(22));  // peeking twice takes nothing
+    const auto q = deal.next(22);
+    ASSERT_EQ(peeked, q);
+    if (!q) break;
+    taken.push_back(*q);
+  }
+  EXPECT_EQ(taken, (std::vector<U64>{16, 19}));  // 7, 10, 13 were taken elsewhere; 22 is past the end
 }
 
 TEST(Sampler, FollowsOnlyRandomAccessSources) {

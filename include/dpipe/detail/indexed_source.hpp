@@ -17,7 +17,11 @@ class IndexedSourceIter final : public Hooked<T> {
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
     std::size_t n = 0;
-    for (; n < max && next_ < source_.size(); ++n) out.push_back(source_.at(next_++));
+    const std::uint64_t size = source_.size();
+    for (; n < max && next_ < size; ++n) {
+      if (next_ + 1 < size) source_.prefetch(next_ + 1);
+      out.push_back(source_.at(next_++));
+    }
     return n;
   }
   void save_state(StateWriter& w) const override { w("next", next_); }

@@ -1,6 +1,7 @@
 #pragma once
 /// A read-only memory map of a whole data file (nodes/mapped_file.cpp). The descriptor is closed as
 /// soon as the file is mapped, so a source holds no open file however many files it covers.
+#include <algorithm>
 #include <cstddef>
 #include <string>
 
@@ -23,5 +24,12 @@ class MappedFile {
   const char* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+/// Starts loading the first bytes of [p, p + n) into the cache (at most one 4 KiB page's worth; the
+/// hardware's stream prefetcher carries on from there). A hint only: never faults, changes no result.
+inline void prefetch_bytes(const char* p, std::size_t n) {
+  constexpr std::size_t kLine = 64, kMost = 4096;
+  for (std::size_t at = 0; at < std::min(n, kMost); at += kLine) __builtin_prefetch(p + at);
+}
 
 }  // namespace dpipe::detail

@@ -41,6 +41,18 @@ class PositionDeal {
     }
   }
 
+  /// What next(total) would return, without taking it.
+  std::optional<std::uint64_t> peek(std::uint64_t total) const {
+    std::size_t skip_at = skip_at_;
+    for (std::uint64_t k = next_;; ++k) {
+      const std::uint64_t q = base_ + offset_ + k * stride_;
+      if (q >= total) return std::nullopt;
+      while (skip_at < skip_.size() && skip_[skip_at] < q) ++skip_at;
+      if (skip_at < skip_.size() && skip_[skip_at] == q) continue;
+      return q;
+    }
+  }
+
   void save(StateWriter& w) const {
     w("base", base_);
     w("stride", stride_);

@@ -102,11 +102,8 @@ class LinesIter final : public Hooked<std::string> {
     std::size_t n = 0;
     while (n < max) {
       if (!current_ && !start_next_item()) break;
-      if (!read_line(out)) {
-        current_.reset();  // the shard is done
-        continue;
-      }
-      ++n;
+      n += read_lines(out, max - n);
+      if (n < max) current_.reset();  // fewer than asked: the shard is done
     }
     return n;
   }
@@ -184,38 +181,40 @@ class LinesIter final : public Hooked<std::string> {
     return *mapped_;
   }
 
-  /// Appends the current shard's next line; false when the shard has no more.
-  bool read_line(std::vector<std::string>& out) {
+  /// Appends up to `want` next lines of the current shard; fewer means the shard has no more.
+  std::size_t read_lines(std::vector<std::string>& out, std::size_t want) {
     const auto& segs = def_.shard(current_->shard);
+    std::size_t got = 0;
     while (current_->segment < segs.size()) {
       const auto& seg = segs[current_->segment];
       const auto& m = map(seg.file);
       if (seg.end > m.size()) throw DataError("data file '" + m.path() + "' changed size since the pipeline was built");
-      const char* data = m.data();
+      const char* const data = m.data();
+      const std::uint64_t size = m.size();
       std::uint64_t p = current_->pos;
       if (!current_->aligned) {
         // A line that starts before this shard belongs to the one before: skip to the next line start.
         if (p > 0 && data[p - 1] != '\n') {
-          const void* nl = std::memchr(data + p, '\n', m.size() - p);
-          p = nl ? static_cast<std::uint64_t>(static_cast<const char*>(nl) - data) + 1 : m.size();
+          const void* nl = std::memchr(data + p, '\n', size - p);
+          p = nl ? static_cast<std::uint64_t>(static_cast<const char*>(nl) - data) + 1 : size;
         }
         current_->aligned = true;
       }
-      if (p >= seg.end) {  // no line starts in the rest of this segment
-        ++current_->segment;
-        if (current_->segment < segs.size()) current_->pos = segs[current_->segment].begin;
-        current_->aligned = true;  // later segments start at a file's beginning
-        continue;
+      // The lines that start in this segment (the last may run past its end, into the next shard's bytes).
+      for (; got < want && p < seg.end; ++got) {
+        const auto* nl = static_cast<const char*>(std::memchr(data + p, '\n', size - p));
+        const std::uint64_t end = nl ? static_cast<std::uint64_t>(nl - data) : size;
+        const std::uint64_t len = end - p - (end > p && data[end - 1] == '\r' ? 1 : 0);
+        out.emplace_back(data + p, len);
+        p = nl ? end + 1 : size;
       }
-      const void* nl = std::memchr(data + p, '\n', m.size() - p);
-      const std::uint64_t end = nl ? static_cast<std::uint64_t>(static_cast<const char*>(nl) - data) : m.size();
-      std::uint64_t len = end - p;
-      if (len > 0 && data[p + len - 1] == '\r') --len;
-      out.emplace_back(data + p, len);
-      current_->pos = nl ? end + 1 : m.size();
-      return true;
+      current_->pos = p;
+      if (got == want) return got;
+      ++current_->segment;  // no line starts in the rest of this segment
+      if (current_->segment < segs.size()) current_->pos = segs[current_->segment].begin;
+      current_->aligned = true;  // later segments start at a file's beginning
     }
-    return false;
+    return got;
   }
 
   const LinesDef& def_;

@@ -58,6 +58,10 @@ class RecordsDef final : public NodeDef<std::string>, public RandomAccess<std::s
     const auto& r = index_[i];
     return detail::read_record(*maps_[r.file], r);
   }
+  void prefetch(std::uint64_t i) const override {
+    const auto& r = index_[i];
+    detail::prefetch_bytes(maps_[r.file]->data() + r.offset, r.length + 16);
+  }
   /// Records skipped as bad (on_error = skip).
   std::uint64_t skipped() const override { return skipped_; }
 

@@ -69,10 +69,15 @@ class SamplerIter final : public Hooked<T> {
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
     std::size_t n = 0;
+    const RandomAccess<T>& source = def_.source();
     for (; n < max; ++n) {
       const auto q = deal_.next(total_);
       if (!q) break;
-      out.push_back(def_.source().at(index_of(*q)));
+      const std::uint64_t i = index_of(*q);
+      // The element after this one starts loading while this one is read (a random order defeats the
+      // hardware's prefetcher); its index is kept for the next round.
+      if (const auto ahead = deal_.peek(total_)) source.prefetch(index_of(*ahead));
+      out.push_back(source.at(i));
     }
     return n;
   }
@@ -84,11 +89,14 @@ class SamplerIter final : public Hooked<T> {
   std::uint64_t index_of(std::uint64_t q) {
     const std::uint64_t epoch = q / n_, i = q % n_;
     if (!def_.shuffled()) return i;
+    if (q == memo_q_) return memo_index_;  // computed by the look-ahead
     if (!perm_ || perm_epoch_ != epoch) {
       perm_.emplace(n_, mix64(key_ ^ mix64(epoch)));
       perm_epoch_ = epoch;
     }
-    return (*perm_)(i);
+    memo_q_ = q;
+    memo_index_ = (*perm_)(i);
+    return memo_index_;
   }
 
   const SamplerDef<T>& def_;
@@ -96,6 +104,7 @@ class SamplerIter final : public Hooked<T> {
   std::uint64_t n_ = 0, total_ = 0, key_ = 0;
   std::optional<KeyedPermutation> perm_;
   std::uint64_t perm_epoch_ = 0;
+  std::uint64_t memo_q_ = ~std::uint64_t{0}, memo_index_ = 0;  // the last position's index
 };
 
 template <class T>

@@ -51,15 +51,29 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
 
   std::uint64_t size() const override { return first_.back(); }
   std::vector<Token> at(std::uint64_t i) const override {
-    const std::size_t f = static_cast<std::size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin() - 1);
+    const std::size_t f = file_of(i);
     const std::uint64_t k = i - first_[f];
     const auto len = static_cast<std::size_t>(opts_.seq_len) + 1;
     const char* base = maps_[f]->data();
     if (opts_.dtype == TokenType::uint16) return copy_tokens<std::uint16_t>(base, k, len);
     return copy_tokens<std::uint32_t>(base, k, len);
   }
+  void prefetch(std::uint64_t i) const override {
+    const auto [bytes, count] = window_bytes(i);
+    detail::prefetch_bytes(bytes, count);
+  }
 
  private:
+  std::size_t file_of(std::uint64_t i) const {
+    return static_cast<std::size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin() - 1);
+  }
+  /// Where window i's bytes start in its file's map, and how many there are.
+  std::pair<const char*, std::size_t> window_bytes(std::uint64_t i) const {
+    const std::size_t f = file_of(i);
+    const std::size_t width = opts_.dtype == TokenType::uint16 ? 2 : 4;
+    const auto len = static_cast<std::uint64_t>(opts_.seq_len);
+    return {maps_[f]->data() + (i - first_[f]) * len * width, static_cast<std::size_t>(len + 1) * width};
+  }
   template <class Raw>
   std::vector<Token> copy_tokens(const char* base, std::uint64_t k, std::size_t len) const {
     // The map is page-aligned and windows start at multiples of the token width: aligned reads.
