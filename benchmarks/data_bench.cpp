@@ -2,8 +2,12 @@
 //   build-release/benchmarks/data_bench
 // - the sampler's per-index cost (a keyed Feistel permutation computed on the fly) against reading a
 //   stored permutation (std::shuffle of a vector) in order;
-// - token_windows against memcpy over the same bytes;
-// - records (framing, CRC-32C, one string per record) against a plain buffered read of the same file.
+// - token_windows, in order and through a global-shuffle sampler, against memcpy over the same bytes;
+// - records (framing, CRC-32C, one string per record) and lines (three line lengths) against a plain
+//   buffered read of the same files;
+// - restoring a snapshot set against reading and checksumming its bytes.
+// Source and baseline run alternately in one benchmark (paired.hpp), so their ratio is taken at the
+// same moments of this noisy machine.
 #include <benchmark/benchmark.h>
 
 #include <unistd.h>
@@ -18,6 +22,7 @@
 
 #include "dpipe/crc32c.hpp"
 #include "dpipe/dpipe.hpp"
+#include "paired.hpp"
 #include "ratio_reporter.hpp"
 
 namespace {
@@ -61,17 +66,44 @@ const std::string& records_file() {
 // Single-threaded runs: the sources' own cost, without thread hand-offs.
 const dpipe::RunOptions kInline{.seed = 1, .layout = dpipe::Layout{}, .inline_workers = true};
 
-/// Runs `p` to its end once per iteration, touching each element's size; `bytes` is what one run reads.
+/// Runs `p` to its end once, touching each element's size.
 template <class P>
-void drain(benchmark::State& state, const P& p, std::int64_t bytes) {
-  dpipe::Engine engine;
-  for (auto _ : state) {
-    auto run = engine.start(p, kInline);
-    std::uint64_t sink = 0;
-    while (auto x = run.next()) sink += x->size();
-    benchmark::DoNotOptimize(sink);
+void drain(dpipe::Engine& engine, const P& p) {
+  auto run = engine.start(p, kInline);
+  std::uint64_t sink = 0;
+  while (auto x = run.next()) sink += x->size();
+  benchmark::DoNotOptimize(sink);
+}
+
+std::int64_t total_bytes(const std::vector<std::string>& files) {
+  std::int64_t bytes = 0;
+  for (const auto& f : files) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
+  return bytes;
+}
+
+/// The baseline: `files` read once with 64 KiB freads, touching every cache line.
+void read_plain(const std::vector<std::string>& files) {
+  static std::vector<char> buf(64 << 10);
+  std::uint64_t sink = 0;
+  for (const auto& path : files) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
+      for (std::size_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(buf[i]);
+    std::fclose(f);
   }
-  state.SetBytesProcessed(state.iterations() * bytes);
+  benchmark::DoNotOptimize(sink);
+}
+
+/// A second baseline for text: the buffered line loop one writes by hand (std::getline over an
+/// ifstream into one reused string), which splits lines but allocates nothing per line.
+void read_getline(const std::vector<std::string>& files) {
+  std::string line;
+  std::uint64_t sink = 0;
+  for (const auto& path : files) {
+    std::ifstream in(path, std::ios::binary);
+    while (std::getline(in, line)) sink += line.size();
+  }
+  benchmark::DoNotOptimize(sink);
 }
 
 void BM_SamplerPermutation(benchmark::State& state) {
@@ -96,27 +128,52 @@ void BM_StoredPermutation(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kIndices);
 }
 
+// token_windows against the same bytes copied out of the mapped file window by window with memcpy.
 void BM_TokenWindows(benchmark::State& state) {
-  drain(state, dpipe::token_windows<std::uint16_t>({token_file()}, {.dtype = dpipe::TokenType::uint16, .seq_len = 1024}),
-        static_cast<std::int64_t>(kTokenBytes));
-}
-
-// The same bytes copied out of the mapped file window by window with memcpy.
-void BM_TokenMemcpy(benchmark::State& state) {
+  const auto p = dpipe::token_windows<std::uint16_t>({token_file()}, {.dtype = dpipe::TokenType::uint16, .seq_len = 1024});
   const dpipe::detail::MappedFile file(token_file());
   const std::size_t window = 1025 * 2, step = 1024 * 2;
   std::vector<char> out(window);
-  for (auto _ : state) {
-    for (std::size_t at = 0; at + window <= file.size(); at += step) {
-      std::memcpy(out.data(), file.data() + at, window);
-      benchmark::DoNotOptimize(out.data());
-    }
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(kTokenBytes));
+  dpipe::Engine engine;
+  dpipe::bench::paired(
+      state, static_cast<std::int64_t>(kTokenBytes), [&] { drain(engine, p); },
+      [&] {
+        for (std::size_t at = 0; at + window <= file.size(); at += step) {
+          std::memcpy(out.data(), file.data() + at, window);
+          benchmark::DoNotOptimize(out.data());
+        }
+      });
 }
 
+// The same windows in a global random order (sampler: keyed permutation computed per index), against
+// memcpy of the windows in a random order stored up front.
+void BM_SampledTokenWindows(benchmark::State& state) {
+  const auto p = dpipe::token_windows<std::uint16_t>({token_file()}, {.dtype = dpipe::TokenType::uint16, .seq_len = 1024}) |
+                 dpipe::sampler({.shuffle = dpipe::SamplerShuffle::global});
+  const dpipe::detail::MappedFile file(token_file());
+  const std::size_t window = 1025 * 2, step = 1024 * 2, windows = (file.size() / 2 - 1) / 1024;
+  std::vector<std::uint64_t> order(windows);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+  std::vector<char> out(window);
+  dpipe::Engine engine;
+  dpipe::bench::paired(
+      state, static_cast<std::int64_t>(kTokenBytes), [&] { drain(engine, p); },
+      [&] {
+        for (const std::uint64_t w : order) {
+          std::memcpy(out.data(), file.data() + w * step, window);
+          benchmark::DoNotOptimize(out.data());
+        }
+      });
+}
+
+// records (framing, CRC-32C, one string per record) against a plain buffered read of the file.
 void BM_Records(benchmark::State& state) {
-  drain(state, dpipe::records({records_file()}), static_cast<std::int64_t>(kRecords * kRecordBytes));
+  const auto p = dpipe::records({records_file()});
+  dpipe::Engine engine;
+  dpipe::bench::paired(
+      state, static_cast<std::int64_t>(kRecords * kRecordBytes), [&] { drain(engine, p); },
+      [&] { read_plain({records_file()}); });
 }
 
 // Restoring a snapshot set of 8 ranks × 4 workers over 30,000 logical shards of text: read the set
@@ -179,63 +236,23 @@ void BM_ReadSetBytes(benchmark::State& state) {
   state.counters["set_bytes"] = static_cast<double>(bytes);
 }
 
-// lines over the same text files as the restore benchmark, one logical shard per 64 KiB, against a
-// plain buffered read of those files.
-std::int64_t total_bytes(const std::vector<std::string>& files) {
-  std::int64_t bytes = 0;
-  for (const auto& f : files) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
-  return bytes;
-}
-
-/// Every line of `files` through `lines` (one logical shard per ~64 KiB, in order), single-threaded.
-void read_lines(benchmark::State& state, const std::vector<std::string>& files) {
-  drain(state, dpipe::lines(files, {.logical_shards = 256, .shuffle_shards = false}), total_bytes(files));
-}
-
-/// The baseline: the same files read with 64 KiB freads, touching every cache line.
-void read_plain(benchmark::State& state, const std::vector<std::string>& files) {
-  std::vector<char> buf(64 << 10);
-  for (auto _ : state) {
-    std::uint64_t sink = 0;
-    for (const auto& path : files) {
-      std::FILE* f = std::fopen(path.c_str(), "rb");
-      for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), f)) > 0;)
-        for (std::size_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(buf[i]);
-      std::fclose(f);
-    }
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * total_bytes(files));
-}
-
-void BM_PlainRead(benchmark::State& state) { read_plain(state, {records_file()}); }
-
-/// A second baseline for text: the buffered line loop one writes by hand (std::getline over an
-/// ifstream into one reused string), which splits lines but allocates nothing per line.
-void read_getline(benchmark::State& state, const std::vector<std::string>& files) {
-  std::string line;
-  for (auto _ : state) {
-    std::uint64_t sink = 0;
-    for (const auto& path : files) {
-      std::ifstream in(path, std::ios::binary);
-      while (std::getline(in, line)) sink += line.size();
-    }
-    benchmark::DoNotOptimize(sink);
-  }
-  state.SetBytesProcessed(state.iterations() * total_bytes(files));
+/// Every line of `files` through `lines` (one logical shard per ~64 KiB, in order, single-threaded),
+/// paired with `baseline` over the same files.
+void lines_against(benchmark::State& state, const std::vector<std::string>& files,
+                   void (*baseline)(const std::vector<std::string>&)) {
+  const auto p = dpipe::lines(files, {.logical_shards = 256, .shuffle_shards = false});
+  dpipe::Engine engine;
+  dpipe::bench::paired(
+      state, total_bytes(files), [&] { drain(engine, p); }, [&] { baseline(files); });
 }
 
 void BM_Lines(benchmark::State& state) {
   lines_set();  // makes the files
-  read_lines(state, lines_files());
+  lines_against(state, lines_files(), read_plain);
 }
-void BM_LinesPlainRead(benchmark::State& state) {
+void BM_LinesVsGetline(benchmark::State& state) {
   lines_set();
-  read_plain(state, lines_files());
-}
-void BM_LinesGetline(benchmark::State& state) {
-  lines_set();
-  read_getline(state, lines_files());
+  lines_against(state, lines_files(), read_getline);
 }
 
 /// Writes `files` text files of `lines` lines each into the scratch directory, line l of file f made
@@ -269,26 +286,20 @@ std::vector<std::string> medium_lines_files() {
   return files;
 }
 
-void BM_LinesMedium(benchmark::State& state) { read_lines(state, medium_lines_files()); }
-void BM_LinesMediumPlainRead(benchmark::State& state) { read_plain(state, medium_lines_files()); }
-void BM_LinesLong(benchmark::State& state) { read_lines(state, long_lines_files()); }
-void BM_LinesLongPlainRead(benchmark::State& state) { read_plain(state, long_lines_files()); }
+void BM_LinesMedium(benchmark::State& state) { lines_against(state, medium_lines_files(), read_plain); }
+void BM_LinesLong(benchmark::State& state) { lines_against(state, long_lines_files(), read_plain); }
 
-BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_LinesMedium)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_LinesMediumPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_LinesLong)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_LinesLongPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_LinesPlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_LinesGetline)->Unit(benchmark::kMillisecond)->Repetitions(3);
+BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LinesVsGetline)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LinesMedium)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LinesLong)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_RestoreSet)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_ReadSetBytes)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_SamplerPermutation)->Unit(benchmark::kMillisecond)->Repetitions(3);
 BENCHMARK(BM_StoredPermutation)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_TokenWindows)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_TokenMemcpy)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_Records)->Unit(benchmark::kMillisecond)->Repetitions(3);
-BENCHMARK(BM_PlainRead)->Unit(benchmark::kMillisecond)->Repetitions(3);
+BENCHMARK(BM_TokenWindows)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_SampledTokenWindows)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_Records)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 
 }  // namespace
 
@@ -296,13 +307,13 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   dpipe::bench::RatioReporter reporter({
       {"sampler index / stored permutation read (per-index rate)", "BM_SamplerPermutation", "BM_StoredPermutation", 0},
-      {"token_windows / memcpy of the same bytes", "BM_TokenWindows", "BM_TokenMemcpy", 0.5},
-      {"records / plain buffered read of the same file", "BM_Records", "BM_PlainRead", 0.5},
-      {"lines (~30-byte lines) / plain buffered read of the same files", "BM_Lines", "BM_LinesPlainRead", 0.5},
-      {"lines (~30-byte lines) / hand-written getline loop", "BM_Lines", "BM_LinesGetline", 0},
-      {"lines (~120-byte lines) / plain buffered read of the same files", "BM_LinesMedium", "BM_LinesMediumPlainRead",
-       0.5},
-      {"lines (~1 KiB lines) / plain buffered read of the same files", "BM_LinesLong", "BM_LinesLongPlainRead", 0.5},
+      {"token_windows / memcpy of the same bytes (paired)", "BM_TokenWindows", "", 0.5},
+      {"sampler(global) over token_windows / memcpy in a stored random order (paired)", "BM_SampledTokenWindows", "", 0},
+      {"records / plain buffered read of the same file (paired)", "BM_Records", "", 0.5},
+      {"lines (~30-byte lines) / plain buffered read (paired)", "BM_Lines", "", 0.5},
+      {"lines (~30-byte lines) / hand-written getline loop (paired)", "BM_LinesVsGetline", "", 0},
+      {"lines (~120-byte lines) / plain buffered read (paired)", "BM_LinesMedium", "", 0.5},
+      {"lines (~1 KiB lines) / plain buffered read (paired)", "BM_LinesLong", "", 0.5},
       {"restore a set of 8 x 4 over 30,000 shards / read+checksum its bytes", "BM_RestoreSet", "BM_ReadSetBytes", 2.0,
        true},
   });

@@ -12,7 +12,9 @@
 namespace dpipe::bench {
 
 struct Ratio {
-  std::string label, numerator, denominator;  // benchmark names (the median aggregate is used)
+  // Benchmark names (the median aggregate is used). An empty denominator reads the numerator's own
+  // `ratio` counter: a paired measurement (paired.hpp).
+  std::string label, numerator, denominator;
   double goal = 0;                             // printed beside the ratio; 0 for none
   bool at_most = false;                        // the goal is an upper bound (times), else a lower bound
 };
@@ -34,16 +36,19 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (it == r.counters.end()) it = r.counters.find("bytes_per_second");
       if (it != r.counters.end()) rate_[name] = it->second.value;
       time_[name] = r.GetAdjustedRealTime();
+      if (auto own = r.counters.find("ratio"); own != r.counters.end()) own_ratio_[name] = own->second.value;
       if (median) medians_[name] = true;
     }
   }
 
   void Finalize() override {
     ConsoleReporter::Finalize();
-    std::printf("\nratios (median of repetitions, same process):\n");
+    std::printf("\nratios (median of repetitions, same process; paired: median of per-pass ratios):\n");
     for (const auto& q : ratios_) {
       double v = 0;
-      if (rate_.count(q.numerator) && rate_.count(q.denominator) && rate_[q.denominator] > 0)
+      if (q.denominator.empty())
+        v = own_ratio_.count(q.numerator) ? own_ratio_[q.numerator] : 0;
+      else if (rate_.count(q.numerator) && rate_.count(q.denominator) && rate_[q.denominator] > 0)
         v = rate_[q.numerator] / rate_[q.denominator];
       else if (time_.count(q.numerator) && time_.count(q.denominator) && time_[q.denominator] > 0)
         v = time_[q.numerator] / time_[q.denominator];
@@ -72,7 +77,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
   std::vector<Ratio> ratios_;
-  std::map<std::string, double> rate_, time_;
+  std::map<std::string, double> rate_, time_, own_ratio_;
   std::map<std::string, bool> medians_;
 };
 
