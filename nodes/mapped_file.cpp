@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -33,6 +34,19 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
     data_ = static_cast<const char*>(p);
   }
   ::close(fd);
+}
+
+void MappedFile::will_read(std::size_t begin, std::size_t end) const {
+#ifdef MADV_POPULATE_READ
+  end = std::min(end, size_);
+  if (!data_ || begin >= end) return;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t from = begin / page * page;
+  ::madvise(const_cast<char*>(data_) + from, end - from, MADV_POPULATE_READ);  // a hint: errors ignored
+#else
+  (void)begin;
+  (void)end;
+#endif
 }
 
 MappedFile::~MappedFile() {

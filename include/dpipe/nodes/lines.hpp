@@ -192,6 +192,7 @@ class LinesIter final : public Hooked<std::string> {
       const char* const data = m.data();
       const std::uint64_t size = m.size();
       std::uint64_t p = current_->pos;
+      if (p == seg.begin) m.will_read(seg.begin, seg.end);
       if (!current_->aligned) {
         // A line that starts before this shard belongs to the one before: skip to the next line start.
         if (p > 0 && data[p - 1] != '\n') {
