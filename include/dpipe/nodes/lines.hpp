@@ -5,7 +5,8 @@
 /// reshuffled every epoch from the seed, and work item q (epoch q / S, shard q mod S of that epoch's
 /// order) goes to instance q mod (world_size × num_workers) — to rank q mod world_size before `dispatch`,
 /// where it runs once per rank. Each instance reads one shard at a time
-/// and maps one file at a time (no descriptor stays open). A trailing '\r' is stripped; empty lines are
+/// and maps one file at a time (no descriptor stays open), its pages mapped a few MiB at a time ahead of
+/// the reads. A trailing '\r' is stripped; empty lines are
 /// elements; a last line without a newline counts. Out: std::string.
 /// State: like a sampler's over work items (base, stride, offset, next, skip), plus the shards it has
 /// started and not finished, with where it is in each — so a snapshot set rescales by regrouping them.
@@ -16,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dpipe/detail/mapped_file.hpp"
@@ -177,8 +179,16 @@ class LinesIter final : public Hooked<std::string> {
       mapped_.reset();  // one file mapped at a time
       mapped_ = std::make_unique<detail::MappedFile>(def_.files()[file]);
       mapped_file_ = file;
+      populated_ = {0, 0};
     }
     return *mapped_;
+  }
+
+  /// Maps the pages of the next few MiB from `at` (up to `end`) in one call, ahead of the reads.
+  void populate(const detail::MappedFile& m, std::uint64_t at, std::uint64_t end) {
+    constexpr std::uint64_t kAhead = 4 << 20;
+    populated_ = {at, std::min(end, at + kAhead)};
+    m.will_read(populated_.first, populated_.second);
   }
 
   /// Appends up to `want` next lines of the current shard; fewer means the shard has no more.
@@ -192,7 +202,6 @@ class LinesIter final : public Hooked<std::string> {
       const char* const data = m.data();
       const std::uint64_t size = m.size();
       std::uint64_t p = current_->pos;
-      if (p == seg.begin) m.will_read(seg.begin, seg.end);
       if (!current_->aligned) {
         // A line that starts before this shard belongs to the one before: skip to the next line start.
         if (p > 0 && data[p - 1] != '\n') {
@@ -203,6 +212,7 @@ class LinesIter final : public Hooked<std::string> {
       }
       // The lines that start in this segment (the last may run past its end, into the next shard's bytes).
       for (; got < want && p < seg.end; ++got) {
+        if (p < populated_.first || p >= populated_.second) populate(m, p, seg.end);
         const auto* nl = static_cast<const char*>(std::memchr(data + p, '\n', size - p));
         const std::uint64_t end = nl ? static_cast<std::uint64_t>(nl - data) : size;
         const std::uint64_t len = end - p - (end > p && data[end - 1] == '\r' ? 1 : 0);
@@ -225,6 +235,7 @@ class LinesIter final : public Hooked<std::string> {
   std::deque<Cursor> started_;  // dealt here by a rescale: finished before new items
   std::unique_ptr<detail::MappedFile> mapped_;
   std::uint32_t mapped_file_ = 0;
+  std::pair<std::uint64_t, std::uint64_t> populated_{0, 0};  // bytes of the mapped file already populated
 };
 
 inline std::unique_ptr<Iter<std::string>> LinesDef::instantiate(BuildContext& ctx) const {
