@@ -123,9 +123,12 @@ class RandomAccess {
   virtual ~RandomAccess() = default;
   virtual std::uint64_t size() const = 0;
   virtual T at(std::uint64_t i) const = 0;
-  /// A hint that at(i) comes soon (i < size()): sources over mapped files start loading its bytes,
-  /// so a read from memory overlaps the work on the element before it. Changes no result.
+  /// A hint that at(i) comes soon (i < size()): sources over mapped files ask the CPU to load the
+  /// first bytes of element i (pages not mapped yet are skipped), so a read from memory overlaps the
+  /// work on the element before it. Changes no result.
   virtual void prefetch(std::uint64_t) const {}
+  /// Whether prefetch does anything: readers skip the look-ahead when it does not.
+  virtual bool prefetches() const { return false; }
 };
 
 /// How one node's state was restored.

@@ -224,6 +224,26 @@ TEST(Lines, SplitsLikeTextFilesAcrossAnyNumberOfLogicalShards) {
   EXPECT_THROW(lines({d.file("missing.txt")}), DataError);
 }
 
+// Shards of several MiB: lines maps their pages a few MiB at a time, so reads cross from one populated
+// window into the next (and a resume starts in the middle of one).
+TEST(Lines, ReadsShardsLargerThanOnePopulatedWindow) {
+  TempDir d;
+  std::string text;
+  std::vector<std::string> expected;
+  for (int l = 0; text.size() < (11u << 20); ++l) {
+    std::string line =
+        std::to_string(l) + std::string(static_cast<std::size_t>(l * 7919 % 300), static_cast<char>('a' + l % 26));
+    if (l % 97 == 0) line.clear();
+    expected.push_back(line);
+    text += line + (l % 5 == 0 ? "\r\n" : "\n");
+  }
+  write_bytes(d.file("big.txt"), text);
+  auto p = lines({d.file("big.txt")}, {.logical_shards = 2, .shuffle_shards = false});
+  EXPECT_EQ(testing::collect(p, testing::options()), expected);
+  const std::size_t past_first_window = expected.size() * 3 / 8;  // about 4.1 MiB into the first shard
+  EXPECT_EQ(testing::stop_and_resume(p, testing::options(), past_first_window), expected);
+}
+
 TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
   testing::property_trials(25, [&](std::mt19937_64& g) {
     auto pick = [&](int n) { return testing::draw(g, n); };

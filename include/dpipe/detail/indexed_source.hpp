@@ -12,14 +12,14 @@ class IndexedSourceIter final : public Hooked<T> {
  public:
   /// `source` is borrowed from the node definition, which outlives the Run.
   IndexedSourceIter(BuildContext& ctx, const RandomAccess<T>& source, std::string kind)
-      : Hooked<T>(ctx, std::move(kind)), source_(source) {}
+      : Hooked<T>(ctx, std::move(kind)), source_(source), prefetch_(source.prefetches()) {}
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
     std::size_t n = 0;
     const std::uint64_t size = source_.size();
     for (; n < max && next_ < size; ++n) {
-      if (next_ + 1 < size) source_.prefetch(next_ + 1);
+      if (prefetch_ && next_ + 1 < size) source_.prefetch(next_ + 1);
       out.push_back(source_.at(next_++));
     }
     return n;
@@ -34,6 +34,7 @@ class IndexedSourceIter final : public Hooked<T> {
 
  private:
   const RandomAccess<T>& source_;
+  const bool prefetch_;  // the source does something with prefetch hints
   std::uint64_t next_ = 0;
 };
 

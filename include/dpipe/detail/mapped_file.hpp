@@ -28,8 +28,9 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-/// Starts loading the first bytes of [p, p + n) into the cache (at most one 4 KiB page's worth; the
-/// hardware's stream prefetcher carries on from there). A hint only: never faults, changes no result.
+/// Asks the CPU to load the first bytes of [p, p + n) into the cache (at most 4 KiB; the hardware's
+/// stream prefetcher carries on from there). A hint only: never faults (a page not mapped yet is
+/// skipped), changes no result.
 inline void prefetch_bytes(const char* p, std::size_t n) {
   constexpr std::size_t kLine = 64, kMost = 4096;
   for (std::size_t at = 0; at < std::min(n, kMost); at += kLine) __builtin_prefetch(p + at);

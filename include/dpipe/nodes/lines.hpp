@@ -5,7 +5,7 @@
 /// reshuffled every epoch from the seed, and work item q (epoch q / S, shard q mod S of that epoch's
 /// order) goes to instance q mod (world_size × num_workers) — to rank q mod world_size before `dispatch`,
 /// where it runs once per rank. Each instance reads one shard at a time
-/// and maps one file at a time (no descriptor stays open), its pages mapped a few MiB at a time ahead of
+/// and maps one file at a time (no descriptor stays open), its pages mapped up to 4 MiB at a time ahead of
 /// the reads. A trailing '\r' is stripped; empty lines are
 /// elements; a last line without a newline counts. Out: std::string.
 /// State: like a sampler's over work items (base, stride, offset, next, skip), plus the shards it has
@@ -184,7 +184,7 @@ class LinesIter final : public Hooked<std::string> {
     return *mapped_;
   }
 
-  /// Maps the pages of the next few MiB from `at` (up to `end`) in one call, ahead of the reads.
+  /// Maps the pages of the next 4 MiB from `at` (at most to `end`) in one call, ahead of the reads.
   void populate(const detail::MappedFile& m, std::uint64_t at, std::uint64_t end) {
     constexpr std::uint64_t kAhead = 4 << 20;
     populated_ = {at, std::min(end, at + kAhead)};

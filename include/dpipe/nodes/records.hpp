@@ -58,6 +58,7 @@ class RecordsDef final : public NodeDef<std::string>, public RandomAccess<std::s
     const auto& r = index_[i];
     return detail::read_record(*maps_[r.file], r);
   }
+  bool prefetches() const override { return true; }
   void prefetch(std::uint64_t i) const override {
     const auto& r = index_[i];
     detail::prefetch_bytes(maps_[r.file]->data() + r.offset, r.length + 16);

@@ -64,6 +64,7 @@ class SamplerIter final : public Hooked<T> {
     n_ = def.source().size();
     total_ = n_ * def.epochs();
     key_ = mix64(ctx.seed ^ mix64(fnv1a(this->key()) ^ mix64(ctx.epoch + 0x5a3d1e)));
+    lookahead_ = def.source().prefetches();
   }
 
  protected:
@@ -76,7 +77,8 @@ class SamplerIter final : public Hooked<T> {
       const std::uint64_t i = index_of(*q);
       // The element after this one starts loading while this one is read (a random order defeats the
       // hardware's prefetcher); its index is kept for the next round.
-      if (const auto ahead = deal_.peek(total_)) source.prefetch(index_of(*ahead));
+      if (lookahead_)
+        if (const auto ahead = deal_.peek(total_)) source.prefetch(index_of(*ahead));
       out.push_back(source.at(i));
     }
     return n;
@@ -105,6 +107,7 @@ class SamplerIter final : public Hooked<T> {
   std::optional<KeyedPermutation> perm_;
   std::uint64_t perm_epoch_ = 0;
   std::uint64_t memo_q_ = ~std::uint64_t{0}, memo_index_ = 0;  // the last position's index
+  bool lookahead_ = false;  // the source uses prefetch hints: look one position ahead
 };
 
 template <class T>

@@ -58,6 +58,7 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
     if (opts_.dtype == TokenType::uint16) return copy_tokens<std::uint16_t>(base, k, len);
     return copy_tokens<std::uint32_t>(base, k, len);
   }
+  bool prefetches() const override { return true; }
   void prefetch(std::uint64_t i) const override {
     const auto [bytes, count] = window_bytes(i);
     detail::prefetch_bytes(bytes, count);
