@@ -156,22 +156,18 @@ auto token_windows_1024() {
   return dpipe::token_windows<std::uint16_t>({token_file()}, {.dtype = dpipe::TokenType::uint16, .seq_len = 1024});
 }
 
-// token_windows against the same bytes copied out of the mapped file window by window with memcpy.
-void BM_TokenWindows(benchmark::State& state) {
+/// token_windows against the same bytes copied out of the mapped file window by window by `copy`.
+void token_windows_against(benchmark::State& state, void (WindowCopy::*copy_all)()) {
   const auto p = token_windows_1024();
   const dpipe::detail::MappedFile file(token_file());
   WindowCopy copy{file};
   dpipe::Engine engine;
   dpipe::bench::paired(
-      state, static_cast<std::int64_t>(kTokenBytes), [&] { drain(engine, p); }, [&] { copy.runtime_size(); });
+      state, static_cast<std::int64_t>(kTokenBytes), [&] { drain(engine, p); }, [&] { (copy.*copy_all)(); });
 }
+void BM_TokenWindows(benchmark::State& state) { token_windows_against(state, &WindowCopy::runtime_size); }
 void BM_TokenWindowsVsInlinedCopy(benchmark::State& state) {
-  const auto p = token_windows_1024();
-  const dpipe::detail::MappedFile file(token_file());
-  WindowCopy copy{file};
-  dpipe::Engine engine;
-  dpipe::bench::paired(
-      state, static_cast<std::int64_t>(kTokenBytes), [&] { drain(engine, p); }, [&] { copy.constant_size(); });
+  token_windows_against(state, &WindowCopy::constant_size);
 }
 
 // The same windows in a global random order (sampler: keyed permutation computed per index), against
