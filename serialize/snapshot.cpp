@@ -29,6 +29,25 @@ enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kNodeDetails = 3 };
 
 void put_u32(ByteWriter& w, std::uint32_t v) { w.put(v); }
 
+/// A count, then each (key, value) of `pairs` as two strings (user metadata, node parameters).
+template <class Pairs>
+void put_string_pairs(ByteWriter& w, const Pairs& pairs) {
+  w.put<std::uint64_t>(pairs.size());
+  for (const auto& [k, v] : pairs) {
+    w.str(k);
+    w.str(v);
+  }
+}
+/// Reads what put_string_pairs wrote, handing each pair to `add`.
+template <class Add>
+void get_string_pairs(ByteReader& r, Add add) {
+  const std::size_t n = r.length(16);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::string k(r.str());
+    add(std::move(k), std::string(r.str()));
+  }
+}
+
 std::string encode_meta(const SnapshotMeta& m) {
   ByteWriter w;
   w.put<std::uint64_t>(m.fingerprint);
@@ -44,11 +63,7 @@ std::string encode_meta(const SnapshotMeta& m) {
     w.str(n.kind);
     w.str(n.element_type);
   }
-  w.put<std::uint64_t>(m.user_metadata.size());
-  for (const auto& [k, v] : m.user_metadata) {
-    w.str(k);
-    w.str(v);
-  }
+  put_string_pairs(w, m.user_metadata);
   return w.take();
 }
 
@@ -70,11 +85,7 @@ SnapshotMeta decode_meta(ByteReader& r) {
     n.element_type = r.str();
     m.graph.push_back(std::move(n));
   }
-  const std::size_t meta = r.length(16);
-  for (std::size_t i = 0; i < meta; ++i) {
-    std::string k(r.str());
-    m.user_metadata[k] = std::string(r.str());
-  }
+  get_string_pairs(r, [&](std::string k, std::string v) { m.user_metadata[std::move(k)] = std::move(v); });
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the metadata");
   return m;
 }
@@ -84,11 +95,7 @@ std::string encode_node_details(const SnapshotMeta& m) {
   w.put<std::uint64_t>(m.graph.size());
   for (const auto& n : m.graph) {
     w.str(n.segment);
-    w.put<std::uint64_t>(n.params.size());
-    for (const auto& [k, v] : n.params) {
-      w.str(k);
-      w.str(v);
-    }
+    put_string_pairs(w, n.params);
   }
   return w.take();
 }
@@ -102,11 +109,7 @@ void decode_node_details(ByteReader& r, SnapshotMeta& m) {
     node.segment = std::string(r.str());
     if (node.segment != "prefix" && node.segment != "worker" && node.segment != "suffix")
       r.fail("node '" + node.key + "' has an unknown segment '" + node.segment + "'");
-    const std::size_t params = r.length(16);
-    for (std::size_t i = 0; i < params; ++i) {
-      std::string k(r.str());
-      node.params.emplace_back(std::move(k), std::string(r.str()));
-    }
+    get_string_pairs(r, [&](std::string k, std::string v) { node.params.emplace_back(std::move(k), std::move(v)); });
   }
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the node details");
 }

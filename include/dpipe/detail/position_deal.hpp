@@ -31,26 +31,16 @@ class PositionDeal {
 
   /// The next position of this instance below `total`, or nullopt when it has none left.
   std::optional<std::uint64_t> next(std::uint64_t total) {
-    for (;;) {
-      const std::uint64_t q = base_ + offset_ + next_ * stride_;
-      if (q >= total) return std::nullopt;
-      ++next_;
-      while (skip_at_ < skip_.size() && skip_[skip_at_] < q) ++skip_at_;
-      if (skip_at_ < skip_.size() && skip_[skip_at_] == q) continue;  // another instance took it
-      return q;
-    }
+    const auto q = find(total, next_, skip_at_);
+    if (q) ++next_;
+    return q;
   }
 
   /// What next(total) would return, without taking it.
   std::optional<std::uint64_t> peek(std::uint64_t total) const {
+    std::uint64_t k = next_;
     std::size_t skip_at = skip_at_;
-    for (std::uint64_t k = next_;; ++k) {
-      const std::uint64_t q = base_ + offset_ + k * stride_;
-      if (q >= total) return std::nullopt;
-      while (skip_at < skip_.size() && skip_[skip_at] < q) ++skip_at;
-      if (skip_at < skip_.size() && skip_[skip_at] == q) continue;
-      return q;
-    }
+    return find(total, k, skip_at);
   }
 
   void save(StateWriter& w) const {
@@ -77,6 +67,18 @@ class PositionDeal {
   }
 
  private:
+  /// The first position from the k-th of this instance on that no other instance took (k and skip_at
+  /// move past the ones passed over; k then indexes the position found), or nullopt at `total`.
+  std::optional<std::uint64_t> find(std::uint64_t total, std::uint64_t& k, std::size_t& skip_at) const {
+    for (;; ++k) {
+      const std::uint64_t q = base_ + offset_ + k * stride_;
+      if (q >= total) return std::nullopt;
+      while (skip_at < skip_.size() && skip_[skip_at] < q) ++skip_at;
+      if (skip_at < skip_.size() && skip_[skip_at] == q) continue;  // another instance took it
+      return q;
+    }
+  }
+
   std::uint64_t base_ = 0, stride_ = 1, offset_ = 0, next_ = 0;
   std::vector<std::uint64_t> skip_;  // sorted
   std::size_t skip_at_ = 0;

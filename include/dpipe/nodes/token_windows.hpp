@@ -51,12 +51,9 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
 
   std::uint64_t size() const override { return first_.back(); }
   std::vector<Token> at(std::uint64_t i) const override {
-    const std::size_t f = file_of(i);
-    const std::uint64_t k = i - first_[f];
-    const auto len = static_cast<std::size_t>(opts_.seq_len) + 1;
-    const char* base = maps_[f]->data();
-    if (opts_.dtype == TokenType::uint16) return copy_tokens<std::uint16_t>(base, k, len);
-    return copy_tokens<std::uint32_t>(base, k, len);
+    const auto [bytes, count] = window_bytes(i);
+    if (opts_.dtype == TokenType::uint16) return copy_tokens<std::uint16_t>(bytes, count);
+    return copy_tokens<std::uint32_t>(bytes, count);
   }
   bool prefetches() const override { return true; }
   void prefetch(std::uint64_t i) const override {
@@ -76,10 +73,10 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
     return {maps_[f]->data() + (i - first_[f]) * len * width, static_cast<std::size_t>(len + 1) * width};
   }
   template <class Raw>
-  std::vector<Token> copy_tokens(const char* base, std::uint64_t k, std::size_t len) const {
+  static std::vector<Token> copy_tokens(const char* bytes, std::size_t count) {
     // The map is page-aligned and windows start at multiples of the token width: aligned reads.
-    const auto* p = reinterpret_cast<const Raw*>(base + k * static_cast<std::uint64_t>(opts_.seq_len) * sizeof(Raw));
-    return std::vector<Token>(p, p + len);  // one pass: converts (or copies) without zero-filling first
+    const auto* p = reinterpret_cast<const Raw*>(bytes);
+    return std::vector<Token>(p, p + count / sizeof(Raw));  // one pass: converts (or copies), no zero-fill
   }
   // The fingerprint covers the file list, the files' sizes and the window shape, so a snapshot of
   // other data is refused.
