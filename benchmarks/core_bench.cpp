@@ -159,6 +159,7 @@ BENCHMARK(BM_ReplayRestore)->Arg(100'000)->Arg(1'000'000)->Unit(benchmark::kMill
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("allocator", DPIPE_BENCH_ALLOCATOR);
   dpipe::bench::RatioReporter reporter({
       {"canonical pipeline / hand-written loop", "BM_Pipeline", "BM_HandLoop", 0.8},
       {"spec-built pipeline / C++ pipeline", "BM_SpecPipeline", "BM_Pipeline", 0.9},

@@ -331,6 +331,7 @@ BENCHMARK(BM_Records)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitio
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("allocator", DPIPE_BENCH_ALLOCATOR);
   dpipe::bench::RatioReporter reporter({
       {"sampler index / stored permutation read (per-index rate)", "BM_SamplerPermutation", "BM_StoredPermutation", 0},
       {"token_windows / memcpy of the same bytes (paired)", "BM_TokenWindows", "", 0.5},

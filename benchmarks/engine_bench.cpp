@@ -158,6 +158,7 @@ BENCHMARK(BM_SnapshotPause)->Arg(10)->Arg(2000)->UseManualTime()->Iterations(20)
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("allocator", DPIPE_BENCH_ALLOCATOR);
   dpipe::bench::RatioReporter reporter({
       {"canonical, 1 worker on the engine / single-threaded Run", "BM_CanonicalOneWorker", "BM_CanonicalInline", 0.8},
       {"spin 2 us: 2 workers / 1 worker", "BM_SpinWorkers/2", "BM_SpinWorkers/1", 1.8},
