@@ -1,6 +1,7 @@
 #include "dpipe/detail/mapped_file.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,12 +9,72 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <mutex>
 
 #include "dpipe/error.hpp"
 
 namespace dpipe::detail {
 
+namespace {
+
+struct sigaction g_previous_bus_action;  // what SIGBUS did before the handler below
+std::uintptr_t g_page_size = 4096;
+// Initial-exec: guards are made per element, and the handler reads this without calls.
+[[gnu::tls_model("initial-exec")]] thread_local const MappedReadGuard* t_innermost_guard = nullptr;
+
+}  // namespace
+
+/// The SIGBUS handler (installed once, by the first map). Only async-signal-safe calls in here.
+struct MappedFaultHandler {
+  static void install() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      g_page_size = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+      struct sigaction action {};
+      action.sa_sigaction = &on_bus;
+      action.sa_flags = SA_SIGINFO;
+      sigemptyset(&action.sa_mask);
+      ::sigaction(SIGBUS, &action, &g_previous_bus_action);
+    });
+  }
+
+  static void on_bus(int sig, siginfo_t* info, void* context) {
+    const int saved_errno = errno;
+    const auto addr = reinterpret_cast<std::uintptr_t>(info->si_addr);
+    for (const MappedReadGuard* g = t_innermost_guard; g && info->si_code > 0; g = g->outer_) {
+      const MappedFile& f = g->file_;
+      const auto begin = reinterpret_cast<std::uintptr_t>(f.data_);
+      if (!f.data_ || addr < begin || addr >= begin + f.size_) continue;
+      // The file shrank under its map. Note it first (another thread that then reads the zero pages
+      // sees the note when it checks), then put zero pages over the rest of the map and retry the read.
+      std::uint64_t intact = MappedFile::kIntact;
+      f.lost_from_.compare_exchange_strong(intact, addr - begin);
+      const std::uintptr_t from = addr / g_page_size * g_page_size;
+      const std::uintptr_t to = (begin + f.size_ + g_page_size - 1) / g_page_size * g_page_size;
+      if (::mmap(reinterpret_cast<void*>(from), to - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+          MAP_FAILED) {
+        errno = saved_errno;
+        return;
+      }
+      break;
+    }
+    // Not a guarded read: whatever SIGBUS did before.
+    if (g_previous_bus_action.sa_flags & SA_SIGINFO) {
+      g_previous_bus_action.sa_sigaction(sig, info, context);
+    } else if (g_previous_bus_action.sa_handler != SIG_DFL && g_previous_bus_action.sa_handler != SIG_IGN) {
+      g_previous_bus_action.sa_handler(sig);
+    } else {
+      // The default action, which ends the process: delivered as soon as this handler returns.
+      ::signal(SIGBUS, SIG_DFL);
+      ::raise(SIGBUS);
+    }
+    errno = saved_errno;
+  }
+};
+
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
+  MappedFaultHandler::install();
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw DataError("cannot open data file '" + path_ + "': " + std::strerror(errno));
   struct stat st {};
@@ -51,6 +112,20 @@ void MappedFile::will_read(std::size_t begin, std::size_t end) const {
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<char*>(data_), size_);
+}
+
+MappedReadGuard::MappedReadGuard(const MappedFile& file) : file_(file), outer_(t_innermost_guard) {
+  t_innermost_guard = this;
+}
+
+MappedReadGuard::~MappedReadGuard() { t_innermost_guard = outer_; }
+
+void MappedReadGuard::fail() const {
+  std::error_code ec;
+  const auto now = std::filesystem::file_size(file_.path(), ec);
+  throw DataError("data file '" + file_.path() + "' shrank while it was read: it was " + std::to_string(file_.size()) +
+                  " bytes when mapped, " + (ec ? "and cannot be read now" : "and is " + std::to_string(now) + " now") +
+                  " (byte offset " + std::to_string(file_.lost_from_.load()) + " is gone)");
 }
 
 }  // namespace dpipe::detail

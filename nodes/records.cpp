@@ -38,7 +38,9 @@ void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on
   const char* p = file.data();
   const std::uint64_t size = file.size();
   std::uint64_t at = 0;
+  const MappedReadGuard guard(file);
   auto bad = [&](const std::string& what) {
+    guard.check();  // bad framing read from a file that shrank meanwhile: that is the error
     if (on_error == OnDataError::fail) throw DataError(where(file, at) + ": " + what);
     ++skipped;
   };
@@ -66,13 +68,17 @@ void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on
     }
     at += 12 + len + 4;
   }
+  guard.check();
 }
 
 std::string read_record(const MappedFile& file, const RecordSpan& r) {
   const char* data = file.data() + r.offset + 12;
-  if (masked_crc32c(data, r.length) != load_u32(data + r.length))
-    throw DataError(where(file, r.offset) + ": data checksum mismatch");
-  return std::string(data, r.length);
+  const MappedReadGuard guard(file);
+  const bool checksum_ok = masked_crc32c(data, r.length) == load_u32(data + r.length);
+  std::string record(data, r.length);
+  guard.check();
+  if (!checksum_ok) throw DataError(where(file, r.offset) + ": data checksum mismatch");
+  return record;
 }
 
 }  // namespace detail

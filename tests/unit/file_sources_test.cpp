@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -242,6 +243,88 @@ TEST(Lines, ReadsShardsLargerThanOnePopulatedWindow) {
   EXPECT_EQ(testing::collect(p, testing::options()), expected);
   const std::size_t past_first_window = expected.size() * 3 / 8;  // about 4.1 MiB into the first shard
   EXPECT_EQ(testing::stop_and_resume(p, testing::options(), past_first_window), expected);
+}
+
+/// Runs `p` on the consumer's thread (nothing is read ahead), calls `shrink` once `before` elements
+/// have come, reads on and returns the DataError's message ("" if the run ended without one).
+template <class T>
+std::string error_after_shrinking(const Pipeline<T>& p, std::size_t before, const std::function<void()>& shrink,
+                                  std::vector<T>* delivered = nullptr) {
+  RunOptions o = testing::options();
+  o.inline_workers = true;
+  Engine e;
+  auto run = e.start(p, o);
+  for (std::size_t i = 0; i < before; ++i) {
+    auto x = run.next();
+    if (!x) return "the run ended before the file shrank";
+    if (delivered) delivered->push_back(std::move(*x));
+  }
+  shrink();
+  try {
+    while (run.next()) {
+    }
+  } catch (const DataError& err) {
+    return err.what();
+  }
+  return "";
+}
+
+// Another process may truncate a data file while it is mapped. Reading a page that is gone is then a
+// DataError naming the file, not SIGBUS; what came before it is intact.
+TEST(FileSources, AFileTruncatedWhileMappedIsADataErrorNotACrash) {
+  TempDir d;
+  const auto shrink = [](const std::string& f) { return [f] { fs::resize_file(f, 8192); }; };
+
+  std::string tokens;
+  for (std::uint32_t t = 0; t < (256u << 10); ++t) tokens += le(t & 0xffff, 2);  // 512 KiB: 255 windows
+  const auto in_order = [&] { return token_windows({d.file("t.bin")}, {.seq_len = 1023}); };
+  for (bool sampled : {false, true}) {
+    write_bytes(d.file("t.bin"), tokens);
+    const auto p = sampled ? in_order() | sampler() : in_order();  // maps the file now
+    const std::string msg = error_after_shrinking(p, 3, shrink(d.file("t.bin")));
+    EXPECT_NE(msg.find("t.bin' shrank while it was read"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("it was 524288 bytes when mapped, and is 8192 now"), std::string::npos) << msg;
+  }
+
+  std::vector<std::string> text;
+  std::string bytes;
+  for (int l = 0; bytes.size() < (3u << 20); ++l) {
+    text.push_back("line " + std::to_string(l) + std::string(static_cast<std::size_t>(l % 90), 'x'));
+    bytes += text.back() + "\n";
+  }
+  write_bytes(d.file("l.txt"), bytes);
+  std::vector<std::string> first;
+  const std::string msg =
+      error_after_shrinking(lines({d.file("l.txt")}, {.logical_shards = 1}), 10, shrink(d.file("l.txt")), &first);
+  EXPECT_NE(msg.find("l.txt' shrank while it was read"), std::string::npos) << msg;
+  EXPECT_EQ(first, std::vector<std::string>(text.begin(), text.begin() + 10));
+
+  std::vector<std::string> records_in(2000, std::string(1000, 'r'));
+  for (std::size_t i = 0; i < records_in.size(); ++i) records_in[i].replace(0, 4, std::to_string(1000 + i));
+  for (auto on_error : {OnDataError::fail, OnDataError::skip}) {
+    write_records(d.file("r.tfrecord"), records_in);
+    std::vector<std::string> got;
+    const std::string m = error_after_shrinking(records({d.file("r.tfrecord")}, {.on_error = on_error}), 3,
+                                                shrink(d.file("r.tfrecord")), &got);
+    EXPECT_NE(m.find("r.tfrecord' shrank while it was read"), std::string::npos) << m;
+    EXPECT_EQ(got, std::vector<std::string>(records_in.begin(), records_in.begin() + 3));
+  }
+}
+
+// The handler behind that takes only faults in guarded reads of mapped data files; any other SIGBUS
+// still does what it did before (here the default: the process ends).
+TEST(FileSourcesDeathTest, AnUnguardedFaultStillEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir d;
+  write_bytes(d.file("x.bin"), std::string(3 * 4096, 'x'));
+  EXPECT_DEATH(
+      {
+        const detail::MappedFile m(d.file("x.bin"));
+        fs::resize_file(d.file("x.bin"), 10);
+        const volatile char c = m.data()[2 * 4096];
+        (void)c;
+      },
+      "");
 }
 
 TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {

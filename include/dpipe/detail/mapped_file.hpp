@@ -1,11 +1,21 @@
 #pragma once
 /// A read-only memory map of a whole data file (nodes/mapped_file.cpp). The descriptor is closed as
 /// soon as the file is mapped, so a source holds no open file however many files it covers.
+///
+/// Another process may truncate a mapped file at any time, and touching a page past its new end raises
+/// SIGBUS, which would end the process. Every read of mapped bytes therefore runs under a
+/// MappedReadGuard: a fault inside a guarded read of that file maps zero-filled pages over the rest of
+/// the map, so the read finishes (on zeros), and the guard's `check()` then throws a DataError naming
+/// the file and the first byte that is gone. From then on every guarded read of that file fails.
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace dpipe::detail {
+
+struct MappedFaultHandler;  // nodes/mapped_file.cpp: the SIGBUS handler
 
 class MappedFile {
  public:
@@ -23,9 +33,38 @@ class MappedFile {
   void will_read(std::size_t begin, std::size_t end) const;
 
  private:
+  friend class MappedReadGuard;
+  friend struct MappedFaultHandler;
+  static constexpr std::uint64_t kIntact = ~std::uint64_t{0};
+
   std::string path_;
   const char* data_ = nullptr;
   std::size_t size_ = 0;
+  // The first byte offset found gone (a fault in a guarded read), or kIntact. Set by the fault handler.
+  mutable std::atomic<std::uint64_t> lost_from_{kIntact};
+};
+
+/// Marks the reads of one mapped file on this thread, from construction to destruction, as guarded
+/// (guards nest). Cheap: no system call. Call `check()` after the reads, before their bytes are used.
+class MappedReadGuard {
+ public:
+  explicit MappedReadGuard(const MappedFile& file);
+  ~MappedReadGuard();
+  MappedReadGuard(const MappedReadGuard&) = delete;
+  MappedReadGuard& operator=(const MappedReadGuard&) = delete;
+
+  /// Throws DataError if the file was found shorter than when it was mapped (during this guard's
+  /// reads or any earlier ones): what was read may be zeros.
+  void check() const {
+    if (file_.lost_from_.load(std::memory_order_acquire) != MappedFile::kIntact) fail();
+  }
+
+ private:
+  friend struct MappedFaultHandler;
+  [[noreturn]] void fail() const;
+
+  const MappedFile& file_;
+  const MappedReadGuard* outer_;  // the guard this one nests in, on this thread
 };
 
 /// Asks the CPU to load the first bytes of [p, p + n) into the cache (at most 4 KiB; the hardware's

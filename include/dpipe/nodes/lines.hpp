@@ -6,8 +6,9 @@
 /// order) goes to instance q mod (world_size × num_workers) — to rank q mod world_size before `dispatch`,
 /// where it runs once per rank. Each instance reads one shard at a time
 /// and maps one file at a time (no descriptor stays open), its pages mapped up to 4 MiB at a time ahead of
-/// the reads. A trailing '\r' is stripped; empty lines are
-/// elements; a last line without a newline counts. Out: std::string.
+/// the reads. A file that shrinks while it is read is a DataError (see MappedReadGuard), never a crash.
+/// A trailing '\r' is stripped; empty lines are elements; a last line without a newline counts.
+/// Out: std::string.
 /// State: like a sampler's over work items (base, stride, offset, next, skip), plus the shards it has
 /// started and not finished, with where it is in each — so a snapshot set rescales by regrouping them.
 #include <algorithm>
@@ -101,11 +102,17 @@ class LinesIter final : public Hooked<std::string> {
 
  protected:
   std::size_t pull_chunk(std::vector<std::string>& out, std::size_t max) override {
+    const std::size_t before = out.size();
     std::size_t n = 0;
-    while (n < max) {
-      if (!current_ && !start_next_item()) break;
-      n += read_lines(out, max - n);
-      if (n < max) current_.reset();  // fewer than asked: the shard is done
+    try {
+      while (n < max) {
+        if (!current_ && !start_next_item()) break;
+        n += read_lines(out, max - n);
+        if (n < max) current_.reset();  // fewer than asked: the shard is done
+      }
+    } catch (...) {
+      out.resize(before);  // a failed pull appends nothing
+      throw;
     }
     return n;
   }
@@ -201,6 +208,7 @@ class LinesIter final : public Hooked<std::string> {
       if (seg.end > m.size()) throw DataError("data file '" + m.path() + "' changed size since the pipeline was built");
       const char* const data = m.data();
       const std::uint64_t size = m.size();
+      const detail::MappedReadGuard guard(m);
       std::uint64_t p = current_->pos;
       if (!current_->aligned) {
         // A line that starts before this shard belongs to the one before: skip to the next line start.
@@ -219,6 +227,7 @@ class LinesIter final : public Hooked<std::string> {
         out.emplace_back(data + p, len);
         p = nl ? end + 1 : size;
       }
+      guard.check();  // the file shrank: what was just read may be zeros
       current_->pos = p;
       if (got == want) return got;
       ++current_->segment;  // no line starts in the rest of this segment

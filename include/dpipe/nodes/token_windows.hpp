@@ -51,26 +51,34 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
 
   std::uint64_t size() const override { return first_.back(); }
   std::vector<Token> at(std::uint64_t i) const override {
-    const auto [bytes, count] = window_bytes(i);
-    if (opts_.dtype == TokenType::uint16) return copy_tokens<std::uint16_t>(bytes, count);
-    return copy_tokens<std::uint32_t>(bytes, count);
+    const auto w = window(i);
+    const detail::MappedReadGuard guard(w.file);
+    auto tokens = opts_.dtype == TokenType::uint16 ? copy_tokens<std::uint16_t>(w.bytes, w.count)
+                                                   : copy_tokens<std::uint32_t>(w.bytes, w.count);
+    guard.check();
+    return tokens;
   }
   bool prefetches() const override { return true; }
   void prefetch(std::uint64_t i) const override {
-    const auto [bytes, count] = window_bytes(i);
-    detail::prefetch_bytes(bytes, count);
+    const auto w = window(i);
+    detail::prefetch_bytes(w.bytes, w.count);
   }
 
  private:
   std::size_t file_of(std::uint64_t i) const {
     return static_cast<std::size_t>(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin() - 1);
   }
-  /// Where window i's bytes start in its file's map, and how many there are.
-  std::pair<const char*, std::size_t> window_bytes(std::uint64_t i) const {
+  /// Window i's file, where its bytes start in that file's map, and how many there are.
+  struct Window {
+    const detail::MappedFile& file;
+    const char* bytes;
+    std::size_t count;
+  };
+  Window window(std::uint64_t i) const {
     const std::size_t f = file_of(i);
     const std::size_t width = opts_.dtype == TokenType::uint16 ? 2 : 4;
     const auto len = static_cast<std::uint64_t>(opts_.seq_len);
-    return {maps_[f]->data() + (i - first_[f]) * len * width, static_cast<std::size_t>(len + 1) * width};
+    return {*maps_[f], maps_[f]->data() + (i - first_[f]) * len * width, static_cast<std::size_t>(len + 1) * width};
   }
   template <class Raw>
   static std::vector<Token> copy_tokens(const char* bytes, std::size_t count) {
