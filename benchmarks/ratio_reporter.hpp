@@ -46,11 +46,16 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::printf("\nratios (median of repetitions, same process; paired: median of per-pass ratios):\n");
     for (const auto& q : ratios_) {
       double v = 0;
+      if (q.denominator.empty() ? !own_ratio_.count(q.numerator)
+                                : !time_.count(q.numerator) || !time_.count(q.denominator)) {
+        std::printf("  %-58s    not run (filtered out)\n", q.label.c_str());
+        continue;
+      }
       if (q.denominator.empty())
-        v = own_ratio_.count(q.numerator) ? own_ratio_[q.numerator] : 0;
+        v = own_ratio_[q.numerator];
       else if (rate_.count(q.numerator) && rate_.count(q.denominator) && rate_[q.denominator] > 0)
         v = rate_[q.numerator] / rate_[q.denominator];
-      else if (time_.count(q.numerator) && time_.count(q.denominator) && time_[q.denominator] > 0)
+      else if (time_[q.denominator] > 0)
         v = time_[q.numerator] / time_[q.denominator];
       if (q.goal > 0)
         std::printf("  %-58s %6.3f  (goal %s %.2f)\n", q.label.c_str(), v, q.at_most ? "<=" : ">=", q.goal);
