@@ -20,36 +20,45 @@ namespace {
 
 struct sigaction g_previous_bus_action;  // what SIGBUS did before the handler below
 std::uintptr_t g_page_size = 4096;
-// Initial-exec: guards are made per element, and the handler reads this without calls.
+// Initial-exec: guards are made per element, and the handler reads this without calls (a program that
+// dlopens libdpipe needs the C library's static TLS surplus for it: one pointer).
 [[gnu::tls_model("initial-exec")]] thread_local const MappedReadGuard* t_innermost_guard = nullptr;
 
 }  // namespace
 
-/// The SIGBUS handler (installed once, by the first map). Only async-signal-safe calls in here.
+/// The SIGBUS handler (installed once, by the first map). Only async-signal-safe calls in here (mmap
+/// is not on POSIX's list, but on Linux it is a plain system call).
 struct MappedFaultHandler {
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
   static void install() {
     static std::once_flag once;
     std::call_once(once, [] {
       g_page_size = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+      ::sigaction(SIGBUS, nullptr, &g_previous_bus_action);  // saved before the new handler can run
       struct sigaction action {};
       action.sa_sigaction = &on_bus;
-      action.sa_flags = SA_SIGINFO;
+      action.sa_flags = SA_SIGINFO | SA_ONSTACK;  // an alternate stack, where a runtime set one up
       sigemptyset(&action.sa_mask);
-      ::sigaction(SIGBUS, &action, &g_previous_bus_action);
+      ::sigaction(SIGBUS, &action, nullptr);
     });
   }
 
   static void on_bus(int sig, siginfo_t* info, void* context) {
     const int saved_errno = errno;
     const auto addr = reinterpret_cast<std::uintptr_t>(info->si_addr);
-    for (const MappedReadGuard* g = t_innermost_guard; g && info->si_code > 0; g = g->outer_) {
+    // Only a nonexistent physical address (a page past the file's end); not a hardware memory error.
+    for (const MappedReadGuard* g = t_innermost_guard; g && info->si_code == BUS_ADRERR; g = g->outer_) {
       const MappedFile& f = g->file_;
       const auto begin = reinterpret_cast<std::uintptr_t>(f.data_);
       if (!f.data_ || addr < begin || addr >= begin + f.size_) continue;
       // The file shrank under its map. Note it first (another thread that then reads the zero pages
-      // sees the note when it checks), then put zero pages over the rest of the map and retry the read.
-      std::uint64_t intact = MappedFile::kIntact;
-      f.lost_from_.compare_exchange_strong(intact, addr - begin);
+      // sees the note when it checks), keeping the lowest offset seen, then put zero pages over the rest
+      // of the map (which starts page-aligned) and let the read run again.
+      const std::uint64_t offset = addr - begin;
+      std::uint64_t seen = f.lost_from_.load();
+      while (offset < seen && !f.lost_from_.compare_exchange_weak(seen, offset)) {
+      }
       const std::uintptr_t from = addr / g_page_size * g_page_size;
       const std::uintptr_t to = (begin + f.size_ + g_page_size - 1) / g_page_size * g_page_size;
       if (::mmap(reinterpret_cast<void*>(from), to - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
@@ -60,14 +69,20 @@ struct MappedFaultHandler {
       break;
     }
     // Not a guarded read: whatever SIGBUS did before.
-    if (g_previous_bus_action.sa_flags & SA_SIGINFO) {
-      g_previous_bus_action.sa_sigaction(sig, info, context);
-    } else if (g_previous_bus_action.sa_handler != SIG_DFL && g_previous_bus_action.sa_handler != SIG_IGN) {
-      g_previous_bus_action.sa_handler(sig);
+    const struct sigaction& before = g_previous_bus_action;
+    if (before.sa_flags & SA_SIGINFO) {
+      before.sa_sigaction(sig, info, context);
+    } else if (before.sa_handler == SIG_IGN) {
+      // Ignored before: a SIGBUS sent by a process stays ignored; a fault cannot be (the kernel ends the
+      // process when it recurs with the default action).
+      if (info->si_code > 0) ::signal(SIGBUS, SIG_DFL);
+    } else if (before.sa_handler != SIG_DFL) {
+      before.sa_handler(sig);
     } else {
-      // The default action, which ends the process: delivered as soon as this handler returns.
+      // The default action, which ends the process. A fault recurs when this returns, and the kernel then
+      // ends the process with the fault's own address and code; a signal sent by a process is raised again.
       ::signal(SIGBUS, SIG_DFL);
-      ::raise(SIGBUS);
+      if (info->si_code <= 0) ::raise(SIGBUS);
     }
     errno = saved_errno;
   }
@@ -114,11 +129,28 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<char*>(data_), size_);
 }
 
+// The signal fences keep the compiler from moving the guarded reads out of the guard's lifetime, and
+// the store of t_innermost_guard from being dropped as dead (the handler reads it).
 MappedReadGuard::MappedReadGuard(const MappedFile& file) : file_(file), outer_(t_innermost_guard) {
   t_innermost_guard = this;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
 }
 
-MappedReadGuard::~MappedReadGuard() { t_innermost_guard = outer_; }
+MappedReadGuard::~MappedReadGuard() {
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_innermost_guard = outer_;
+}
+
+void MappedReadGuard::check_size() const {
+  check();
+  std::error_code ec;
+  const auto now = std::filesystem::file_size(file_.path(), ec);
+  if (ec || now < file_.size()) {
+    std::uint64_t intact = MappedFile::kIntact;
+    file_.lost_from_.compare_exchange_strong(intact, ec ? 0 : now);
+    fail();
+  }
+}
 
 void MappedReadGuard::fail() const {
   std::error_code ec;

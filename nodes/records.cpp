@@ -40,7 +40,7 @@ void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on
   std::uint64_t at = 0;
   const MappedReadGuard guard(file);
   auto bad = [&](const std::string& what) {
-    guard.check();  // bad framing read from a file that shrank meanwhile: that is the error
+    guard.check_size();  // bad framing read from a file that shrank meanwhile: that is the error
     if (on_error == OnDataError::fail) throw DataError(where(file, at) + ": " + what);
     ++skipped;
   };
@@ -77,7 +77,10 @@ std::string read_record(const MappedFile& file, const RecordSpan& r) {
   const bool checksum_ok = masked_crc32c(data, r.length) == load_u32(data + r.length);
   std::string record(data, r.length);
   guard.check();
-  if (!checksum_ok) throw DataError(where(file, r.offset) + ": data checksum mismatch");
+  if (!checksum_ok) {
+    guard.check_size();
+    throw DataError(where(file, r.offset) + ": data checksum mismatch");
+  }
   return record;
 }
 

@@ -58,6 +58,10 @@ class MappedReadGuard {
   void check() const {
     if (file_.lost_from_.load(std::memory_order_acquire) != MappedFile::kIntact) fail();
   }
+  /// check(), and also whether the file is now shorter than when mapped (a system call: for error
+  /// paths). A file cut inside a page reads as zeros past its new end, with no fault: call this
+  /// before blaming the data for what is wrong with it.
+  void check_size() const;
 
  private:
   friend struct MappedFaultHandler;

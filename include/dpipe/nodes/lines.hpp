@@ -215,6 +215,7 @@ class LinesIter final : public Hooked<std::string> {
         if (p > 0 && data[p - 1] != '\n') {
           const void* nl = std::memchr(data + p, '\n', size - p);
           p = nl ? static_cast<std::uint64_t>(static_cast<const char*>(nl) - data) + 1 : size;
+          guard.check();
         }
         current_->aligned = true;
       }
@@ -222,12 +223,12 @@ class LinesIter final : public Hooked<std::string> {
       for (; got < want && p < seg.end; ++got) {
         if (p < populated_.first || p >= populated_.second) populate(m, p, seg.end);
         const auto* nl = static_cast<const char*>(std::memchr(data + p, '\n', size - p));
+        guard.check();  // before the copy: past a lost page, the "line" runs on over zeros to the end
         const std::uint64_t end = nl ? static_cast<std::uint64_t>(nl - data) : size;
         const std::uint64_t len = end - p - (end > p && data[end - 1] == '\r' ? 1 : 0);
         out.emplace_back(data + p, len);
         p = nl ? end + 1 : size;
       }
-      guard.check();  // the file shrank: what was just read may be zeros
       current_->pos = p;
       if (got == want) return got;
       ++current_->segment;  // no line starts in the rest of this segment
