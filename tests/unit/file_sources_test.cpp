@@ -335,6 +335,31 @@ TEST(FileSources, AFileTruncatedWhileMappedIsADataErrorNotACrash) {
   }
 }
 
+// Workers share token_windows' map. The first to fault puts zero pages over the rest of it; the other
+// may then read zeros without a fault of its own, and must see the file's mark all the same.
+TEST(FileSources, WorkersSharingAMapAllSeeItShrink) {
+  TempDir d;
+  std::string tokens;
+  for (std::uint32_t t = 0; t < (4u << 20); ++t) tokens += le(t & 0xffff, 2);  // 8 MiB: 4096 windows
+  write_bytes(d.file("t.bin"), tokens);
+  const auto p = token_windows({d.file("t.bin")}, {.seq_len = 1023}) | sampler();
+  Engine e;
+  auto run = e.start(p, testing::options(2));  // two workers on engine threads; 64 windows queued each at most
+  std::vector<std::vector<I64>> windows;
+  std::string msg;
+  try {
+    for (int i = 0; i < 8; ++i) windows.push_back(*run.next());
+    fs::resize_file(d.file("t.bin"), 2 * page_size());
+    while (auto x = run.next()) windows.push_back(std::move(*x));
+  } catch (const DataError& err) {
+    msg = err.what();
+  }
+  EXPECT_NE(msg.find("t.bin' shrank while it was read"), std::string::npos) << msg;
+  EXPECT_LT(windows.size(), 4096u);
+  for (const auto& w : windows)
+    for (std::size_t j = 1; j < w.size(); ++j) ASSERT_EQ(w[j], (w[0] + static_cast<I64>(j)) & 0xffff);
+}
+
 // The handler behind that takes only faults in guarded reads of mapped data files; any other SIGBUS
 // goes where it went before dpipe's first map: the default action (the process ends), or a handler the
 // program had installed. Each runs in a fresh process ("threadsafe" death tests re-run the binary).
