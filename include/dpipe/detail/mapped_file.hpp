@@ -6,7 +6,7 @@
 /// SIGBUS, which would end the process. Every read of mapped bytes therefore runs under a
 /// MappedReadGuard: a fault inside a guarded read of that file maps zero-filled pages over the rest of
 /// the map, so the read finishes (on zeros), and the guard's `check()` then throws a DataError naming
-/// the file and the first byte that is gone. From then on every guarded read of that file fails.
+/// the file and the lowest byte found gone. From then on every guarded read of that file fails.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -40,7 +40,7 @@ class MappedFile {
   std::string path_;
   const char* data_ = nullptr;
   std::size_t size_ = 0;
-  // The first byte offset found gone (a fault in a guarded read), or kIntact. Set by the fault handler.
+  // The lowest byte offset found gone (by a fault in a guarded read, or check_size), or kIntact.
   mutable std::atomic<std::uint64_t> lost_from_{kIntact};
 };
 
