@@ -19,7 +19,7 @@ namespace dpipe::detail {
 namespace {
 
 struct sigaction g_previous_bus_action;  // what SIGBUS did before the handler below
-std::uintptr_t g_page_size = 4096;
+std::uintptr_t g_page_size = 4096;  // the system's, from the first map on
 // Initial-exec: guards are made per element, and the handler reads this without calls (a program that
 // dlopens libdpipe needs the C library's static TLS surplus for it: one pointer).
 [[gnu::tls_model("initial-exec")]] thread_local const MappedReadGuard* t_innermost_guard = nullptr;
@@ -116,8 +116,7 @@ void MappedFile::will_read(std::size_t begin, std::size_t end) const {
 #ifdef MADV_POPULATE_READ
   end = std::min(end, size_);
   if (!data_ || begin >= end) return;
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t from = begin / page * page;
+  const std::size_t from = begin / g_page_size * g_page_size;  // read once, by the first map
   ::madvise(const_cast<char*>(data_) + from, end - from, MADV_POPULATE_READ);  // a hint: errors ignored
 #else
   (void)begin;

@@ -278,6 +278,19 @@ bool is_prefix(const std::vector<T>& part, const std::vector<T>& whole) {
 
 std::uintmax_t page_size() { return static_cast<std::uintmax_t>(::sysconf(_SC_PAGESIZE)); }
 
+/// A uint16 token file of `count` tokens 0, 1, 2, … (mod 2^16).
+std::string counting_tokens(std::uint32_t count) {
+  std::string tokens;
+  for (std::uint32_t t = 0; t < count; ++t) tokens += le(t & 0xffff, 2);
+  return tokens;
+}
+
+/// Every window of a counting token file is a run of consecutive tokens: none was read from zeros.
+void expect_consecutive_tokens(const std::vector<std::vector<I64>>& windows) {
+  for (const auto& w : windows)
+    for (std::size_t j = 1; j < w.size(); ++j) ASSERT_EQ(w[j], (w[0] + static_cast<I64>(j)) & 0xffff);
+}
+
 // Another process may truncate a data file while it is mapped. Reading a page that is gone is then a
 // DataError naming the file, not SIGBUS, and nothing read from the lost pages is handed out.
 TEST(FileSources, AFileTruncatedWhileMappedIsADataErrorNotACrash) {
@@ -286,10 +299,10 @@ TEST(FileSources, AFileTruncatedWhileMappedIsADataErrorNotACrash) {
 
   // token_windows maps its files when the pipeline is built. The cut is at a page boundary: a cut
   // inside a page reads as zeros up to the page's end, without a fault (see README).
-  std::string tokens;
-  for (std::uint32_t t = 0; t < (256u << 10); ++t) tokens += le(t & 0xffff, 2);  // 512 KiB: 255 windows
+  const std::string tokens = counting_tokens(256u << 10);  // 512 KiB: 255 windows
   const auto in_order = [&] { return token_windows({d.file("t.bin")}, {.seq_len = 1023}); };
   for (bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "through a sampler" : "in order");
     write_bytes(d.file("t.bin"), tokens);
     const auto p = sampled ? in_order() | sampler() : in_order();
     std::vector<std::vector<I64>> windows;
@@ -299,8 +312,7 @@ TEST(FileSources, AFileTruncatedWhileMappedIsADataErrorNotACrash) {
               std::string::npos)
         << msg;
     EXPECT_LT(windows.size(), 255u);
-    for (const auto& w : windows)  // every window is a run of consecutive tokens: none read from zeros
-      for (std::size_t j = 1; j < w.size(); ++j) ASSERT_EQ(w[j], (w[0] + static_cast<I64>(j)) & 0xffff) << sampled;
+    expect_consecutive_tokens(windows);
   }
 
   // lines maps a file when it reaches it; this cut is inside a page, and the line that crosses it runs
@@ -339,9 +351,7 @@ TEST(FileSources, AFileTruncatedWhileMappedIsADataErrorNotACrash) {
 // may then read zeros without a fault of its own, and must see the file's mark all the same.
 TEST(FileSources, WorkersSharingAMapAllSeeItShrink) {
   TempDir d;
-  std::string tokens;
-  for (std::uint32_t t = 0; t < (4u << 20); ++t) tokens += le(t & 0xffff, 2);  // 8 MiB: 4096 windows
-  write_bytes(d.file("t.bin"), tokens);
+  write_bytes(d.file("t.bin"), counting_tokens(4u << 20));  // 8 MiB: 4096 windows
   const auto p = token_windows({d.file("t.bin")}, {.seq_len = 1023}) | sampler();
   Engine e;
   auto run = e.start(p, testing::options(2));  // two workers on engine threads; 64 windows queued each at most
@@ -356,25 +366,26 @@ TEST(FileSources, WorkersSharingAMapAllSeeItShrink) {
   }
   EXPECT_NE(msg.find("t.bin' shrank while it was read"), std::string::npos) << msg;
   EXPECT_LT(windows.size(), 4096u);
-  for (const auto& w : windows)
-    for (std::size_t j = 1; j < w.size(); ++j) ASSERT_EQ(w[j], (w[0] + static_cast<I64>(j)) & 0xffff);
+  expect_consecutive_tokens(windows);
 }
 
 // The handler behind that takes only faults in guarded reads of mapped data files; any other SIGBUS
 // goes where it went before dpipe's first map: the default action (the process ends), or a handler the
 // program had installed. Each runs in a fresh process ("threadsafe" death tests re-run the binary).
+
+/// Maps `path` (3 pages of it), cuts the file to 10 bytes and reads its third page outside any guard.
+void fault_outside_a_guard(const std::string& path) {
+  const detail::MappedFile m(path);  // the process's first map: installs dpipe's handler
+  fs::resize_file(path, 10);
+  const volatile char c = m.data()[2 * page_size()];
+  (void)c;
+}
+
 TEST(FileSourcesDeathTest, AnUnguardedFaultStillEndsTheProcess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir d;
   write_bytes(d.file("x.bin"), std::string(3 * page_size(), 'x'));
-  EXPECT_DEATH(
-      {
-        const detail::MappedFile m(d.file("x.bin"));
-        fs::resize_file(d.file("x.bin"), 10);
-        const volatile char c = m.data()[2 * page_size()];
-        (void)c;
-      },
-      "");
+  EXPECT_DEATH(fault_outside_a_guard(d.file("x.bin")), "");
 }
 
 void exit_with_code_3(int) { std::_Exit(3); }
@@ -386,10 +397,7 @@ TEST(FileSourcesDeathTest, AnUnguardedFaultGoesToTheProgramsOwnHandler) {
   EXPECT_EXIT(
       {
         std::signal(SIGBUS, exit_with_code_3);
-        const detail::MappedFile m(d.file("x.bin"));  // the process's first map: installs dpipe's handler
-        fs::resize_file(d.file("x.bin"), 10);
-        const volatile char c = m.data()[2 * page_size()];
-        (void)c;
+        fault_outside_a_guard(d.file("x.bin"));
       },
       ::testing::ExitedWithCode(3), "");
 }
