@@ -4,7 +4,8 @@
 //   stored permutation (std::shuffle of a vector) in order;
 // - token_windows, in order and through a global-shuffle sampler, against memcpy over the same bytes;
 // - records (framing, CRC-32C, one string per record) and lines (three line lengths) against a plain
-//   buffered read of the same files;
+//   buffered read of the same files; for short lines, also against (and the plain read against) a
+//   hand-written loop that makes the same strings: the ceiling of one owned string per line;
 // - restoring a snapshot set against reading and checksumming its bytes.
 // Each source and its baseline run alternately in one benchmark (paired.hpp), so their ratio is taken
 // at the same moments of this noisy machine; the permutation and restore pairs are separate benchmarks
@@ -103,6 +104,44 @@ void read_getline(const std::vector<std::string>& files) {
   for (const auto& path : files) {
     std::ifstream in(path, std::ios::binary);
     while (std::getline(in, line)) sink += line.size();
+  }
+  benchmark::DoNotOptimize(sink);
+}
+
+/// Hand-written line loops over the plain read's 64 KiB freads, splitting lines with memchr: with
+/// `kMakeStrings`, each line's std::string is made and dropped at once (the allocator's best case) —
+/// the ceiling of any source whose element is one owned string per line; without, only each line's
+/// length is summed — the ceiling of finding lines at all.
+template <bool kMakeStrings>
+void split_lines(const std::vector<std::string>& files) {
+  static std::vector<char> buf(64 << 10);
+  std::uint64_t sink = 0;
+  auto take = [&](const char* p, std::size_t n) {
+    n -= n > 0 && p[n - 1] == '\r' ? 1 : 0;
+    if constexpr (kMakeStrings) {
+      const std::string line(p, n);
+      benchmark::DoNotOptimize(line.data());
+      sink += line.size();
+    } else {
+      sink += n;
+    }
+  };
+  for (const auto& path : files) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    std::size_t have = 0;  // bytes of an unfinished line kept at the front of buf
+    for (std::size_t n; (n = std::fread(buf.data() + have, 1, buf.size() - have, f)) > 0;) {
+      have += n;
+      std::size_t at = 0;
+      while (const void* nl = std::memchr(buf.data() + at, '\n', have - at)) {
+        const std::size_t end = static_cast<std::size_t>(static_cast<const char*>(nl) - buf.data());
+        take(buf.data() + at, end - at);
+        at = end + 1;
+      }
+      std::memmove(buf.data(), buf.data() + at, have - at);
+      have -= at;
+    }
+    if (have > 0) take(buf.data(), have);
+    std::fclose(f);
   }
   benchmark::DoNotOptimize(sink);
 }
@@ -330,12 +369,42 @@ std::vector<std::string> medium_lines_files() {
   return files;
 }
 
+void BM_LinesVsOwnedLoop(benchmark::State& state) {
+  lines_set();
+  lines_against(state, lines_files(), split_lines<true>);
+}
 void BM_LinesMedium(benchmark::State& state) { lines_against(state, medium_lines_files(), read_plain); }
-void BM_LinesLong(benchmark::State& state) { lines_against(state, long_lines_files(), read_plain); }
+void BM_LinesMediumVsOwnedLoop(benchmark::State& state) {
+  lines_against(state, medium_lines_files(), split_lines<true>);
+}
+/// The hand-written loops themselves against the plain read: the ceilings of one owned string per
+/// line, and of splitting lines at all.
+void BM_OwnedLoopShort(benchmark::State& state) {
+  lines_set();
+  const auto files = lines_files();
+  dpipe::bench::paired(
+      state, total_bytes(files), [&] { split_lines<true>(files); }, [&] { read_plain(files); });
+}
+void BM_SplitLoopShort(benchmark::State& state) {
+  lines_set();
+  const auto files = lines_files();
+  dpipe::bench::paired(
+      state, total_bytes(files), [&] { split_lines<false>(files); }, [&] { read_plain(files); });
+}
+void BM_OwnedLoopMedium(benchmark::State& state) {
+  const auto files = medium_lines_files();
+  dpipe::bench::paired(
+      state, total_bytes(files), [&] { split_lines<true>(files); }, [&] { read_plain(files); });
+}void BM_LinesLong(benchmark::State& state) { lines_against(state, long_lines_files(), read_plain); }
 
 BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_LinesVsGetline)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LinesVsOwnedLoop)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_OwnedLoopShort)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_SplitLoopShort)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_LinesMedium)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LinesMediumVsOwnedLoop)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_OwnedLoopMedium)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_LinesLong)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_RestoreSet)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_ReadSetBytes)->Unit(benchmark::kMicrosecond)->Repetitions(3);
@@ -359,7 +428,12 @@ int main(int argc, char** argv) {
       {"records / plain buffered read of the same file (paired)", "BM_Records", "", 0.5},
       {"lines (~30-byte lines) / plain buffered read (paired)", "BM_Lines", "", 0.5},
       {"lines (~30-byte lines) / hand-written getline loop (paired)", "BM_LinesVsGetline", "", 0},
+      {"  the same lines / a hand-written loop making the same strings (paired)", "BM_LinesVsOwnedLoop", "", 0},
+      {"  that hand-written loop / plain buffered read (paired)", "BM_OwnedLoopShort", "", 0},
+      {"  the loop finding the lines, making nothing / plain buffered read (paired)", "BM_SplitLoopShort", "", 0},
       {"lines (~120-byte lines) / plain buffered read (paired)", "BM_LinesMedium", "", 0.5},
+      {"  the same lines / a hand-written loop making the same strings (paired)", "BM_LinesMediumVsOwnedLoop", "", 0},
+      {"  that hand-written loop / plain buffered read (paired)", "BM_OwnedLoopMedium", "", 0},
       {"lines (~1 KiB lines) / plain buffered read (paired)", "BM_LinesLong", "", 0.5},
       {"restore a set of 8 x 4 over 30,000 shards / read+checksum its bytes", "BM_RestoreSet", "BM_ReadSetBytes", 2.0,
        true},
