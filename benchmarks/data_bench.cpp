@@ -4,8 +4,9 @@
 //   stored permutation (std::shuffle of a vector) in order;
 // - token_windows, in order and through a global-shuffle sampler, against memcpy over the same bytes;
 // - records (framing, CRC-32C, one string per record) and lines (three line lengths) against a plain
-//   buffered read of the same files; for short lines, also against (and the plain read against) a
-//   hand-written loop that makes the same strings: the ceiling of one owned string per line;
+//   buffered read of the same files; for short lines, also two hand-written loops against the plain
+//   read — one making the same strings (the ceiling of one owned string per line), one only finding the
+//   lines — and lines against the first;
 // - restoring a snapshot set against reading and checksumming its bytes.
 // Each source and its baseline run alternately in one benchmark (paired.hpp), so their ratio is taken
 // at the same moments of this noisy machine; the permutation and restore pairs are separate benchmarks
@@ -111,7 +112,7 @@ void read_getline(const std::vector<std::string>& files) {
 /// Hand-written line loops over the plain read's 64 KiB freads, splitting lines with memchr: with
 /// `kMakeStrings`, each line's std::string is made and dropped at once (the allocator's best case) —
 /// the ceiling of any source whose element is one owned string per line; without, only each line's
-/// length is summed — the ceiling of finding lines at all.
+/// length is summed — what the memchr search alone costs.
 template <bool kMakeStrings>
 void split_lines(const std::vector<std::string>& files) {
   static std::vector<char> buf(64 << 10);
@@ -377,8 +378,8 @@ void BM_LinesMedium(benchmark::State& state) { lines_against(state, medium_lines
 void BM_LinesMediumVsOwnedLoop(benchmark::State& state) {
   lines_against(state, medium_lines_files(), split_lines<true>);
 }
-/// The hand-written loops themselves against the plain read: the ceilings of one owned string per
-/// line, and of splitting lines at all.
+/// The hand-written loops themselves against the plain read: the ceiling of one owned string per line,
+/// and the cost of the memchr search alone.
 void BM_OwnedLoopShort(benchmark::State& state) {
   lines_set();
   const auto files = lines_files();
@@ -430,7 +431,7 @@ int main(int argc, char** argv) {
       {"lines (~30-byte lines) / hand-written getline loop (paired)", "BM_LinesVsGetline", "", 0},
       {"  the same lines / a hand-written loop making the same strings (paired)", "BM_LinesVsOwnedLoop", "", 0},
       {"  that hand-written loop / plain buffered read (paired)", "BM_OwnedLoopShort", "", 0},
-      {"  the loop finding the lines, making nothing / plain buffered read (paired)", "BM_SplitLoopShort", "", 0},
+      {"  the loop finding the lines (memchr), making nothing / plain buffered read (paired)", "BM_SplitLoopShort", "", 0},
       {"lines (~120-byte lines) / plain buffered read (paired)", "BM_LinesMedium", "", 0.5},
       {"  the same lines / a hand-written loop making the same strings (paired)", "BM_LinesMediumVsOwnedLoop", "", 0},
       {"  that hand-written loop / plain buffered read (paired)", "BM_OwnedLoopMedium", "", 0},
