@@ -100,6 +100,8 @@ Graph Graph::build(const NodeDefBase& output) {
     if (!valid_name(n.name))
       throw ConfigError(node_label(n.kind, n.name) +
                         ": a node name must be 1 to 128 letters, digits, '_', '-' or '.'");
+    if (n.name == "run")  // the key of the engine's own record in every snapshot
+      throw ConfigError(node_label(n.kind, n.name) + ": the name 'run' is reserved by the engine's snapshots");
     if (!names.insert(n.name).second)
       throw ConfigError("the name '" + n.name + "' is used by more than one node; node names must be unique");
   }

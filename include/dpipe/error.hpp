@@ -72,9 +72,16 @@ struct FailureRecord {
     if (f.cause.empty()) f.cause = "unknown failure";
     return f;
   }
+  /// The failure as a NodeError. The original exception did not survive the snapshot, so the one
+  /// nested in it is a std::runtime_error carrying the original's message (never an empty nest, which
+  /// would make std::rethrow_if_nested terminate the process).
   std::exception_ptr to_exception() const {
     if (cause.empty()) return nullptr;
-    return std::make_exception_ptr(NodeError(node, static_cast<int>(worker), cause));
+    try {
+      throw std::runtime_error(cause);
+    } catch (...) {
+      return std::make_exception_ptr(NodeError(node, static_cast<int>(worker), cause));
+    }
   }
 };
 

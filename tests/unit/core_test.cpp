@@ -116,6 +116,9 @@ TEST(Graph, DuplicateOrMalformedNamesAreConfigErrors) {
   EXPECT_THROW(Graph::build(*(range(0, 3, {.name = "a"}) | take(1, {.name = "a"})).def()), ConfigError);
   EXPECT_THROW(Graph::build(*range(0, 3, {.name = "bad name"}).def()), ConfigError);
   EXPECT_THROW(Graph::build(*(range(0, 3, {.name = "take@0"}) | take(1)).def()), ConfigError);
+  // "run" is the key of the engine's own snapshot record: a node of that name could never resume.
+  EXPECT_THROW(Graph::build(*(range(0, 3) | batch({.size = 2, .name = "run"})).def()), ConfigError);
+  EXPECT_NO_THROW(Graph::build(*(range(0, 3) | batch({.size = 2, .name = "runs"})).def()));
 }
 
 TEST(Options, BadValuesAreConfigErrorsNamingTheNode) {
@@ -258,6 +261,25 @@ TEST(NodeErrors, UserFunctionExceptionsNameTheNodeAndNestTheCause) {
     EXPECT_NE(std::string(err.what()).find("bad four"), std::string::npos);
     EXPECT_THROW(std::rethrow_if_nested(err), std::invalid_argument);
   }
+}
+
+TEST(NodeErrors, AFailureRestoredFromASnapshotStillNestsItsCause) {
+  // A snapshot keeps a failure as text; the NodeError rebuilt from it must nest something, or
+  // std::rethrow_if_nested would end the process.
+  const FailureRecord recorded{"bad four", "decode", 1};
+  try {
+    std::rethrow_exception(recorded.to_exception());
+  } catch (const NodeError& err) {
+    EXPECT_EQ(err.node_key(), "decode");
+    EXPECT_EQ(err.worker(), 1);
+    try {
+      std::rethrow_if_nested(err);
+      FAIL() << "nothing nested";
+    } catch (const std::runtime_error& inner) {
+      EXPECT_STREQ(inner.what(), "bad four");
+    }
+  }
+  EXPECT_EQ(FailureRecord{}.to_exception(), nullptr);
 }
 
 }  // namespace
