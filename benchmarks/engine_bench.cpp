@@ -1,6 +1,7 @@
 // Benchmarks of the parallel engine, each beside a baseline in the same binary:
 //   build-release/benchmarks/engine_bench [--benchmark_out=engine.json --benchmark_out_format=json]
-// - the canonical pipeline through the engine with one worker, against the single-threaded (inline) Run;
+// - the canonical pipeline through the engine with one worker, against the single-threaded (inline) Run
+//   (separately, and paired: the two run alternately);
 // - a CPU-bound map (spin 2 µs per element) on 1 and 2 workers, and the same work on raw oneTBB
 //   parallel_pipeline;
 // - the consumer-side pause of run.snapshot() with 4 workers × prefetch 8 of 256-element batches, early
@@ -15,6 +16,7 @@
 
 #include "dpipe/builtins.hpp"
 #include "dpipe/dpipe.hpp"
+#include "paired.hpp"
 #include "ratio_reporter.hpp"
 
 namespace {
@@ -60,6 +62,24 @@ void BM_CanonicalInline(benchmark::State& state) {
 void BM_CanonicalOneWorker(benchmark::State& state) {
   Engine engine({.threads = 1});  // one worker, one engine thread: with two cores, the consumer has the other
   consume(state, engine, canonical(), options(1), kCanonical);
+}
+
+/// The same pair run alternately, one pass each per iteration (paired.hpp): its ratio is taken at the
+/// same moments of this noisy machine, where the two benchmarks above run seconds apart.
+/// One engine serves both (the inline Run uses none of its threads): a second engine's idle threads
+/// would spin through the other pass on this 2-core machine.
+void BM_CanonicalPaired(benchmark::State& state) {
+  Engine engine({.threads = 1});
+  const auto p = canonical();
+  auto drain = [&](const RunOptions& o) {
+    auto run = engine.start(p, o);
+    std::uint64_t sink = 0;
+    while (auto b = run.next()) sink += b->size();
+    benchmark::DoNotOptimize(sink);
+  };
+  dpipe::bench::paired(
+      state, kCanonical * static_cast<std::int64_t>(sizeof(std::int64_t)),
+      [&] { drain(options(1)); }, [&] { drain(options(1, true)); });
 }
 
 // CPU-bound: every instance keeps its share of the positions and spins 2 µs on each element.
@@ -148,6 +168,7 @@ void BM_OneBatch(benchmark::State& state) {
 
 BENCHMARK(BM_CanonicalInline)->Unit(benchmark::kMillisecond)->Repetitions(5)->UseRealTime();
 BENCHMARK(BM_CanonicalOneWorker)->Unit(benchmark::kMillisecond)->Repetitions(5)->UseRealTime();
+BENCHMARK(BM_CanonicalPaired)->Unit(benchmark::kMillisecond)->Repetitions(3)->UseManualTime();
 BENCHMARK(BM_SpinWorkers)->DenseRange(1, 4)->Unit(benchmark::kMillisecond)->Repetitions(3)->UseRealTime();
 BENCHMARK(BM_SpinRawTbb)->Unit(benchmark::kMillisecond)->Repetitions(3)->UseRealTime();
 BENCHMARK(BM_SpinPrefetch)->RangeMultiplier(2)->Range(1, 32)->Unit(benchmark::kMillisecond)->Repetitions(3)->UseRealTime();
@@ -160,7 +181,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::AddCustomContext("allocator", DPIPE_BENCH_ALLOCATOR);
   dpipe::bench::RatioReporter reporter({
-      {"canonical, 1 worker on the engine / single-threaded Run", "BM_CanonicalOneWorker", "BM_CanonicalInline", 0.8},
+      {"canonical, 1 worker on the engine / single-threaded Run (paired)", "BM_CanonicalPaired", "", 0.8},
+      {"canonical, the same from the two separate benchmarks", "BM_CanonicalOneWorker", "BM_CanonicalInline", 0},
       {"spin 2 us: 2 workers / 1 worker", "BM_SpinWorkers/2", "BM_SpinWorkers/1", 1.8},
       {"spin 2 us: dpipe 2 workers / raw oneTBB parallel_pipeline", "BM_SpinWorkers/2", "BM_SpinRawTbb", 0.9},
       {"snapshot pause late (2000 batches) / early (10)", "BM_SnapshotPause/2000", "BM_SnapshotPause/10", 1.2, true},

@@ -10,6 +10,12 @@
 
 namespace dpipe::detail {
 
+namespace {
+// A blocked consumer is woken once it has waited this long with elements ready: about ten wake-ups'
+// worth, so cheap producers still fill half the lane before waking it, and slow ones hand over promptly.
+constexpr std::chrono::milliseconds kLongestHold{1};
+}  // namespace
+
 AsyncLaneBase::AsyncLaneBase(Executor* executor, std::size_t capacity, std::size_t chunk, bool inline_mode)
     : executor_(executor), capacity_(capacity < 1 ? 1 : capacity), chunk_(chunk < 1 ? 1 : chunk),
       inline_(inline_mode || executor == nullptr) {}
@@ -42,7 +48,8 @@ void AsyncLaneBase::produce_loop() {
     } catch (...) {
       error = std::current_exception();
     }
-    if (n > 0) adapt_chunk(std::chrono::steady_clock::now() - t0, n);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (n > 0) adapt_chunk(t1 - t0, n);
     std::unique_lock lock(mu_);
     if (error) {
       error_ = error;
@@ -54,8 +61,11 @@ void AsyncLaneBase::produce_loop() {
       buffered_ += n;
     }
     publishes_.fetch_add(1, std::memory_order_release);
-    // Wake a waiting consumer when half the lane is ready (fewer wake-ups) or nothing more will come.
-    const bool wake = consumer_waiting_ && (done_ || buffered_ * 2 >= capacity_ || buffered_ >= capacity_);
+    // Wake a waiting consumer when half the lane is ready (fewer wake-ups), when nothing more will
+    // come, or once it has waited kLongestHold with something to take (slow elements would otherwise
+    // hold it for half a lane of them: seconds).
+    const bool wake = consumer_waiting_ && (done_ || buffered_ * 2 >= capacity_ || buffered_ >= capacity_ ||
+                                            (buffered_ > 0 && t1 - consumer_waits_since_ >= kLongestHold));
     if (wake) consumer_waiting_ = false;  // one notification per wait: a notify is a system call
     const bool more = !done_ && !paused_ && !cancelled_ && buffered_ < capacity_;
     if (wake) consumer_cv_.notify_one();
@@ -76,7 +86,7 @@ void AsyncLaneBase::adapt_chunk(std::chrono::steady_clock::duration took, std::s
   ns_per_element_ = ns_per_element_ == 0 ? per_element : 0.75 * ns_per_element_ + 0.25 * per_element;
   const double want = kTargetChunkNs / std::max(ns_per_element_, 1.0);
   const std::size_t most = std::max(chunk_, capacity_ / 2);
-  chunk_now_ = std::clamp(static_cast<std::size_t>(want), chunk_, most);
+  chunk_now_ = std::clamp(static_cast<std::size_t>(want), std::size_t{1}, most);
 }
 
 bool AsyncLaneBase::inline_ended() const {
@@ -163,6 +173,7 @@ bool AsyncLaneBase::fetch() {
       continue;  // the lane may have changed meanwhile: look again before blocking
     }
     consumer_waiting_ = true;
+    consumer_waits_since_ = std::chrono::steady_clock::now();
     consumer_cv_.wait(lock);
     consumer_waiting_ = false;
   }

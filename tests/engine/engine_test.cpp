@@ -315,6 +315,20 @@ TEST(Failure, ASnapshotTakenBeforeTheFailureStaysValid) {
   EXPECT_EQ(second_tail, first_tail);
 }
 
+TEST(Cancellation, SlowScalarElementsArriveAndCancelAboutOneAtATime) {
+  // 20 ms per element: a lane that pulled 256 of them per chunk, or held a waiting consumer until half
+  // its queue (8192) was ready, would take 5 s or 160 s here; one element at a time takes ~20 ms.
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Engine e({.threads = 1});
+    auto run = e.start(range(0, 100'000) | map(builtins::Spin(20'000'000)), layout(1));
+    ASSERT_EQ(run.next(), std::optional<I64>(0));
+    ASSERT_EQ(run.next(), std::optional<I64>(1));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 4.0);  // a bound against the old behaviour, far above the ~0.1 s it takes
+}
+
 TEST(Cancellation, DestroyingARunMidStreamJoinsPromptly) {
   auto slow = [](I64 x) {
     builtins::spin_for(200'000);  // far more work than the test waits for

@@ -84,15 +84,17 @@ class AsyncLaneBase {
   bool spin_for_publish(std::uint64_t seen);
 
   Executor* executor_;  // borrowed from the engine
-  const std::size_t capacity_, chunk_;  // chunk_: the smallest chunk (and the inline one)
+  const std::size_t capacity_, chunk_;  // chunk_: the inline chunk (threaded chunks adapt from 1)
   const bool inline_;
-  // Producer side (one task at a time): elements per pull, adapted to how long elements take.
-  std::size_t chunk_now_ = chunk_;
+  // Producer side (one task at a time): elements per pull, adapted to how long elements take; the
+  // first pull takes one, so a slow element is not multiplied by a chunk before anything is known.
+  std::size_t chunk_now_ = 1;
   double ns_per_element_ = 0;
   mutable std::mutex mu_;
   std::condition_variable consumer_cv_, idle_cv_;
   std::size_t buffered_ = 0;  // queued elements
   bool running_ = false, paused_ = false, cancelled_ = false, done_ = false, consumer_waiting_ = false;
+  std::chrono::steady_clock::time_point consumer_waits_since_{};  // when the blocked consumer began to wait
   std::exception_ptr error_;
   std::atomic<std::uint64_t> publishes_{0};  // bumped under the lock on every publish, the end or a failure
   double wait_ns_ = 0;                       // consumer: moving average of how long its waits took
