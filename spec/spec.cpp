@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <optional>
 #include <set>
 
@@ -33,6 +34,11 @@ std::string type_name_of(const AnyPipeline& p) {
 }
 
 /// One node object of a spec: typed access to its parameters, and a check that none is unknown.
+/// Whether a JSON value, if an integer, is one a std::int64_t holds.
+bool fits_int64(const json& v) {
+  return !v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX);
+}
+
 class NodeSpec {
  public:
   NodeSpec(const json& j, std::string where) : j_(j), where_(std::move(where)) {
@@ -59,8 +65,9 @@ class NodeSpec {
       if (!dflt) fail("missing parameter '" + key + "'");
       return *dflt;
     }
+    // JSON integers from 2^63 up parse as unsigned (is_number_integer() holds for them too).
+    if (!fits_int64(*v)) fail("parameter '" + key + "' does not fit in a 64-bit signed integer");
     if (v->is_number_integer()) return v->get<std::int64_t>();
-    if (v->is_number_unsigned()) fail("parameter '" + key + "' does not fit in a 64-bit integer");
     fail("parameter '" + key + "' must be an integer, got " + std::string(v->type_name()));
   }
   std::optional<std::int64_t> optional_integer(const std::string& key) {
@@ -192,6 +199,7 @@ AnyPipeline build_source(NodeSpec& n) {
     std::vector<SpecInt> s;
     for (const auto& x : *v) {
       if (!x.is_number_integer()) n.fail("'values' must hold only integers or only strings");
+      if (!fits_int64(x)) n.fail("'values' holds " + x.dump() + ", which does not fit in a 64-bit signed integer");
       s.push_back(x.get<SpecInt>());
     }
     return from_vector(std::move(s), {.name = n.name});
@@ -428,7 +436,18 @@ AnyPipeline apply_node(NodeSpec& n, const AnyPipeline& in) {
   n.fail("unknown op '" + op + "'");
 }
 
+/// How deep pipelines may nest through 'with'. Building recurses once per level, so an unbounded depth
+/// would end in a stack overflow instead of an error.
+constexpr int kMaxNesting = 256;
+
 AnyPipeline build_chain(const json& chain, const std::string& where) {
+  static thread_local int depth = 0;
+  struct Level {
+    Level() { ++depth; }
+    ~Level() { --depth; }
+  } level;
+  if (depth > kMaxNesting)
+    throw ConfigError(where + ": pipelines nest more than " + std::to_string(kMaxNesting) + " levels deep through 'with'");
   if (!chain.is_array() || chain.empty()) throw ConfigError(where + ": a pipeline must be a non-empty list of nodes");
   std::optional<AnyPipeline> p;
   bool bytes = false;  // the elements are records' bytes, shown as base64 once the random access is done

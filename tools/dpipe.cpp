@@ -120,33 +120,79 @@ dpipe::RunOptions run_options(const Args& a, const dpipe::Spec& spec) {
   return o;
 }
 
-/// Buffered writer for JSON lines to stdout or a file.
+/// Buffered writer for JSON lines to stdout or a file. A regular file (or a new one) is written under a
+/// temporary name beside it and renamed into place only by commit(), so a failed run never leaves a
+/// partial file where a good one was; other paths (/dev/null, pipes) are written directly.
 class Output {
  public:
   explicit Output(const std::optional<std::string>& path) {
-    if (path) {
-      f_ = std::fopen(path->c_str(), "wb");
-      if (!f_) throw dpipe::ConfigError("cannot open output '" + *path + "': " + std::strerror(errno));
-      own_ = true;
+    if (!path) return;
+    path_ = *path;
+    std::error_code ec;
+    const auto status = std::filesystem::status(path_, ec);
+    const bool direct = !ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status);
+    if (!direct) temp_ = path_ + ".tmp-" + std::to_string(::getpid());
+    const std::string& target = direct ? path_ : temp_;
+    f_ = std::fopen(target.c_str(), "wb");
+    if (!f_) {
+      const std::string how = direct ? "" : " (written as '" + temp_ + "' until the run succeeds)";
+      throw dpipe::ConfigError("cannot open output '" + path_ + "'" + how + ": " + std::strerror(errno));
     }
   }
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
   ~Output() {
-    if (own_) std::fclose(f_);
+    if (f_ != stdout) std::fclose(f_);
+    if (!temp_.empty()) std::remove(temp_.c_str());  // not committed or kept: the run failed
   }
   std::string& buffer() { return buf_; }
   void maybe_flush() {
     if (buf_.size() >= (1 << 16)) flush();
   }
   void flush() {
-    if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size())
-      throw dpipe::Error(std::string("cannot write output: ") + std::strerror(errno));
+    if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size()) fail();
     buf_.clear();
-    std::fflush(f_);
+    if (std::fflush(f_) != 0) fail();
+  }
+  /// Everything written: the file takes its place (a write error now is still an error).
+  void commit() {
+    flush();
+    if (f_ == stdout) return;
+    const int closed = std::fclose(f_);
+    f_ = stdout;
+    if (closed != 0) fail();
+    if (!temp_.empty()) {
+      if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail();
+      temp_.clear();
+    }
+  }
+  /// The run failed after `delivered` elements: they are flushed, and a file output keeps them under
+  /// PATH.partial, leaving PATH as it was. Returns a note for the user (empty when there is none).
+  std::string keep_partial(std::uint64_t delivered) noexcept {
+    try {
+      flush();
+      if (temp_.empty()) return "";
+      const std::string kept = path_ + ".partial";
+      std::fclose(f_);
+      f_ = stdout;
+      if (std::rename(temp_.c_str(), kept.c_str()) != 0) return "";
+      temp_.clear();
+      return "the " + std::to_string(delivered) + " elements delivered before the error are in '" + kept +
+             "'; '" + path_ + "' is unchanged";
+    } catch (...) {
+      return "";  // the output failed too: the run's own error is the one to report
+    }
   }
 
  private:
+  [[noreturn]] void fail() const {
+    throw dpipe::Error("cannot write output '" + (path_.empty() ? std::string("standard output") : path_) +
+                       "': " + std::strerror(errno));
+  }
+
   FILE* f_ = stdout;
-  bool own_ = false;
+  std::string path_;  // empty: standard output
+  std::string temp_;  // the file written until commit(); empty when writing directly
   std::string buf_;
 };
 
@@ -220,15 +266,22 @@ int cmd_run(int argc, char** argv) {
         Output out(output);
         const auto t0 = Clock::now();
         std::uint64_t n = 0;
-        while (!take || n < static_cast<std::uint64_t>(*take)) {
-          auto x = run.next();
-          if (!x) break;
-          dpipe::append_element_json(out.buffer(), *x);
-          out.buffer() += '\n';
-          out.maybe_flush();
-          ++n;
+        try {
+          while (!take || n < static_cast<std::uint64_t>(*take)) {
+            auto x = run.next();
+            if (!x) break;
+            dpipe::append_element_json(out.buffer(), *x);
+            out.buffer() += '\n';
+            out.maybe_flush();
+            ++n;
+          }
+        } catch (...) {
+          // Every element delivered before a failure reaches the output, then the error is reported.
+          if (const std::string note = out.keep_partial(n); !note.empty())
+            std::fprintf(stderr, "dpipe: note: %s\n", note.c_str());
+          throw;
         }
-        out.flush();
+        out.commit();
         const double secs = seconds_since(t0);
         if (auto path = a.value("snapshot-out"))
           run.snapshot({{"elements_delivered_by_this_run", std::to_string(n)}}).write_file(*path);
@@ -266,14 +319,19 @@ int cmd_bench(int argc, char** argv) {
         dpipe::Engine engine = make_engine(a);
         auto run = engine.start(pipeline, options);
         const auto t0 = Clock::now();
-        auto last_report = t0;
-        std::uint64_t n = 0;
+        auto last_report = t0, last_check = t0;
+        std::uint64_t n = 0, stride = 1, next_check = 1;
         std::size_t sink = 0;
         while (auto x = run.next()) {
           if constexpr (requires { x->size(); }) sink += x->size();
           else sink += 1;
-          if ((++n & 1023) == 0) {
+          // The clock is read every `stride` elements: every element while they are slow, up to every
+          // 1024th while checks come less than 100 µs apart.
+          if (++n >= next_check) {
             const auto now = Clock::now();
+            if (now - last_check < std::chrono::microseconds(100) && stride < 1024) stride *= 2;
+            last_check = now;
+            next_check = n + stride;
             if (limit > 0 && std::chrono::duration<double>(now - t0).count() >= limit) break;
             if (progress && now - last_report > std::chrono::milliseconds(250)) {
               const double s = std::chrono::duration<double>(now - t0).count();
@@ -378,11 +436,17 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   try {
-    if (cmd == "run") return cmd_run(argc, argv);
-    if (cmd == "bench") return cmd_bench(argc, argv);
-    if (cmd == "graph") return cmd_graph(argc, argv);
-    if (cmd == "snapshot") return cmd_snapshot(argc, argv);
-    throw UsageError("unknown command '" + cmd + "'");
+    int rc = 0;
+    if (cmd == "run") rc = cmd_run(argc, argv);
+    else if (cmd == "bench") rc = cmd_bench(argc, argv);
+    else if (cmd == "graph") rc = cmd_graph(argc, argv);
+    else if (cmd == "snapshot") rc = cmd_snapshot(argc, argv);
+    else throw UsageError("unknown command '" + cmd + "'");
+    // What went to standard output must have arrived (a full disk or a closed pipe is an error).
+    std::cout.flush();
+    if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))
+      throw dpipe::Error(std::string("cannot write standard output: ") + std::strerror(errno));
+    return rc;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "dpipe: %s\n%s", e.what(), kUsage);
     return 2;

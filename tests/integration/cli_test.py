@@ -123,6 +123,92 @@ def _():
     assert len(open(out).read().splitlines()) == 5
 
 
+@case("run/a_failed_run_keeps_the_old_output_and_what_it_delivered")
+def _():
+    out = os.path.join(TMP, "kept.jsonl")
+    dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 100000}]}), "--output", out)
+    good = open(out).read()
+    failing = {"pipeline": [{"op": "range", "stop": 100000}, {"op": "map", "fn": "throw_at", "index": 50000}]}
+    r = dpipe("run", json.dumps(failing), "--output", out, check=False)
+    assert r.returncode == 1 and "throw_at" in r.stderr, r.stderr
+    assert open(out).read() == good, "a failed run replaced the good output"
+    partial = lines(open(out + ".partial").read())
+    assert partial == list(range(50000)), len(partial)
+    assert "kept.jsonl.partial" in r.stderr, r.stderr
+    assert not glob.glob(out + ".tmp-*"), "a temporary file was left behind"
+    # To standard output: every element before the failure arrives, then the one-line error.
+    r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 1000},
+                                              {"op": "map", "fn": "throw_at", "index": 20}]}), check=False)
+    assert r.returncode == 1 and lines(r.stdout) == list(range(20)), (r.returncode, r.stdout[:200])
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@case("run/write_errors_are_errors")
+def _():
+    if not os.path.exists("/dev/full"):
+        return
+    small = json.dumps({"pipeline": [{"op": "range", "stop": 10}]})
+    r = dpipe("run", small, "--output", "/dev/full", check=False)
+    assert r.returncode == 1 and "cannot write" in r.stderr, (r.returncode, r.stderr)
+    with open("/dev/full", "w") as full:
+        for args in (["run", small], ["graph", small]):
+            r = subprocess.run([DPIPE, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+            assert r.returncode == 1 and "cannot write" in r.stderr and "standard output" in r.stderr, (args, r.returncode, r.stderr)
+
+
+@case("run/a_failure_recorded_in_a_snapshot_resumes_to_the_same_failure")
+def _():
+    spec = json.dumps({"pipeline": [{"op": "range", "stop": 1000},
+                                    {"op": "map", "fn": "throw_at", "index": 20, "name": "fragile"}]})
+    full = dpipe("run", spec, "--workers", 2, check=False)
+    assert full.returncode == 1
+    snap = os.path.join(TMP, "failed-ahead.bin")
+    head = dpipe("run", spec, "--workers", 2, "--take", 5, "--snapshot-out", snap)
+    rest = dpipe("run", spec, "--workers", 2, "--resume", snap, check=False)
+    assert rest.returncode == 1 and "fragile" in rest.stderr, (rest.returncode, rest.stderr)
+    assert len(rest.stderr.strip().splitlines()) == 1, rest.stderr
+    assert lines(head.stdout) + lines(rest.stdout) == lines(full.stdout)
+
+
+@case("spec/limits_are_errors_not_crashes")
+def _():
+    deep = [{"op": "range", "stop": 3}]
+    for _ in range(300):
+        deep = [{"op": "range", "stop": 2}, {"op": "concat", "with": [deep]}]
+    for cmd in ("run", "graph"):
+        r = dpipe(cmd, json.dumps({"pipeline": deep}), check=False)
+        assert r.returncode == 1 and "nest more than 256 levels" in r.stderr, (r.returncode, r.stderr[-300:])
+    for values in ([18446744073709551615], [9223372036854775808]):
+        r = dpipe("run", json.dumps({"pipeline": [{"op": "from_vector", "values": values}]}), check=False)
+        assert r.returncode == 1 and "64-bit" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 9223372036854775808}]}), check=False)
+    assert r.returncode == 1 and "64-bit" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 9223372036854775807}]}), "--take", 2)
+    assert lines(r.stdout) == [0, 1]
+    r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 9},
+                                              {"op": "batch", "size": 2, "name": "run"}]}), check=False)
+    assert r.returncode == 1 and "reserved" in r.stderr, r.stderr
+    text = os.path.join(TMP, "limits.txt")
+    open(text, "w").write("a\nb\n")
+    r = dpipe("run", json.dumps({"pipeline": [{"op": "lines", "files": [text], "logical_shards": 64,
+                                              "epochs": 288230376151711744}]}), check=False)
+    assert r.returncode == 1 and "2^62" in r.stderr, (r.returncode, r.stderr)
+    empty = os.path.join(TMP, "empty.txt")
+    open(empty, "w").close()
+    r = dpipe("run", json.dumps({"pipeline": [{"op": "lines", "files": [empty], "epochs": 10000000}]}),
+              "--take", 1, timeout=30)
+    assert r.stdout == "", r.stdout
+
+
+@case("bench/seconds_bounds_slow_elements")
+def _():
+    t0 = time.time()
+    spec = {"pipeline": [{"op": "range", "stop": 100000}, {"op": "map", "fn": "spin", "ns": 50000000}]}
+    r = dpipe("bench", json.dumps(spec), "--seconds", "0.5", "--threads", 1, timeout=60)
+    assert json.loads(r.stdout)["elements"] < 100, r.stdout
+    assert time.time() - t0 < 20
+
+
 @case("run/seed_option_overrides_the_spec")
 def _():
     a = dpipe("run", SPEC, "--seed", 3).stdout

@@ -52,6 +52,10 @@ class LinesDef final : public NodeDef<std::string> {
     if (opts_.logical_shards < 1 || opts_.logical_shards > (1 << 24))
       throw ConfigError(who + ": logical_shards must be between 1 and 16777216, got " + param_text(opts_.logical_shards));
     if (opts_.epochs < 1) throw ConfigError(who + ": epochs must be at least 1, got " + param_text(opts_.epochs));
+    // Work items run over logical_shards × epochs: keep them far from overflowing.
+    if (opts_.epochs > (std::int64_t{1} << 62) / opts_.logical_shards)
+      throw ConfigError(who + ": " + param_text(opts_.logical_shards) + " logical shards × " + param_text(opts_.epochs) +
+                        " epochs is more than 2^62 work items");
     std::vector<std::uint64_t> sizes;
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < files_.size(); ++i) {
@@ -63,13 +67,21 @@ class LinesDef final : public NodeDef<std::string> {
       sizes.push_back(size);
       total += size;
     }
+    empty_ = total == 0;
     // Shard s covers global bytes [s·total/S, (s+1)·total/S) of the files laid end to end.
     const auto shards = static_cast<std::uint64_t>(opts_.logical_shards);
     shards_.resize(shards);
     std::uint64_t file_start = 0;
-    for (std::uint32_t f = 0; f < sizes.size(); ++f) {
+    auto scaled = [&](std::uint64_t byte, bool up) {  // byte · S / total, rounded down or up
+      const auto x = static_cast<unsigned __int128>(byte) * shards;
+      return static_cast<std::uint64_t>((x + (up ? total - 1 : 0)) / total);
+    };
+    for (std::uint32_t f = 0; f < sizes.size() && total > 0; ++f) {
       const std::uint64_t file_end = file_start + sizes[f];
-      for (std::uint64_t s = 0; s < shards; ++s) {
+      // Only the shards from the one holding the file's first byte to the one holding its last (and
+      // perhaps one empty neighbour): building is O(files + shards), not O(files × shards).
+      const std::uint64_t last = std::min(shards, scaled(file_end, true));
+      for (std::uint64_t s = scaled(file_start, false); s < last; ++s) {
         const std::uint64_t lo = static_cast<std::uint64_t>((static_cast<__int128>(total) * s) / shards);
         const std::uint64_t hi = static_cast<std::uint64_t>((static_cast<__int128>(total) * (s + 1)) / shards);
         const std::uint64_t b = std::max(lo, file_start), e = std::min(hi, file_end);
@@ -85,11 +97,13 @@ class LinesDef final : public NodeDef<std::string> {
   std::uint64_t shards() const { return shards_.size(); }
   std::uint64_t epochs() const { return static_cast<std::uint64_t>(opts_.epochs); }
   bool shuffled() const { return opts_.shuffle_shards; }
+  bool empty() const { return empty_; }
 
  private:
   std::vector<std::string> files_;
   LinesOptions opts_;
   std::vector<std::vector<Segment>> shards_;
+  bool empty_ = false;  // the files hold no bytes at all
 };
 
 class LinesIter final : public Hooked<std::string> {
@@ -168,6 +182,7 @@ class LinesIter final : public Hooked<std::string> {
   }
 
   bool start_next_item() {
+    if (def_.empty()) return false;  // no bytes: however many epochs, nothing to deal out
     if (!started_.empty()) {
       current_ = started_.front();
       started_.pop_front();
