@@ -325,11 +325,12 @@ int cmd_bench(int argc, char** argv) {
         while (auto x = run.next()) {
           if constexpr (requires { x->size(); }) sink += x->size();
           else sink += 1;
-          // The clock is read every `stride` elements: every element while they are slow, up to every
-          // 1024th while checks come less than 100 µs apart.
+          // The clock is read every `stride` elements: every element while they are slow (checks more
+          // than 1 ms apart), up to every 1024th while checks come less than 100 µs apart.
           if (++n >= next_check) {
             const auto now = Clock::now();
-            if (now - last_check < std::chrono::microseconds(100) && stride < 1024) stride *= 2;
+            if (now - last_check > std::chrono::milliseconds(1)) stride = 1;
+            else if (now - last_check < std::chrono::microseconds(100) && stride < 1024) stride *= 2;
             last_check = now;
             next_check = n + stride;
             if (limit > 0 && std::chrono::duration<double>(now - t0).count() >= limit) break;
