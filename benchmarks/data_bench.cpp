@@ -396,7 +396,8 @@ void BM_OwnedLoopMedium(benchmark::State& state) {
   const auto files = medium_lines_files();
   dpipe::bench::paired(
       state, total_bytes(files), [&] { split_lines<true>(files); }, [&] { read_plain(files); });
-}void BM_LinesLong(benchmark::State& state) { lines_against(state, long_lines_files(), read_plain); }
+}
+void BM_LinesLong(benchmark::State& state) { lines_against(state, long_lines_files(), read_plain); }
 
 BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_LinesVsGetline)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);

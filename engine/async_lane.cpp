@@ -11,8 +11,9 @@
 namespace dpipe::detail {
 
 namespace {
-// A blocked consumer is woken once it has waited this long with elements ready: about ten wake-ups'
-// worth, so cheap producers still fill half the lane before waking it, and slow ones hand over promptly.
+// A blocked consumer waits at most this long with elements ready: it looks again after it, and a
+// producer publishing after it wakes the consumer at once. About ten wake-ups' worth, so cheap producers
+// still fill half the lane before waking it, and slow ones hand over promptly.
 constexpr std::chrono::milliseconds kLongestHold{1};
 }  // namespace
 
@@ -86,7 +87,7 @@ void AsyncLaneBase::adapt_chunk(std::chrono::steady_clock::duration took, std::s
   ns_per_element_ = ns_per_element_ == 0 ? per_element : 0.75 * ns_per_element_ + 0.25 * per_element;
   const double want = kTargetChunkNs / std::max(ns_per_element_, 1.0);
   const std::size_t most = std::max(chunk_, capacity_ / 2);
-  chunk_now_ = std::clamp(static_cast<std::size_t>(want), std::size_t{1}, most);
+  chunk_now_ = std::clamp(static_cast<std::size_t>(want), smallest_, std::max(most, smallest_));
 }
 
 bool AsyncLaneBase::inline_ended() const {
@@ -174,7 +175,7 @@ bool AsyncLaneBase::fetch() {
     }
     consumer_waiting_ = true;
     consumer_waits_since_ = std::chrono::steady_clock::now();
-    consumer_cv_.wait(lock);
+    consumer_cv_.wait_for(lock, kLongestHold);  // then it looks again: a chunk may be ready unannounced
     consumer_waiting_ = false;
   }
 }

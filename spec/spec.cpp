@@ -33,12 +33,12 @@ std::string type_name_of(const AnyPipeline& p) {
   return std::visit([](const auto& q) { return type_name<typename std::decay_t<decltype(q)>::element_type>(); }, p);
 }
 
-/// One node object of a spec: typed access to its parameters, and a check that none is unknown.
 /// Whether a JSON value, if an integer, is one a std::int64_t holds.
 bool fits_int64(const json& v) {
   return !v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX);
 }
 
+/// One node object of a spec: typed access to its parameters, and a check that none is unknown.
 class NodeSpec {
  public:
   NodeSpec(const json& j, std::string where) : j_(j), where_(std::move(where)) {
@@ -446,7 +446,7 @@ AnyPipeline build_chain(const json& chain, const std::string& where) {
     Level() { ++depth; }
     ~Level() { --depth; }
   } level;
-  if (depth > kMaxNesting)
+  if (depth > kMaxNesting + 1)  // the outermost pipeline is not nested
     throw ConfigError(where + ": pipelines nest more than " + std::to_string(kMaxNesting) + " levels deep through 'with'");
   if (!chain.is_array() || chain.empty()) throw ConfigError(where + ": a pipeline must be a non-empty list of nodes");
   std::optional<AnyPipeline> p;

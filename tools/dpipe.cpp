@@ -1,5 +1,6 @@
 // The `dpipe` command-line tool: runs JSON-spec pipelines, writes and resumes snapshots, shows
 // snapshots and graphs, benchmarks. A thin layer over the library: specs build typed Pipelines.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -122,22 +123,36 @@ dpipe::RunOptions run_options(const Args& a, const dpipe::Spec& spec) {
 
 /// Buffered writer for JSON lines to stdout or a file. A regular file (or a new one) is written under a
 /// temporary name beside it and renamed into place only by commit(), so a failed run never leaves a
-/// partial file where a good one was; other paths (/dev/null, pipes) are written directly.
+/// partial file where a good one was. Through a symbolic link, the file it names is replaced (with the
+/// same permissions). Other paths (/dev/null, pipes), and files in a directory this process may not
+/// write, are written in place.
 class Output {
  public:
   explicit Output(const std::optional<std::string>& path) {
     if (!path) return;
-    path_ = *path;
+    namespace fs = std::filesystem;
+    path_ = real_ = *path;
     std::error_code ec;
-    const auto status = std::filesystem::status(path_, ec);
-    const bool direct = !ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status);
-    if (!direct) temp_ = path_ + ".tmp-" + std::to_string(::getpid());
-    const std::string& target = direct ? path_ : temp_;
-    f_ = std::fopen(target.c_str(), "wb");
-    if (!f_) {
-      const std::string how = direct ? "" : " (written as '" + temp_ + "' until the run succeeds)";
-      throw dpipe::ConfigError("cannot open output '" + path_ + "'" + how + ": " + std::strerror(errno));
+    const auto status = fs::status(path_, ec);  // of the file a link names
+    const bool exists = !ec && fs::exists(status);
+    if (exists && !fs::is_regular_file(status)) {  // a device or a pipe
+      open_in_place();
+      return;
     }
+    if (exists) {
+      real_ = fs::canonical(path_, ec).string();
+      if (ec) real_ = path_;
+      if (::access(real_.c_str(), W_OK) != 0) fail_open();  // a read-only file stays refused
+    }
+    temp_ = real_ + ".tmp-" + std::to_string(::getpid());
+    f_ = std::fopen(temp_.c_str(), "wb");
+    if (f_) {
+      if (exists) ::fchmod(::fileno(f_), static_cast<mode_t>(status.permissions()) & 07777);
+      return;
+    }
+    if (!exists) fail_open();
+    temp_.clear();  // no file may be made beside it
+    open_in_place();
   }
   Output(const Output&) = delete;
   Output& operator=(const Output&) = delete;
@@ -162,7 +177,7 @@ class Output {
     f_ = stdout;
     if (closed != 0) fail();
     if (!temp_.empty()) {
-      if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail();
+      if (std::rename(temp_.c_str(), real_.c_str()) != 0) fail();
       temp_.clear();
     }
   }
@@ -172,10 +187,10 @@ class Output {
     try {
       flush();
       if (temp_.empty()) return "";
-      const std::string kept = path_ + ".partial";
-      std::fclose(f_);
+      const std::string kept = real_ + ".partial";
+      const int closed = std::fclose(f_);
       f_ = stdout;
-      if (std::rename(temp_.c_str(), kept.c_str()) != 0) return "";
+      if (closed != 0 || std::rename(temp_.c_str(), kept.c_str()) != 0) return "";
       temp_.clear();
       return "the " + std::to_string(delivered) + " elements delivered before the error are in '" + kept +
              "'; '" + path_ + "' is unchanged";
@@ -185,14 +200,22 @@ class Output {
   }
 
  private:
+  void open_in_place() {
+    f_ = std::fopen(real_.c_str(), "wb");
+    if (!f_) fail_open();
+  }
+  [[noreturn]] void fail_open() const {
+    throw dpipe::ConfigError("cannot open output '" + path_ + "': " + std::strerror(errno));
+  }
   [[noreturn]] void fail() const {
     throw dpipe::Error("cannot write output '" + (path_.empty() ? std::string("standard output") : path_) +
                        "': " + std::strerror(errno));
   }
 
   FILE* f_ = stdout;
-  std::string path_;  // empty: standard output
-  std::string temp_;  // the file written until commit(); empty when writing directly
+  std::string path_;  // as given; empty: standard output
+  std::string real_;  // the file it names, links followed
+  std::string temp_;  // the file written until commit(); empty when writing in place
   std::string buf_;
 };
 
@@ -443,7 +466,7 @@ int main(int argc, char** argv) {
     else if (cmd == "graph") rc = cmd_graph(argc, argv);
     else if (cmd == "snapshot") rc = cmd_snapshot(argc, argv);
     else throw UsageError("unknown command '" + cmd + "'");
-    // What went to standard output must have arrived (a full disk or a closed pipe is an error).
+    // What went to standard output must have arrived (a full disk is an error).
     std::cout.flush();
     if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))
       throw dpipe::Error(std::string("cannot write standard output: ") + std::strerror(errno));

@@ -243,6 +243,10 @@ class IterBase {
   std::uint64_t busy_ns() const { return busy_ns_; }
   /// Whether this node's inputs run inside its pull() (false for merge: workers run on other threads).
   virtual bool runs_inputs_inline() const { return true; }
+  /// The fewest elements worth asking for in one pull, for a worker lane sizing its chunks (it never
+  /// pulls fewer): nodes that pass `max` through report their input's, parallel_map its window (a
+  /// smaller pull leaves its threads idle).
+  virtual std::size_t min_useful_pull() const { return 1; }
   /// The iterators this one pulls from, in input order.
   virtual std::vector<IterBase*> inputs() const = 0;
 

@@ -156,6 +156,27 @@ TEST(ParallelMap, KeepsTheInputOrder) {
   for (I64 i = 0; i < 5000; ++i) ASSERT_EQ(out[static_cast<std::size_t>(i)], i * i);
 }
 
+TEST(ParallelMap, AWorkerLanePullsAWholeWindowOfSlowElements) {
+  // A lane sizes its chunks to ~20 µs of work; for slow elements that is one, but a parallel_map's
+  // pull must still get its whole window, or it runs one element at a time.
+  std::atomic<int> running{0}, most{0};
+  auto slow = [&](I64 x) {
+    const int now = ++running;
+    for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    --running;
+    return x;
+  };
+  Engine e({.threads = 2});
+  auto run = e.start(range(0, 64) | parallel_map(slow, {.max_in_flight = 8}), layout(1));
+  std::vector<I64> got;
+  while (auto x = run.next()) got.push_back(*x);
+  ASSERT_EQ(got.size(), 64u);
+  for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<I64>(i));
+  EXPECT_GE(most.load(), 2);
+}
+
 // ---- snapshots with data in flight -------------------------------------------------------------
 
 /// A random pipeline of int64 elements over the node kinds, with a random segment structure.

@@ -58,6 +58,8 @@ class AsyncLaneBase {
   virtual std::size_t produce_staged(std::size_t max) = 0;
   /// Under the lock: appends the staging chunk to the queue.
   virtual void publish_staged() = 0;
+  /// Before the lane starts: threaded chunks never go below `n` (what the chain needs per pull).
+  void set_smallest_chunk(std::size_t n) { chunk_now_ = smallest_ = std::clamp<std::size_t>(n, 1, capacity_); }
   /// Under the lock: moves up to `max` queued elements to the consumer's side; returns how many, 0 if
   /// the queue is empty.
   virtual std::size_t take_front(std::size_t max) = 0;
@@ -84,10 +86,12 @@ class AsyncLaneBase {
   bool spin_for_publish(std::uint64_t seen);
 
   Executor* executor_;  // borrowed from the engine
-  const std::size_t capacity_, chunk_;  // chunk_: the inline chunk (threaded chunks adapt from 1)
+  // chunk_: the inline chunk; threaded chunks adapt within [smallest_, max(chunk_, capacity_ / 2)].
+  const std::size_t capacity_, chunk_;
   const bool inline_;
-  // Producer side (one task at a time): elements per pull, adapted to how long elements take; the
-  // first pull takes one, so a slow element is not multiplied by a chunk before anything is known.
+  // Producer side (one task at a time): elements per pull, adapted to how long elements take, from
+  // `smallest_` at first, so a slow element is not multiplied by a chunk before anything is known.
+  std::size_t smallest_ = 1;
   std::size_t chunk_now_ = 1;
   double ns_per_element_ = 0;
   mutable std::mutex mu_;
@@ -106,7 +110,9 @@ class AsyncLane final : public AsyncLaneBase {
  public:
   AsyncLane(std::unique_ptr<Iter<T>> chain, Executor* executor, std::size_t capacity, std::size_t chunk,
             bool inline_mode)
-      : AsyncLaneBase(executor, capacity, chunk, inline_mode), chain_(std::move(chain)) {}
+      : AsyncLaneBase(executor, capacity, chunk, inline_mode), chain_(std::move(chain)) {
+    set_smallest_chunk(chain_->min_useful_pull());
+  }
   ~AsyncLane() override { stop(); }
 
   /// Consumer: whether an element is ready or can be fetched; false once the lane is exhausted.

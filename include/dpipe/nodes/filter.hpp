@@ -54,6 +54,7 @@ class FilterIter final : public Stateless<T> {
     return out.size() - before;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+  std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
   std::unique_ptr<Iter<T>> input_;

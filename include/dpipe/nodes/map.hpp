@@ -71,6 +71,7 @@ class MapIter final : public Stateless<map_result_t<In, Fn>> {
     }
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+  std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
   std::unique_ptr<Iter<In>> input_;

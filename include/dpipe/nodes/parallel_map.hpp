@@ -57,6 +57,7 @@ class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
     return n;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+  std::size_t min_useful_pull() const override { return window_; }
 
  private:
   std::unique_ptr<Iter<In>> input_;

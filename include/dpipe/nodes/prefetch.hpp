@@ -22,6 +22,7 @@ class PrefetchIter final : public Stateless<T> {
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override { return input_->pull(out, max); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+  std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
   std::unique_ptr<Iter<T>> input_;
