@@ -62,15 +62,23 @@ SnapshotSet SnapshotSet::read_dir(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw SnapshotError("snapshot set '" + dir + "' is not a directory");
   std::map<int, std::set<int>> by_world;  // world size → ranks found
+  std::string odd;                         // .dpipe files that are no rank of a set
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     int r = -1, w = -1;
     char tail[8] = {};
     if (std::sscanf(name.c_str(), "rank-%d-of-%d.%7s", &r, &w, tail) == 3 && std::strcmp(tail, "dpipe") == 0 &&
-        name == file_name(r, w))
+        name == file_name(r, w) && r >= 0 && r < w)
       by_world[w].insert(r);
+    else if (entry.path().extension() == ".dpipe")
+      odd += (odd.empty() ? "'" : ", '") + name + "'";
   }
   if (ec) throw SnapshotError("cannot list snapshot set '" + dir + "': " + ec.message());
+  // A file that looks like a rank's but is not one (rank-1-of-02, rank-5-of-2) is refused, not skipped:
+  // it may be the very rank that is missing, written by other tools.
+  if (!odd.empty())
+    throw SnapshotError("snapshot set '" + dir + "' holds " + odd +
+                        ", which no rank of a set is named (rank-R-of-W.dpipe, 0 <= R < W)");
   if (by_world.empty()) throw SnapshotError("snapshot set '" + dir + "' holds no rank files (rank-R-of-W.dpipe)");
   if (by_world.size() > 1)
     throw SnapshotError("snapshot set '" + dir + "' mixes files of " + std::to_string(by_world.size()) +

@@ -188,6 +188,17 @@ TEST(SnapshotSetFiles, RoundTripAndRefuseIncompleteOrMixedSets) {
       }
     }
   }
+  // A file named like a rank's but no rank of this set is refused, naming it.
+  for (const char* odd : {"rank-1-of-03.dpipe", "rank-5-of-3.dpipe", "rank--1-of-3.dpipe"}) {
+    fs::copy_file(fs::path(dir) / SnapshotSet::file_name(1, 3), fs::path(dir) / odd);
+    try {
+      SnapshotSet::read_dir(dir);
+      ADD_FAILURE() << "a set with " << odd << " was accepted";
+    } catch (const SnapshotError& err) {
+      EXPECT_NE(std::string(err.what()).find(odd), std::string::npos) << err.what();
+    }
+    fs::remove(fs::path(dir) / odd);
+  }
   const auto set = SnapshotSet::read_dir(dir);
   EXPECT_EQ(set.world_size(), 3);
   EXPECT_EQ(set.num_workers(), 2);
