@@ -380,23 +380,20 @@ void BM_LinesMediumVsOwnedLoop(benchmark::State& state) {
 }
 /// The hand-written loops themselves against the plain read: the ceiling of one owned string per line,
 /// and the cost of the memchr search alone.
+void loop_against_plain(benchmark::State& state, const std::vector<std::string>& files,
+                        void (*loop)(const std::vector<std::string>&)) {
+  dpipe::bench::paired(
+      state, total_bytes(files), [&] { loop(files); }, [&] { read_plain(files); });
+}
 void BM_OwnedLoopShort(benchmark::State& state) {
   lines_set();
-  const auto files = lines_files();
-  dpipe::bench::paired(
-      state, total_bytes(files), [&] { split_lines<true>(files); }, [&] { read_plain(files); });
+  loop_against_plain(state, lines_files(), split_lines<true>);
 }
 void BM_SplitLoopShort(benchmark::State& state) {
   lines_set();
-  const auto files = lines_files();
-  dpipe::bench::paired(
-      state, total_bytes(files), [&] { split_lines<false>(files); }, [&] { read_plain(files); });
+  loop_against_plain(state, lines_files(), split_lines<false>);
 }
-void BM_OwnedLoopMedium(benchmark::State& state) {
-  const auto files = medium_lines_files();
-  dpipe::bench::paired(
-      state, total_bytes(files), [&] { split_lines<true>(files); }, [&] { read_plain(files); });
-}
+void BM_OwnedLoopMedium(benchmark::State& state) { loop_against_plain(state, medium_lines_files(), split_lines<true>); }
 void BM_LinesLong(benchmark::State& state) { lines_against(state, long_lines_files(), read_plain); }
 
 BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);

@@ -36,17 +36,21 @@ RunOptions options(int workers, bool inline_workers = false) {
   return o;
 }
 
+/// Runs `pipeline` to its end once, touching every element.
+template <class P>
+void drain(Engine& engine, const P& pipeline, const RunOptions& o) {
+  auto run = engine.start(pipeline, o);
+  std::uint64_t sink = 0;
+  while (auto b = run.next()) {
+    if constexpr (requires { b->size(); }) sink += b->size();
+    else sink += static_cast<std::uint64_t>(*b);
+  }
+  benchmark::DoNotOptimize(sink);
+}
+
 template <class P>
 void consume(benchmark::State& state, Engine& engine, const P& pipeline, const RunOptions& o, std::int64_t items) {
-  for (auto _ : state) {
-    auto run = engine.start(pipeline, o);
-    std::uint64_t sink = 0;
-    while (auto b = run.next()) {
-      if constexpr (requires { b->size(); }) sink += b->size();
-      else sink += static_cast<std::uint64_t>(*b);
-    }
-    benchmark::DoNotOptimize(sink);
-  }
+  for (auto _ : state) drain(engine, pipeline, o);
   state.SetItemsProcessed(state.iterations() * items);
 }
 
@@ -71,15 +75,9 @@ void BM_CanonicalOneWorker(benchmark::State& state) {
 void BM_CanonicalPaired(benchmark::State& state) {
   Engine engine({.threads = 1});
   const auto p = canonical();
-  auto drain = [&](const RunOptions& o) {
-    auto run = engine.start(p, o);
-    std::uint64_t sink = 0;
-    while (auto b = run.next()) sink += b->size();
-    benchmark::DoNotOptimize(sink);
-  };
   dpipe::bench::paired(
       state, kCanonical * static_cast<std::int64_t>(sizeof(std::int64_t)),
-      [&] { drain(options(1)); }, [&] { drain(options(1, true)); });
+      [&] { drain(engine, p, options(1)); }, [&] { drain(engine, p, options(1, true)); });
 }
 
 // CPU-bound: every instance keeps its share of the positions and spins 2 µs on each element.

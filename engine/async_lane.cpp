@@ -11,8 +11,8 @@
 namespace dpipe::detail {
 
 namespace {
-// A blocked consumer waits at most this long with elements ready: it looks again after it, and a
-// producer publishing after it wakes the consumer at once. About ten wake-ups' worth, so cheap producers
+// A blocked consumer waits at most this long with elements ready, then looks again (slow elements would
+// otherwise hold it for half a lane of them: seconds). About ten wake-ups' worth, so cheap producers
 // still fill half the lane before waking it, and slow ones hand over promptly.
 constexpr std::chrono::milliseconds kLongestHold{1};
 }  // namespace
@@ -49,8 +49,7 @@ void AsyncLaneBase::produce_loop() {
     } catch (...) {
       error = std::current_exception();
     }
-    const auto t1 = std::chrono::steady_clock::now();
-    if (n > 0) adapt_chunk(t1 - t0, n);
+    if (n > 0) adapt_chunk(std::chrono::steady_clock::now() - t0, n);
     std::unique_lock lock(mu_);
     if (error) {
       error_ = error;
@@ -62,11 +61,9 @@ void AsyncLaneBase::produce_loop() {
       buffered_ += n;
     }
     publishes_.fetch_add(1, std::memory_order_release);
-    // Wake a waiting consumer when half the lane is ready (fewer wake-ups), when nothing more will
-    // come, or once it has waited kLongestHold with something to take (slow elements would otherwise
-    // hold it for half a lane of them: seconds).
-    const bool wake = consumer_waiting_ && (done_ || buffered_ * 2 >= capacity_ || buffered_ >= capacity_ ||
-                                            (buffered_ > 0 && t1 - consumer_waits_since_ >= kLongestHold));
+    // Wake a waiting consumer when half the lane is ready (fewer wake-ups) or nothing more will come;
+    // short of that, it looks again after kLongestHold by itself.
+    const bool wake = consumer_waiting_ && (done_ || buffered_ * 2 >= capacity_ || buffered_ >= capacity_);
     if (wake) consumer_waiting_ = false;  // one notification per wait: a notify is a system call
     const bool more = !done_ && !paused_ && !cancelled_ && buffered_ < capacity_;
     if (wake) consumer_cv_.notify_one();
@@ -174,7 +171,6 @@ bool AsyncLaneBase::fetch() {
       continue;  // the lane may have changed meanwhile: look again before blocking
     }
     consumer_waiting_ = true;
-    consumer_waits_since_ = std::chrono::steady_clock::now();
     consumer_cv_.wait_for(lock, kLongestHold);  // then it looks again: a chunk may be ready unannounced
     consumer_waiting_ = false;
   }

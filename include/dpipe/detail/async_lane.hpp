@@ -98,7 +98,6 @@ class AsyncLaneBase {
   std::condition_variable consumer_cv_, idle_cv_;
   std::size_t buffered_ = 0;  // queued elements
   bool running_ = false, paused_ = false, cancelled_ = false, done_ = false, consumer_waiting_ = false;
-  std::chrono::steady_clock::time_point consumer_waits_since_{};  // when the blocked consumer began to wait
   std::exception_ptr error_;
   std::atomic<std::uint64_t> publishes_{0};  // bumped under the lock on every publish, the end or a failure
   double wait_ns_ = 0;                       // consumer: moving average of how long its waits took

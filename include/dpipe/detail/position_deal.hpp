@@ -15,6 +15,15 @@
 
 namespace dpipe::detail {
 
+/// Throws a ConfigError naming `who` unless `per_epoch` × `epochs` positions stay under 2^62, far from
+/// overflowing the deal's arithmetic. `unit` and `positions` name the two counts in the message.
+inline void check_position_count(std::uint64_t per_epoch, std::uint64_t epochs, const std::string& who,
+                                 const std::string& unit, const std::string& positions) {
+  if (per_epoch > 0 && epochs > (std::uint64_t{1} << 62) / per_epoch)
+    throw ConfigError(who + ": " + std::to_string(per_epoch) + " " + unit + " × " + std::to_string(epochs) +
+                      " epochs is more than 2^62 " + positions);
+}
+
 class PositionDeal {
  public:
   PositionDeal(std::uint64_t instances, std::uint64_t instance) : stride_(instances), offset_(instance) {}

@@ -52,10 +52,8 @@ class LinesDef final : public NodeDef<std::string> {
     if (opts_.logical_shards < 1 || opts_.logical_shards > (1 << 24))
       throw ConfigError(who + ": logical_shards must be between 1 and 16777216, got " + param_text(opts_.logical_shards));
     if (opts_.epochs < 1) throw ConfigError(who + ": epochs must be at least 1, got " + param_text(opts_.epochs));
-    // Work items run over logical_shards × epochs: keep them far from overflowing.
-    if (opts_.epochs > (std::int64_t{1} << 62) / opts_.logical_shards)
-      throw ConfigError(who + ": " + param_text(opts_.logical_shards) + " logical shards × " + param_text(opts_.epochs) +
-                        " epochs is more than 2^62 work items");
+    detail::check_position_count(static_cast<std::uint64_t>(opts_.logical_shards),
+                                 static_cast<std::uint64_t>(opts_.epochs), who, "logical shards", "work items");
     std::vector<std::uint64_t> sizes;
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < files_.size(); ++i) {

@@ -42,10 +42,7 @@ class SamplerDef final : public NodeDef<T> {
       throw ConfigError(node_label("sampler", o.name) + ": epochs must be between 1 and 4294967296, got " +
                         param_text(o.epochs));
     epochs_ = static_cast<std::uint64_t>(o.epochs);
-    // Positions run over size × epochs: keep them far from overflowing.
-    if (access_->size() > 0 && epochs_ > (std::uint64_t{1} << 62) / access_->size())
-      throw ConfigError(node_label("sampler", o.name) + ": " + std::to_string(access_->size()) + " elements × " +
-                        param_text(o.epochs) + " epochs is more than 2^62 positions");
+    detail::check_position_count(access_->size(), epochs_, node_label("sampler", o.name), "elements", "positions");
   }
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const RandomAccess<T>& source() const { return *access_; }
