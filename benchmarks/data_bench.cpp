@@ -330,6 +330,14 @@ void lines_against(benchmark::State& state, const std::vector<std::string>& file
       state, total_bytes(files), [&] { drain(engine, p); }, [&] { baseline(files); });
 }
 
+/// The same lines through `line_blocks` (64 KiB blocks), paired with the plain read.
+void line_blocks_against_plain(benchmark::State& state, const std::vector<std::string>& files) {
+  const auto p = dpipe::line_blocks(files, {.logical_shards = 256, .shuffle_shards = false});
+  dpipe::Engine engine;
+  dpipe::bench::paired(
+      state, total_bytes(files), [&] { drain(engine, p); }, [&] { read_plain(files); });
+}
+
 void BM_Lines(benchmark::State& state) {
   lines_set();  // makes the files
   lines_against(state, lines_files(), read_plain);
@@ -395,6 +403,12 @@ void BM_SplitLoopShort(benchmark::State& state) {
 }
 void BM_OwnedLoopMedium(benchmark::State& state) { loop_against_plain(state, medium_lines_files(), split_lines<true>); }
 void BM_LinesLong(benchmark::State& state) { lines_against(state, long_lines_files(), read_plain); }
+void BM_LineBlocks(benchmark::State& state) {
+  lines_set();
+  line_blocks_against_plain(state, lines_files());
+}
+void BM_LineBlocksMedium(benchmark::State& state) { line_blocks_against_plain(state, medium_lines_files()); }
+void BM_LineBlocksLong(benchmark::State& state) { line_blocks_against_plain(state, long_lines_files()); }
 
 BENCHMARK(BM_Lines)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_LinesVsGetline)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
@@ -405,6 +419,9 @@ BENCHMARK(BM_LinesMedium)->Unit(benchmark::kMillisecond)->UseManualTime()->Repet
 BENCHMARK(BM_LinesMediumVsOwnedLoop)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_OwnedLoopMedium)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_LinesLong)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LineBlocks)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LineBlocksMedium)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_LineBlocksLong)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_RestoreSet)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_ReadSetBytes)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_SamplerPermutation)->Unit(benchmark::kMillisecond)->Repetitions(3);
@@ -434,6 +451,9 @@ int main(int argc, char** argv) {
       {"  the same lines / a hand-written loop making the same strings (paired)", "BM_LinesMediumVsOwnedLoop", "", 0},
       {"  that hand-written loop / plain buffered read (paired)", "BM_OwnedLoopMedium", "", 0},
       {"lines (~1 KiB lines) / plain buffered read (paired)", "BM_LinesLong", "", 0.5},
+      {"line_blocks (~30-byte lines) / plain buffered read (paired)", "BM_LineBlocks", "", 0.5},
+      {"line_blocks (~120-byte lines) / plain buffered read (paired)", "BM_LineBlocksMedium", "", 0.5},
+      {"line_blocks (~1 KiB lines) / plain buffered read (paired)", "BM_LineBlocksLong", "", 0.5},
       {"restore a set of 8 x 4 over 30,000 shards / read+checksum its bytes", "BM_RestoreSet", "BM_ReadSetBytes", 2.0,
        true},
   });

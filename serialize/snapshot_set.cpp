@@ -472,7 +472,8 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     const std::string& kind = old[0]->kind;
     if (old[0]->mode == StateMode::stateless) put(replicate_stateless(old, shape));
     else if (kind == "sampler") put(rescale_positions(old, shape, {}));
-    else if (kind == "lines") put(rescale_positions(old, shape, {"started_items", "started_segments", "started_offsets"}));
+    else if (kind == "lines" || kind == "line_blocks")
+      put(rescale_positions(old, shape, {"started_items", "started_segments", "started_offsets"}));
     else if (kind == "shuffle") put(deal_elements(old, shape, "buffer", {"input_done"}, true));
     else if (kind == "batch") put(deal_elements(old, shape, "partial", {"input_done"}, false));
     else if (kind == "flat_map") put(deal_elements(old, shape, "pending", {}, false));

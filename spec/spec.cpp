@@ -156,6 +156,11 @@ std::vector<std::string> files_of(NodeSpec& n) {
   return out;
 }
 
+/// Spec elements are integers, strings and batches of them: a text block becomes the batch of its lines.
+struct BlockToLines {
+  std::vector<std::string> operator()(const TextBlock& b) const { return b.to_strings(); }
+};
+
 /// Records are bytes; specs print them as base64 strings.
 struct ToBase64 {
   std::string operator()(const std::string& bytes) const {
@@ -236,13 +241,27 @@ AnyPipeline build_source(NodeSpec& n) {
                                .shuffle_shards = n.boolean("shuffle_shards", true),
                                .name = n.name});
   }
+  if (n.op == "line_blocks") {
+    const auto shards = n.integer("logical_shards", 64);
+    if (shards < 1) n.fail("logical_shards must be positive, got " + std::to_string(shards));
+    const auto epochs = n.integer("epochs", 1);
+    if (epochs < 1) n.fail("epochs must be at least 1, got " + std::to_string(epochs));
+    const auto block_bytes = n.integer("block_bytes", 64 << 10);
+    if (block_bytes < 1) n.fail("block_bytes must be positive, got " + std::to_string(block_bytes));
+    return line_blocks(files_of(n), {.logical_shards = shards,
+                                     .epochs = epochs,
+                                     .shuffle_shards = n.boolean("shuffle_shards", true),
+                                     .block_bytes = block_bytes,
+                                     .name = n.name}) |
+           map(BlockToLines{});
+  }
   if (n.op == "records") {
     const auto on_error = n.string("on_error", "fail");
     if (on_error != "fail" && on_error != "skip") n.fail("on_error must be fail or skip, got '" + on_error + "'");
     return records(files_of(n), {.on_error = on_error == "skip" ? OnDataError::skip : OnDataError::fail,
                                  .name = n.name});
   }
-  n.fail("the first node must be a source (range, from_vector, generator, lines, records, token_windows), not '" + n.op + "'");
+  n.fail("the first node must be a source (range, from_vector, generator, lines, line_blocks, records, token_windows), not '" + n.op + "'");
 }
 
 /// Applies a builtin map function through `apply(pipeline, fn)` (map or parallel_map).
@@ -430,8 +449,8 @@ AnyPipeline apply_node(NodeSpec& n, const AnyPipeline& in) {
         },
         in);
   }
-  if (op == "range" || op == "from_vector" || op == "generator" || op == "lines" || op == "records" ||
-      op == "token_windows")
+  if (op == "range" || op == "from_vector" || op == "generator" || op == "lines" || op == "line_blocks" ||
+      op == "records" || op == "token_windows")
     n.fail("a source can only start a pipeline (use concat, zip or mux with \"with\" to combine sources)");
   n.fail("unknown op '" + op + "'");
 }

@@ -16,6 +16,7 @@
 #include "dpipe/nodes/flat_map.hpp"
 #include "dpipe/nodes/from_vector.hpp"
 #include "dpipe/nodes/generator.hpp"
+#include "dpipe/nodes/line_blocks.hpp"
 #include "dpipe/nodes/lines.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/nodes/merge.hpp"

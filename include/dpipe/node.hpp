@@ -26,6 +26,12 @@ namespace dpipe {
 /// Elements per chunk moved between nodes.
 inline constexpr std::size_t kChunk = 256;
 
+/// Whether elements of T are large units of work (batches, text blocks) that the engine moves one at a
+/// time through shallow queues, rather than kChunk at a time: 256 blocks of 64 KiB would be 16 MiB per
+/// chunk. Specialise it (as true) for other element types that each own much memory.
+template <class T>
+inline constexpr bool is_bulk_element_v = detail::is_vector_v<T>;
+
 using Params = std::vector<std::pair<std::string, std::string>>;
 
 /// "batch 'b'" for a named node, "batch" otherwise: how error messages name a node.

@@ -495,6 +495,34 @@ def _():
     assert sorted(got) == sorted(expected), (len(got), len(expected))
 
 
+@case("files/line_blocks_print_their_lines_and_rescale_through_the_tool")
+def _():
+    path = os.path.join(TMP, "blocks.txt")
+    open(path, "w").write("alpha\r\nbeta\n\ngamma delta\nlast")
+    spec = {"pipeline": [{"op": "line_blocks", "files": [path], "logical_shards": 1, "block_bytes": 12}]}
+    r = dpipe("run", json.dumps(spec))
+    # Blocks of whole lines within 12 bytes: "alpha\\r\\nbeta\\n" is 12; the empty line cannot join "gamma delta".
+    assert lines(r.stdout) == [["alpha", "beta"], [""], ["gamma delta"], ["last"]], r.stdout
+    for bad in ({"block_bytes": 0}, {"logical_shards": 0}):
+        r = dpipe("run", json.dumps({"pipeline": [dict(spec["pipeline"][0], **bad)]}), check=False)
+        assert r.returncode == 1 and "must be positive" in r.stderr, r.stderr
+    paths, expected = [], []
+    for f in range(3):
+        p = os.path.join(TMP, f"blocks{f}.txt")
+        rows = [f"file{f} row{i}" for i in range(300 + 40 * f)]
+        open(p, "w").write("\n".join(rows) + "\n")
+        paths.append(p)
+        expected += rows
+    spec = json.dumps({"seed": 3, "pipeline": [{"op": "line_blocks", "files": paths, "logical_shards": 11,
+                                                "block_bytes": 200},
+                                               {"op": "shuffle", "buffer": 6}, {"op": "batch", "size": 2}]})
+    d = os.path.join(TMP, "set-blocks")
+    got = run_ranks(spec, 2, 2, take=12, snapshot_dir=d, tag="ba")
+    got += run_ranks(spec, 3, 1, resume_dir=d, rescale=True, tag="bb")
+    flat = [line for block in got for line in block]
+    assert sorted(flat) == sorted(expected), (len(flat), len(expected))
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <type_traits>
 
 #include "dpipe/dpipe.hpp"
 #include "../test_util.hpp"
@@ -247,6 +248,121 @@ TEST(Lines, ReadsShardsLargerThanOnePopulatedWindow) {
   EXPECT_EQ(testing::stop_and_resume(p, testing::options(), past_first_window), expected);
 }
 
+/// The lines of `blocks`, in order.
+std::vector<std::string> unpack(const std::vector<TextBlock>& blocks) {
+  std::vector<std::string> out;
+  for (const auto& b : blocks)
+    for (std::string_view line : b) out.emplace_back(line);
+  return out;
+}
+
+// line_blocks reads the same shards as lines; unpacked, its blocks are exactly the lines lines gives, in
+// the same order, whatever the block size: lines longer than a block, empty lines, "\r\n", a last line
+// without a newline, shards that start inside a line.
+TEST(LineBlocks, HoldExactlyTheLinesOfLinesForAnyBlockSizeShardCountAndLayout) {
+  testing::property_trials(40, [&](std::mt19937_64& g) {
+    auto pick = [&](int n) { return testing::draw(g, n); };
+    TempDir d;
+    std::vector<std::string> files;
+    for (int f = 0, nf = 1 + pick(4); f < nf; ++f) {
+      std::string text;
+      for (int l = 0, nl = pick(120); l < nl; ++l) {
+        const int len = pick(8) == 0 ? pick(400) : pick(40);
+        for (int c = 0; c < len; ++c) text += static_cast<char>(pick(5) == 0 ? ' ' : 'a' + pick(26));
+        if (l + 1 < nl || pick(2)) text += pick(4) == 0 ? "\r\n" : "\n";
+      }
+      files.push_back(d.file("t" + std::to_string(f) + ".txt"));
+      write_bytes(files.back(), text);
+    }
+    const int shards = 1 + pick(40);
+    const bool shuffled = pick(2) == 0;
+    const std::int64_t block_bytes = pick(3) == 0 ? 64 << 10 : 1 + pick(300);
+    // The same node name: the shards' order per epoch is drawn from it.
+    const auto expected = testing::collect(
+        lines(files, {.logical_shards = shards, .shuffle_shards = shuffled, .name = "text"}), testing::options());
+    const auto blocks_of = [&] {
+      return line_blocks(
+          files, {.logical_shards = shards, .shuffle_shards = shuffled, .block_bytes = block_bytes, .name = "text"});
+    };
+    const auto blocks = testing::collect(blocks_of(), testing::options());
+    ASSERT_EQ(unpack(blocks), expected) << shards << " shards, blocks of " << block_bytes;
+    for (const auto& b : blocks) {
+      ASSERT_FALSE(b.empty());
+      ASSERT_EQ(TextBlock::check(b.text(), b.ends()), "");
+      // At most block_bytes of whole lines, or one line that is longer.
+      if (b.size() > 1) ASSERT_LE(b.text().size(), static_cast<std::size_t>(block_bytes));
+    }
+    // Any layout: every line once over the instances.
+    const int world = 1 + pick(3), workers = 1 + pick(3);
+    std::vector<std::string> all;
+    for (int r = 0; r < world; ++r) {
+      const auto part = unpack(testing::collect(blocks_of(), testing::options(workers, 7, r, world)));
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    auto sorted = expected;
+    std::sort(sorted.begin(), sorted.end());
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all, sorted) << world << " x " << workers;
+  });
+}
+
+TEST(LineBlocks, CrossPopulatedWindowsAndResumeMidShard) {
+  TempDir d;
+  std::string text;
+  std::vector<std::string> expected;
+  for (int l = 0; text.size() < (9u << 20); ++l) {
+    std::string line =
+        std::to_string(l) + std::string(static_cast<std::size_t>(l * 7919 % 300), static_cast<char>('a' + l % 26));
+    if (l % 97 == 0) line.clear();
+    if (l == 5000) line = std::string(200'000, 'L');  // longer than a block
+    expected.push_back(line);
+    text += line + (l % 5 == 0 ? "\r\n" : "\n");
+  }
+  text += "tail";
+  expected.push_back("tail");
+  write_bytes(d.file("big.txt"), text);
+  auto p = line_blocks({d.file("big.txt")}, {.logical_shards = 2, .shuffle_shards = false});
+  const auto blocks = testing::collect(p, testing::options());
+  EXPECT_EQ(unpack(blocks), expected);
+  EXPECT_GT(blocks.size(), 100u);
+  EXPECT_EQ(unpack(testing::stop_and_resume(p, testing::options(), blocks.size() * 3 / 8)), expected);
+  EXPECT_EQ(unpack(testing::stop_and_resume(p, testing::options(2), 7)), unpack(testing::collect(p, testing::options(2))));
+}
+
+TEST(LineBlocks, OptionsAndBlocksAreChecked) {
+  TempDir d;
+  write_bytes(d.file("a.txt"), "a\n");
+  EXPECT_THROW(line_blocks({d.file("a.txt")}, {.block_bytes = 0}), ConfigError);
+  EXPECT_THROW(line_blocks({d.file("a.txt")}, {.block_bytes = (std::int64_t{1} << 30) + 1}), ConfigError);
+  EXPECT_THROW(line_blocks({d.file("a.txt")}, {.logical_shards = 0}), ConfigError);
+  EXPECT_THROW(line_blocks({d.file("missing.txt")}), DataError);
+  EXPECT_THROW(line_blocks({}), ConfigError);
+
+  const TextBlock b({"one", "", "three\r"});
+  EXPECT_EQ(b.text(), "one\n\nthree\r\n");
+  EXPECT_EQ(b.to_strings(), (std::vector<std::string>{"one", "", "three"}));
+  EXPECT_EQ(decode_from_string<TextBlock>(encode_to_string(b)), b);
+  EXPECT_THROW(TextBlock({"a\nb"}), ConfigError);
+  // Decoding refuses line ends that do not describe the text: out of order, past the end, not at a
+  // newline, bytes after the last line.
+  const auto encoded = [](std::string text, std::vector<std::uint64_t> ends) {
+    ByteWriter w;
+    w.str(text);
+    Codec<std::vector<std::uint64_t>>::encode(w, ends);
+    return w.take();
+  };
+  EXPECT_EQ(decode_from_string<TextBlock>(encoded("a\nb", {1, 3})).to_strings(), (std::vector<std::string>{"a", "b"}));
+  for (const auto& [text, ends] : std::vector<std::pair<std::string, std::vector<std::uint64_t>>>{
+           {"a\nb\n", {3, 1}}, {"a\n", {9}}, {"ab\n", {1}}, {"a\nb\n", {1}}, {"a", {1, 1}}, {"x", {}}}) {
+    try {
+      decode_from_string<TextBlock>(encoded(text, ends));
+      ADD_FAILURE() << "decoded a bad block of " << ends.size() << " ends";
+    } catch (const SnapshotError& e) {
+      EXPECT_NE(std::string(e.what()).find("text block is inconsistent"), std::string::npos) << e.what();
+    }
+  }
+}
+
 /// Runs `p` on the consumer's thread (nothing is read ahead), calls `shrink` once `before` elements
 /// have come, reads on and returns the DataError's message ("" if the run ended without one).
 /// `delivered` gets every element that came, before the shrink and after it.
@@ -332,6 +448,17 @@ TEST(FileSources, AFileTruncatedWhileMappedIsADataErrorNotACrash) {
   EXPECT_LT(got_lines.size(), text.size());
   EXPECT_TRUE(is_prefix(got_lines, text));
 
+  // line_blocks: the same cut, blocks of whole lines.
+  write_bytes(d.file("l.txt"), bytes);
+  std::vector<TextBlock> got_blocks;
+  const std::string bmsg =
+      error_after_shrinking(line_blocks({d.file("l.txt")}, {.logical_shards = 1, .block_bytes = 1000}), 3,
+                            shrink(d.file("l.txt"), 2 * page_size() + 100), got_blocks);
+  EXPECT_NE(bmsg.find("l.txt' shrank while it was read"), std::string::npos) << bmsg;
+  EXPECT_GE(got_blocks.size(), 3u);
+  EXPECT_LT(unpack(got_blocks).size(), text.size());
+  EXPECT_TRUE(is_prefix(unpack(got_blocks), text));
+
   // records: a record cut inside a page fails its checksum on zeros, and the size check names the cause.
   std::vector<std::string> records_in(2000, std::string(1000, 'r'));
   for (std::size_t i = 0; i < records_in.size(); ++i) records_in[i].replace(0, 4, std::to_string(1000 + i));
@@ -402,8 +529,10 @@ TEST(FileSourcesDeathTest, AnUnguardedFaultGoesToTheProgramsOwnHandler) {
       ::testing::ExitedWithCode(3), "");
 }
 
-TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
-  testing::property_trials(25, [&](std::mt19937_64& g) {
+/// The rescale property of a line source: `Element` std::string for lines, TextBlock for line_blocks.
+template <class Element>
+void every_line_once_per_epoch_across_random_layout_sequences(int trials) {
+  testing::property_trials(trials, [&](std::mt19937_64& g) {
     auto pick = [&](int n) { return testing::draw(g, n); };
     TempDir d;
     std::vector<std::string> files;
@@ -416,7 +545,12 @@ TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
       write_bytes(files.back(), text);
     }
     const int epochs = 1 + pick(2);
-    Pipeline<std::string> p = lines(files, {.logical_shards = 1 + pick(60), .epochs = epochs});
+    Pipeline<Element> p = [&] {
+      if constexpr (std::is_same_v<Element, TextBlock>)
+        return line_blocks(files, {.logical_shards = 1 + pick(60), .epochs = epochs, .block_bytes = 1 + pick(200)});
+      else
+        return lines(files, {.logical_shards = 1 + pick(60), .epochs = epochs});
+    }();
     if (pick(2)) p = p | shuffle({.buffer = 1 + pick(50)});
     // Before a dispatch, lines runs once per rank and deals its shards to the ranks.
     const bool dispatched = pick(3) == 0;
@@ -438,7 +572,12 @@ TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
         for (int i = 0; i < take; ++i) {
           auto x = run.next();
           if (!x) break;
-          got.insert(got.end(), x->begin(), x->end());
+          if constexpr (std::is_same_v<Element, TextBlock>) {
+            const auto unpacked = unpack(*x);
+            got.insert(got.end(), unpacked.begin(), unpacked.end());
+          } else {
+            got.insert(got.end(), x->begin(), x->end());
+          }
         }
         if (!last) next.push_back(run.snapshot());
       }
@@ -449,6 +588,15 @@ TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
     ASSERT_EQ(static_cast<int>(count.size()), total) << "layouts " << layouts;
     for (const auto& [line, k] : count) ASSERT_EQ(k, epochs) << line << ", layouts " << layouts;
   });
+}
+
+TEST(LinesRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
+  every_line_once_per_epoch_across_random_layout_sequences<std::string>(25);
+}
+
+// Blocks in shuffle buffers and partial batches are dealt whole; the shards' cursors regroup as lines'.
+TEST(LineBlocksRescaleProperty, EveryLineOncePerEpochAcrossRandomLayoutSequences) {
+  every_line_once_per_epoch_across_random_layout_sequences<TextBlock>(25);
 }
 
 }  // namespace

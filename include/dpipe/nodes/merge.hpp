@@ -15,14 +15,15 @@ struct MergeOptions {
   std::string name;
 };
 
-/// How many elements each worker may run ahead of the consumer, and per pull. Batches and other
-/// vectors are large units of work, so they move one at a time; scalars move in chunks.
+/// How many elements each worker may run ahead of the consumer, and per pull. Batches, other vectors
+/// and text blocks are large units of work (is_bulk_element_v), so they move one at a time; scalars
+/// move in chunks.
 template <class T>
 struct LaneDepth {
-  static constexpr std::size_t kChunk = detail::is_vector_v<T> ? 1 : dpipe::kChunk;
+  static constexpr std::size_t kChunk = is_bulk_element_v<T> ? 1 : dpipe::kChunk;
   // Deep enough that a worker rarely fills its queue while the consumer is being woken (tens of µs):
   // every refill of a full queue costs a task start, every empty one a consumer wake-up.
-  static constexpr std::size_t kDefaultCapacity = detail::is_vector_v<T> ? 64 : 64 * dpipe::kChunk;
+  static constexpr std::size_t kDefaultCapacity = is_bulk_element_v<T> ? 64 : 64 * dpipe::kChunk;
 };
 
 /// The kind name of `prefetch`, whose parameter sets the depth of the worker queues it ends.
