@@ -6,6 +6,7 @@
 
 #include "dpipe/codec.hpp"
 #include "dpipe/snapshot.hpp"
+#include "dpipe/text_block.hpp"
 #include "json_text.hpp"
 
 namespace dpipe {
@@ -59,7 +60,12 @@ bool decode(const TagNode& t, ByteReader& r, JsonText& j) {
     else if (n == "f64") number<double>(r, j);
     else if (n == "bool") j.boolean(r.get<std::uint8_t>() != 0);
     else if (n == "str") j.string(r.str());
-    else return false;
+    else if (n == "text_block") {  // a line_blocks element: the list of its lines
+      const TextBlock b = Codec<TextBlock>::decode(r);
+      j.begin_array();
+      for (std::string_view line : b) j.string(line);
+      j.end_array();
+    } else return false;
     return true;
   }
   if (n == "vec" && t.args.size() == 1) {

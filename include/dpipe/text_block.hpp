@@ -128,14 +128,14 @@ struct Codec<TextBlock> {
   static void encode(ByteWriter& w, const TextBlock& b) {
     w.str(b.text());
     w.put<std::uint64_t>(b.ends().size());
-    w.raw(b.ends().data(), b.ends().size_bytes());
+    if (!b.empty()) w.raw(b.ends().data(), b.ends().size_bytes());
   }
   static TextBlock decode(ByteReader& r) {
     const std::string_view text = r.str();
     const std::size_t n = r.length(sizeof(std::uint64_t));
     std::vector<std::uint64_t> ends(n);
     const auto bytes = r.bytes(n * sizeof(std::uint64_t));
-    std::memcpy(ends.data(), bytes.data(), bytes.size());
+    if (n > 0) std::memcpy(ends.data(), bytes.data(), bytes.size());
     if (const auto why = TextBlock::check(text, ends); !why.empty()) r.fail("a text block is inconsistent: " + why);
     return TextBlock::assemble(text, ends);
   }

@@ -64,6 +64,12 @@ TEST(Codec, NativeElementsRenderAsJsonFromTheirTag) {
   EXPECT_FALSE(element_to_json("vec<i64>", "abc", out));
   EXPECT_FALSE(element_to_json("cereal:X", "abc", out));
   EXPECT_FALSE(element_to_json("vec<", "", out));
+  // line_blocks' elements render as the list of their lines; inconsistent ones do not render.
+  ASSERT_TRUE(element_to_json("vec<text_block>", encode_to_string(std::vector<TextBlock>{TextBlock({"a", "b\r"})}), out));
+  EXPECT_EQ(out, "[[\"a\",\"b\"]]");
+  std::string bad = encode_to_string(TextBlock({"a"}));
+  bad[bad.size() - 1] = 9;  // the line's end, past the text
+  EXPECT_FALSE(element_to_json("text_block", bad, out));
 }
 
 TEST(Crc32c, MatchesPublishedTestVectors) {

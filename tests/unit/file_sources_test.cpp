@@ -290,7 +290,9 @@ TEST(LineBlocks, HoldExactlyTheLinesOfLinesForAnyBlockSizeShardCountAndLayout) {
       ASSERT_FALSE(b.empty());
       ASSERT_EQ(TextBlock::check(b.text(), b.ends()), "");
       // At most block_bytes of whole lines, or one line that is longer.
-      if (b.size() > 1) ASSERT_LE(b.text().size(), static_cast<std::size_t>(block_bytes));
+      if (b.size() > 1) {
+        ASSERT_LE(b.text().size(), static_cast<std::size_t>(block_bytes));
+      }
     }
     // Any layout: every line once over the instances.
     const int world = 1 + pick(3), workers = 1 + pick(3);
@@ -327,6 +329,36 @@ TEST(LineBlocks, CrossPopulatedWindowsAndResumeMidShard) {
   EXPECT_GT(blocks.size(), 100u);
   EXPECT_EQ(unpack(testing::stop_and_resume(p, testing::options(), blocks.size() * 3 / 8)), expected);
   EXPECT_EQ(unpack(testing::stop_and_resume(p, testing::options(2), 7)), unpack(testing::collect(p, testing::options(2))));
+}
+
+// The conformance battery's check for the two line sources, which need files: snapshotted at
+// breakpoints {0, 1, 5, middle, end} and restored through bytes into a fresh Run, a run continues with
+// exactly the rest of the uninterrupted stream, for one, two and three workers.
+template <class P>
+void expect_resume_at_every_breakpoint(const P& p) {
+  for (int workers : {1, 2, 3}) {
+    const auto whole = testing::collect(p, testing::options(workers));
+    ASSERT_GT(whole.size(), 6u);
+    for (std::size_t at : {std::size_t{0}, std::size_t{1}, std::size_t{5}, whole.size() / 2, whole.size()})
+      ASSERT_EQ(testing::stop_and_resume(p, testing::options(workers), at), whole)
+          << workers << " workers, stopped at " << at;
+  }
+}
+
+TEST(LineSources, ResumeAtEveryBreakpointContinuesTheStream) {
+  TempDir d;
+  std::vector<std::string> files;
+  for (int f = 0; f < 3; ++f) {
+    std::string text;
+    for (int l = 0; l < 150 + 70 * f; ++l) text += "f" + std::to_string(f) + " line " + std::to_string(l) + "\n";
+    files.push_back(d.file("s" + std::to_string(f) + ".txt"));
+    write_bytes(files.back(), text);
+  }
+  expect_resume_at_every_breakpoint(lines(files, {.logical_shards = 13, .epochs = 2}) | shuffle({.buffer = 20}) |
+                                    batch({.size = 8}));
+  expect_resume_at_every_breakpoint(line_blocks(files, {.logical_shards = 13, .epochs = 2, .block_bytes = 100}) |
+                                    shuffle({.buffer = 5}) | batch({.size = 3}));
+  expect_resume_at_every_breakpoint(line_blocks(files, {.logical_shards = 5, .block_bytes = 64}));
 }
 
 TEST(LineBlocks, OptionsAndBlocksAreChecked) {
