@@ -24,7 +24,8 @@ class LineBlocksIter;
 class TextBlock {
  public:
   TextBlock() = default;
-  /// A block of `lines` (none may hold '\n'), each followed by '\n'; throws ConfigError otherwise.
+  /// A block of `lines` (none may hold '\n'), each followed by '\n'; throws ConfigError otherwise. As
+  /// in a file, a line that ends in '\r' reads back without it.
   explicit TextBlock(const std::vector<std::string>& lines) {
     for (const auto& l : lines) {
       if (l.find('\n') != std::string::npos) throw ConfigError("a TextBlock line holds a newline");
@@ -91,7 +92,7 @@ class TextBlock {
     return b;
   }
   /// Why `text` and `ends` do not make a block (a line end out of order or out of range, a byte that
-  /// should be '\n' and is not, bytes after the last line), or empty when they do.
+  /// should be '\n' and is not, a '\n' inside a line, bytes after the last line), or empty when they do.
   static std::string check(std::string_view text, std::span<const std::uint64_t> ends) {
     std::uint64_t begin = 0;
     for (std::size_t i = 0; i < ends.size(); ++i) {
@@ -102,9 +103,13 @@ class TextBlock {
       const bool last = i + 1 == ends.size();
       if (e == text.size()) {
         if (!last) return "line " + std::to_string(i) + " ends the text but is not the last line";
+        if (std::memchr(text.data() + begin, '\n', e - begin))
+          return "line " + std::to_string(i) + " holds a newline";
         return {};
       }
       if (text[e] != '\n') return "line " + std::to_string(i) + " does not end at a newline";
+      if (std::memchr(text.data() + begin, '\n', e - begin))
+        return "line " + std::to_string(i) + " holds a newline";
       begin = e + 1;
     }
     if (begin != text.size()) return std::to_string(text.size() - begin) + " bytes follow the last line";

@@ -270,19 +270,26 @@ TEST(LineBlocks, HoldExactlyTheLinesOfLinesForAnyBlockSizeShardCountAndLayout) {
         const int len = pick(8) == 0 ? pick(400) : pick(40);
         for (int c = 0; c < len; ++c) text += static_cast<char>(pick(5) == 0 ? ' ' : 'a' + pick(26));
         if (l + 1 < nl || pick(2)) text += pick(4) == 0 ? "\r\n" : "\n";
+        else if (pick(2)) text += '\r';  // a last line without a newline, ending in '\r'
+
       }
       files.push_back(d.file("t" + std::to_string(f) + ".txt"));
       write_bytes(files.back(), text);
     }
-    const int shards = 1 + pick(40);
+    const int shards = 1 + pick(40), epochs = 1 + pick(2);
     const bool shuffled = pick(2) == 0;
-    const std::int64_t block_bytes = pick(3) == 0 ? 64 << 10 : 1 + pick(300);
+    const int size_kind = pick(4);
+    const std::int64_t block_bytes = size_kind == 0 ? 64 << 10 : size_kind == 1 ? 1 : 1 + pick(300);
     // The same node name: the shards' order per epoch is drawn from it.
     const auto expected = testing::collect(
-        lines(files, {.logical_shards = shards, .shuffle_shards = shuffled, .name = "text"}), testing::options());
+        lines(files, {.logical_shards = shards, .epochs = epochs, .shuffle_shards = shuffled, .name = "text"}),
+        testing::options());
     const auto blocks_of = [&] {
-      return line_blocks(
-          files, {.logical_shards = shards, .shuffle_shards = shuffled, .block_bytes = block_bytes, .name = "text"});
+      return line_blocks(files, {.logical_shards = shards,
+                                 .epochs = epochs,
+                                 .shuffle_shards = shuffled,
+                                 .block_bytes = block_bytes,
+                                 .name = "text"});
     };
     const auto blocks = testing::collect(blocks_of(), testing::options());
     ASSERT_EQ(unpack(blocks), expected) << shards << " shards, blocks of " << block_bytes;
@@ -308,7 +315,7 @@ TEST(LineBlocks, HoldExactlyTheLinesOfLinesForAnyBlockSizeShardCountAndLayout) {
   });
 }
 
-TEST(LineBlocks, CrossPopulatedWindowsAndResumeMidShard) {
+TEST(LineBlocks, ReadLinesLongerThanABlockAndResumeMidShard) {
   TempDir d;
   std::string text;
   std::vector<std::string> expected;
@@ -361,6 +368,47 @@ TEST(LineSources, ResumeAtEveryBreakpointContinuesTheStream) {
   expect_resume_at_every_breakpoint(line_blocks(files, {.logical_shards = 5, .block_bytes = 64}));
 }
 
+/// Runs `p` a few elements, sets every saved shard offset of its `kind` node to `offset` (as a buggy
+/// writer could, checksums valid) and returns the resume's SnapshotError message.
+template <class P>
+std::string resume_with_offset(const P& p, const std::string& kind, std::uint64_t offset) {
+  Engine e;
+  auto run = e.start(p, testing::options());
+  testing::drain(run, 3);
+  Snapshot s = run.snapshot();
+  for (auto& st : s.states)
+    for (auto& f : st.fields)
+      if (st.kind == kind && f.name == "started_offsets") {
+        ElementBlobs b;
+        b.tag = f.elements.tag;
+        for (std::size_t i = 0; i < f.elements.size(); ++i) b.append(encode_to_string(offset));
+        f.elements = b;
+      }
+  try {
+    e.resume(p, Snapshot::from_bytes(s.to_bytes()), testing::options());
+  } catch (const SnapshotError& err) {
+    return err.what();
+  }
+  return "resumed";
+}
+
+TEST(LineSources, RestoredOffsetsOutsideTheirSegmentAreRefused) {
+  TempDir d;
+  std::string text;
+  for (int l = 0; l < 100'000; ++l) text += "line " + std::to_string(l) + "\n";  // shards far longer than any read-ahead
+  write_bytes(d.file("t.txt"), text);
+  const auto l = lines({d.file("t.txt")}, {.logical_shards = 4, .shuffle_shards = false});
+  const auto b = line_blocks({d.file("t.txt")}, {.logical_shards = 4, .shuffle_shards = false, .block_bytes = 50});
+  for (std::uint64_t bad : {std::uint64_t{1} << 40, text.size() + 1}) {
+    EXPECT_NE(resume_with_offset(l, "lines", bad).find("is outside shard segment"), std::string::npos);
+    EXPECT_NE(resume_with_offset(b, "line_blocks", bad).find("is outside shard segment"), std::string::npos);
+  }
+  // The check is no stricter than it must be: the run is in the first shard, and any offset from its
+  // start to the file's end is one a cursor can hold.
+  EXPECT_EQ(resume_with_offset(l, "lines", text.size()), "resumed");
+  EXPECT_EQ(resume_with_offset(b, "line_blocks", 0), "resumed");
+}
+
 TEST(LineBlocks, OptionsAndBlocksAreChecked) {
   TempDir d;
   write_bytes(d.file("a.txt"), "a\n");
@@ -385,7 +433,8 @@ TEST(LineBlocks, OptionsAndBlocksAreChecked) {
   };
   EXPECT_EQ(decode_from_string<TextBlock>(encoded("a\nb", {1, 3})).to_strings(), (std::vector<std::string>{"a", "b"}));
   for (const auto& [text, ends] : std::vector<std::pair<std::string, std::vector<std::uint64_t>>>{
-           {"a\nb\n", {3, 1}}, {"a\n", {9}}, {"ab\n", {1}}, {"a\nb\n", {1}}, {"a", {1, 1}}, {"x", {}}}) {
+           {"a\nb\n", {3, 1}}, {"a\n", {9}}, {"ab\n", {1}}, {"a\nb\n", {1}}, {"a", {1, 1}}, {"x", {}},
+           {"a\n", {2}}, {"a\nb\n", {3}}}) {  // the last two: a line that holds a newline
     try {
       decode_from_string<TextBlock>(encoded(text, ends));
       ADD_FAILURE() << "decoded a bad block of " << ends.size() << " ends";

@@ -187,6 +187,14 @@ class LineShardIter : public Hooked<Out> {
       if (items[i] >= total) r.fail("work item " + std::to_string(items[i]) + " does not exist");
       const auto& segs = table_.shard(shard_of(items[i]));
       if (segments[i] > segs.size()) r.fail("shard segment " + std::to_string(segments[i]) + " does not exist");
+      const std::uint64_t pos = offsets[i] & ~kUnaligned;
+      if (segments[i] < segs.size()) {
+        const auto& seg = segs[segments[i]];
+        if (pos < seg.begin || pos > table_.file_size(seg.file))
+          r.fail("offset " + std::to_string(pos) + " is outside shard segment " + std::to_string(segments[i]) +
+                 " (bytes " + std::to_string(seg.begin) + " to " + std::to_string(table_.file_size(seg.file)) +
+                 " of its file)");
+      }
       started_.push_back(
           {items[i], shard_of(items[i]), segments[i], offsets[i] & ~kUnaligned, (offsets[i] & kUnaligned) == 0});
     }

@@ -70,8 +70,11 @@ class Dispatcher {
 
  private:
   void refill() {
-    // Broadcast elements are large units (a whole shard): one at a time. Round-robin: a chunk.
-    const std::size_t want = kBroadcast ? 1 : std::max<std::size_t>(backlog_.size(), dpipe::kChunk);
+    // Broadcast elements are large units (a whole shard): one at a time. Round-robin: a chunk, or one
+    // element per worker when the elements are bulky (batches, text blocks).
+    const std::size_t want = kBroadcast            ? 1
+                             : is_bulk_element_v<T> ? backlog_.size()
+                                                    : std::max<std::size_t>(backlog_.size(), dpipe::kChunk);
     scratch_.clear();
     if (prefix_->pull(scratch_, want) == 0) {
       prefix_done_ = true;

@@ -9,6 +9,7 @@
 /// State: the work items dealt so far and the shards started, with where it is in each.
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,25 +118,30 @@ class LineBlocksIter final : public detail::LineShardIter<TextBlock> {
       const std::uint64_t scan = std::min(limit, seg_end - pos);         // a line starting past seg_end is not ours
       TextBlock block;
       auto& text = block.text_;
-      text.resize(limit);  // not zeroed: PooledAllocator default-initialises
-      f.read(text.data(), limit, pos);
+      // The scan, and a little past it for the line that crosses seg_end, in one read.
+      text.resize(std::min(limit, scan + kLookAhead));  // not zeroed: PooledAllocator default-initialises
+      f.read(text.data(), text.size(), pos);
       ends_.clear();
       detail::find_newlines(text.data(), scan, ends_);
       std::uint64_t bytes = ends_.empty() ? 0 : ends_.back() + 1;  // the block's length from pos
       if (bytes < scan) {
         // A line of ours starts at pos + bytes and does not end within the scan: it joins the block if
         // it ends within the limit or is the file's last, or if the block has no other line.
-        if (const void* nl = scan < limit ? std::memchr(text.data() + scan, '\n', limit - scan) : nullptr) {
-          ends_.push_back(static_cast<std::uint64_t>(static_cast<const char*>(nl) - text.data()));
-          bytes = ends_.back() + 1;
-        } else if (pos + limit == size) {  // the file's last line, without a newline
-          ends_.push_back(limit);
-          bytes = limit;
-        } else if (ends_.empty()) {
-          bytes = read_long_line(f, pos, text);
+        std::optional<std::uint64_t> nl;
+        if (const void* q = std::memchr(text.data() + scan, '\n', text.size() - scan))
+          nl = static_cast<std::uint64_t>(static_cast<const char*>(q) - text.data());
+        if (!nl && text.size() < limit) nl = read_on(f, pos, text, limit);
+        if (!nl && ends_.empty() && limit < size - pos) nl = read_on(f, pos, text, size - pos);  // a long line
+        if (nl) {
+          ends_.push_back(*nl);
+          bytes = *nl + 1;
+        } else if (text.size() == size - pos) {  // the file's last line, without a newline
+          ends_.push_back(text.size());
+          bytes = text.size();
         }
       }
       text.resize(bytes);
+      if (text.capacity() > 2 * bytes + 4096) text.shrink_to_fit();  // a block cut short holds no spare buffer
       block.ends_.assign(ends_.begin(), ends_.end());
       out.push_back(std::move(block));
       pos += bytes;
@@ -144,6 +150,8 @@ class LineBlocksIter final : public detail::LineShardIter<TextBlock> {
   }
 
  private:
+  using Text = decltype(TextBlock::text_);
+
   const detail::ReadFile& open(std::uint32_t file) {
     if (!file_ || file_index_ != file) {
       file_.reset();  // one file open at a time
@@ -153,37 +161,39 @@ class LineBlocksIter final : public detail::LineShardIter<TextBlock> {
     return *file_;
   }
 
+  static constexpr std::uint64_t kLookAhead = 4096;
+
+  /// Reads on after the `text.size()` bytes from `pos` already in `text`, in steps of 4 KiB doubling
+  /// each time, until a '\n' turns up or `text` holds `upto` bytes: the newline's offset, if one did.
+  static std::optional<std::uint64_t> read_on(const detail::ReadFile& f, std::uint64_t pos, Text& text,
+                                              std::uint64_t upto) {
+    for (std::uint64_t step = kLookAhead; text.size() < upto; step *= 2) {
+      const std::uint64_t have = text.size();
+      const std::uint64_t more = std::min(upto - have, step);
+      text.resize(have + more);
+      f.read(text.data() + have, more, pos + have);
+      if (const void* nl = std::memchr(text.data() + have, '\n', more))
+        return static_cast<std::uint64_t>(static_cast<const char*>(nl) - text.data());
+    }
+    return std::nullopt;
+  }
+
   /// Where the first line starting at or after `pos` starts (the file's size if none does).
   static std::uint64_t next_line_start(const detail::ReadFile& f, std::uint64_t pos) {
     if (pos == 0) return 0;
-    char buf[4096];
-    f.read(buf, 1, pos - 1);
-    if (buf[0] == '\n') return pos;
-    while (pos < f.size()) {
-      const std::uint64_t n = std::min<std::uint64_t>(sizeof buf, f.size() - pos);
-      f.read(buf, n, pos);
-      if (const void* nl = std::memchr(buf, '\n', n)) return pos + (static_cast<const char*>(nl) - buf) + 1;
+    char before;
+    f.read(&before, 1, pos - 1);
+    if (before == '\n') return pos;
+    // Reads of 4 KiB, doubling up to 1 MiB, into one buffer: a long line costs few calls, little memory.
+    Text buf;
+    for (std::uint64_t step = 4096; pos < f.size(); step = std::min<std::uint64_t>(2 * step, 1 << 20)) {
+      const std::uint64_t n = std::min(step, f.size() - pos);
+      buf.resize(n);
+      f.read(buf.data(), n, pos);
+      if (const void* nl = std::memchr(buf.data(), '\n', n)) return pos + (static_cast<const char*>(nl) - buf.data()) + 1;
       pos += n;
     }
     return pos;
-  }
-
-  /// A line longer than a block, whose first `text.size()` bytes are in `text`: reads on, doubling, to
-  /// its newline or the file's end; records its end in ends_ and returns the block's length.
-  std::uint64_t read_long_line(const detail::ReadFile& f, std::uint64_t pos, std::vector<char, detail::PooledAllocator<char>>& text) {
-    std::uint64_t have = text.size();
-    while (pos + have < f.size()) {
-      const std::uint64_t more = std::min(f.size() - pos - have, std::max<std::uint64_t>(have, 1));
-      text.resize(have + more);
-      f.read(text.data() + have, more, pos + have);
-      if (const void* nl = std::memchr(text.data() + have, '\n', more)) {
-        ends_.push_back(static_cast<std::uint64_t>(static_cast<const char*>(nl) - text.data()));
-        return ends_.back() + 1;
-      }
-      have += more;
-    }
-    ends_.push_back(have);  // the file's last line, without a newline
-    return have;
   }
 
   std::uint64_t block_bytes_;

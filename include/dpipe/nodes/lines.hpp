@@ -50,7 +50,7 @@ class LinesIter final : public detail::LineShardIter<std::string> {
     const auto& m = map(file);
     if (seg_end > m.size()) throw DataError("data file '" + m.path() + "' changed size since the pipeline was built");
     const char* const data = m.data();
-    const std::uint64_t size = m.size();
+    const std::uint64_t size = std::min<std::uint64_t>(m.size(), table().file_size(file));  // bytes added later are not read
     const detail::MappedReadGuard guard(m);
     std::uint64_t p = pos;
     if (!aligned) {
