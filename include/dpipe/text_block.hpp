@@ -58,6 +58,8 @@ class TextBlock {
 
   class const_iterator {
    public:
+    using iterator_concept = std::forward_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // it yields views, not references
     using value_type = std::string_view;
     using difference_type = std::ptrdiff_t;
     const_iterator() = default;
@@ -103,12 +105,12 @@ class TextBlock {
       const bool last = i + 1 == ends.size();
       if (e == text.size()) {
         if (!last) return "line " + std::to_string(i) + " ends the text but is not the last line";
-        if (std::memchr(text.data() + begin, '\n', e - begin))
+        if (e > begin && std::memchr(text.data() + begin, '\n', e - begin))
           return "line " + std::to_string(i) + " holds a newline";
         return {};
       }
       if (text[e] != '\n') return "line " + std::to_string(i) + " does not end at a newline";
-      if (std::memchr(text.data() + begin, '\n', e - begin))
+      if (e > begin && std::memchr(text.data() + begin, '\n', e - begin))
         return "line " + std::to_string(i) + " holds a newline";
       begin = e + 1;
     }
