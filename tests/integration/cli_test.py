@@ -477,16 +477,21 @@ def _():
     assert r.returncode == 1 and "byte offset" in r.stderr and "checksum" in r.stderr, r.stderr
 
 
+def write_row_files(stem, files, rows_in):
+    """Writes `files` text files of rows_in(f) lines "file{f} line{i}"; returns their paths and every row."""
+    paths, rows = [], []
+    for f in range(files):
+        path = os.path.join(TMP, f"{stem}{f}.txt")
+        these = [f"file{f} line{i}" for i in range(rows_in(f))]
+        open(path, "w").write("\n".join(these) + "\n")
+        paths.append(path)
+        rows += these
+    return paths, rows
+
+
 @case("files/lines_with_logical_shards_rescale_through_the_tool")
 def _():
-    paths = []
-    expected = []
-    for f in range(3):
-        path = os.path.join(TMP, f"text{f}.txt")
-        rows = [f"file{f} line{i}" for i in range(200 + 50 * f)]
-        open(path, "w").write("\n".join(rows) + "\n")
-        paths.append(path)
-        expected += rows
+    paths, expected = write_row_files("text", 3, lambda f: 200 + 50 * f)
     spec = json.dumps({"seed": 8, "pipeline": [{"op": "lines", "files": paths, "logical_shards": 17},
                                                {"op": "shuffle", "buffer": 20}, {"op": "batch", "size": 4}]})
     d = os.path.join(TMP, "set-lines")
@@ -506,13 +511,7 @@ def _():
     for bad in ({"block_bytes": 0}, {"logical_shards": 0}):
         r = dpipe("run", json.dumps({"pipeline": [dict(spec["pipeline"][0], **bad)]}), check=False)
         assert r.returncode == 1 and "must be positive" in r.stderr, r.stderr
-    paths, expected = [], []
-    for f in range(3):
-        p = os.path.join(TMP, f"blocks{f}.txt")
-        rows = [f"file{f} row{i}" for i in range(300 + 40 * f)]
-        open(p, "w").write("\n".join(rows) + "\n")
-        paths.append(p)
-        expected += rows
+    paths, expected = write_row_files("blocks", 3, lambda f: 300 + 40 * f)
     spec = json.dumps({"seed": 3, "pipeline": [{"op": "line_blocks", "files": paths, "logical_shards": 11,
                                                 "block_bytes": 200},
                                                {"op": "shuffle", "buffer": 6}, {"op": "batch", "size": 2}]})

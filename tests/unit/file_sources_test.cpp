@@ -230,18 +230,25 @@ TEST(Lines, SplitsLikeTextFilesAcrossAnyNumberOfLogicalShards) {
 
 // Shards of several MiB: lines maps their pages a few MiB at a time, so reads cross from one populated
 // window into the next (and a resume starts in the middle of one).
-TEST(Lines, ReadsShardsLargerThanOnePopulatedWindow) {
-  TempDir d;
+/// About `bytes` of text with lines of 1-300 bytes, every 97th empty, every 5th ending in "\r\n"; line
+/// `long_line`, if any, 200 KB long. `expected` gets the lines as a line source gives them.
+std::string varied_text(std::size_t bytes, std::vector<std::string>& expected, int long_line = -1) {
   std::string text;
-  std::vector<std::string> expected;
-  for (int l = 0; text.size() < (11u << 20); ++l) {
+  for (int l = 0; text.size() < bytes; ++l) {
     std::string line =
         std::to_string(l) + std::string(static_cast<std::size_t>(l * 7919 % 300), static_cast<char>('a' + l % 26));
     if (l % 97 == 0) line.clear();
+    if (l == long_line) line = std::string(200'000, 'L');
     expected.push_back(line);
     text += line + (l % 5 == 0 ? "\r\n" : "\n");
   }
-  write_bytes(d.file("big.txt"), text);
+  return text;
+}
+
+TEST(Lines, ReadsShardsLargerThanOnePopulatedWindow) {
+  TempDir d;
+  std::vector<std::string> expected;
+  write_bytes(d.file("big.txt"), varied_text(11u << 20, expected));
   auto p = lines({d.file("big.txt")}, {.logical_shards = 2, .shuffle_shards = false});
   EXPECT_EQ(testing::collect(p, testing::options()), expected);
   const std::size_t past_first_window = expected.size() * 3 / 8;  // about 4.1 MiB into the first shard
@@ -317,16 +324,8 @@ TEST(LineBlocks, HoldExactlyTheLinesOfLinesForAnyBlockSizeShardCountAndLayout) {
 
 TEST(LineBlocks, ReadLinesLongerThanABlockAndResumeMidShard) {
   TempDir d;
-  std::string text;
   std::vector<std::string> expected;
-  for (int l = 0; text.size() < (9u << 20); ++l) {
-    std::string line =
-        std::to_string(l) + std::string(static_cast<std::size_t>(l * 7919 % 300), static_cast<char>('a' + l % 26));
-    if (l % 97 == 0) line.clear();
-    if (l == 5000) line = std::string(200'000, 'L');  // longer than a block
-    expected.push_back(line);
-    text += line + (l % 5 == 0 ? "\r\n" : "\n");
-  }
+  std::string text = varied_text(9u << 20, expected, 5000);  // line 5000 longer than a block
   text += "tail";
   expected.push_back("tail");
   write_bytes(d.file("big.txt"), text);
