@@ -231,26 +231,20 @@ AnyPipeline build_source(NodeSpec& n) {
                                        .seq_len = seq_len,
                                        .name = n.name});
   }
-  if (n.op == "lines") {
+  if (n.op == "lines" || n.op == "line_blocks") {
     const auto shards = n.integer("logical_shards", 64);
     if (shards < 1) n.fail("logical_shards must be positive, got " + std::to_string(shards));
     const auto epochs = n.integer("epochs", 1);
     if (epochs < 1) n.fail("epochs must be at least 1, got " + std::to_string(epochs));
-    return lines(files_of(n), {.logical_shards = shards,
-                               .epochs = epochs,
-                               .shuffle_shards = n.boolean("shuffle_shards", true),
-                               .name = n.name});
-  }
-  if (n.op == "line_blocks") {
-    const auto shards = n.integer("logical_shards", 64);
-    if (shards < 1) n.fail("logical_shards must be positive, got " + std::to_string(shards));
-    const auto epochs = n.integer("epochs", 1);
-    if (epochs < 1) n.fail("epochs must be at least 1, got " + std::to_string(epochs));
+    const bool shuffle_shards = n.boolean("shuffle_shards", true);
+    if (n.op == "lines")
+      return lines(files_of(n),
+                   {.logical_shards = shards, .epochs = epochs, .shuffle_shards = shuffle_shards, .name = n.name});
     const auto block_bytes = n.integer("block_bytes", 64 << 10);
     if (block_bytes < 1) n.fail("block_bytes must be positive, got " + std::to_string(block_bytes));
     return line_blocks(files_of(n), {.logical_shards = shards,
                                      .epochs = epochs,
-                                     .shuffle_shards = n.boolean("shuffle_shards", true),
+                                     .shuffle_shards = shuffle_shards,
                                      .block_bytes = block_bytes,
                                      .name = n.name}) |
            map(BlockToLines{});

@@ -102,16 +102,13 @@ class TextBlock {
       if (e < begin || e > text.size())
         return "line " + std::to_string(i) + " ends at " + std::to_string(e) + ", outside [" +
                std::to_string(begin) + ", " + std::to_string(text.size()) + "]";
-      const bool last = i + 1 == ends.size();
+      if (e > begin && std::memchr(text.data() + begin, '\n', e - begin))
+        return "line " + std::to_string(i) + " holds a newline";
       if (e == text.size()) {
-        if (!last) return "line " + std::to_string(i) + " ends the text but is not the last line";
-        if (e > begin && std::memchr(text.data() + begin, '\n', e - begin))
-          return "line " + std::to_string(i) + " holds a newline";
+        if (i + 1 != ends.size()) return "line " + std::to_string(i) + " ends the text but is not the last line";
         return {};
       }
       if (text[e] != '\n') return "line " + std::to_string(i) + " does not end at a newline";
-      if (e > begin && std::memchr(text.data() + begin, '\n', e - begin))
-        return "line " + std::to_string(i) + " holds a newline";
       begin = e + 1;
     }
     if (begin != text.size()) return std::to_string(text.size() - begin) + " bytes follow the last line";
