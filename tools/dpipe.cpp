@@ -258,7 +258,7 @@ int cmd_run(int argc, char** argv) {
   auto options = run_options(a, spec);
   options.collect_stats = a.flag("stats");
   const auto take = a.integer("take", 0, INT64_MAX);
-  return std::visit(
+  return spec.pipeline.visit(
       [&](const auto& pipeline) {
         using T = typename std::decay_t<decltype(pipeline)>::element_type;
         dpipe::Engine engine = make_engine(a);
@@ -321,8 +321,7 @@ int cmd_run(int argc, char** argv) {
         }
         (void)sizeof(T);
         return 0;
-      },
-      spec.pipeline);
+      });
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -337,7 +336,7 @@ int cmd_bench(int argc, char** argv) {
     if (s->empty() || *end || !(limit > 0)) throw UsageError("--seconds must be a positive number");
   }
   const bool progress = ::isatty(2);
-  return std::visit(
+  return spec.pipeline.visit(
       [&](const auto& pipeline) {
         dpipe::Engine engine = make_engine(a);
         auto run = engine.start(pipeline, options);
@@ -373,14 +372,13 @@ int cmd_bench(int argc, char** argv) {
                     run.layout().num_workers, engine.threads(),
                     a.flag("stats") ? (", \"nodes\": " + node_stats_json(run)).c_str() : "");
         return 0;
-      },
-      spec.pipeline);
+      });
 }
 
 int cmd_graph(int argc, char** argv) {
   const Args a(argc, argv, 2, {}, {});
   const auto spec = load_spec(a);
-  std::visit([](const auto& p) { std::cout << dpipe::Graph::build(*p.def()).to_dot(); }, spec.pipeline);
+  spec.pipeline.visit([](const auto& p) { std::cout << dpipe::Graph::build(*p.def()).to_dot(); });
   return 0;
 }
 

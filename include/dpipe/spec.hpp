@@ -1,44 +1,176 @@
 #pragma once
-/// Pipelines from JSON specs: `{"seed": S, "pipeline": [{"op": KIND, ...params}, ...]}`. The builder
-/// makes the same typed Pipeline<T> a C++ user would write (builtin functions are concrete function
-/// objects, not an interpreter), so `dpipe bench` measures real pipelines. Element types of specs:
-/// 64-bit integers, strings, and batches (vectors) of them up to two levels deep.
+/// Pipelines from specs: `{"seed": S, "pipeline": [{"op": KIND, ...params}, ...]}`. A front end (the
+/// JSON one in json_spec/, later Python) reads each node's parameters and hands them to the kind's own
+/// spec builder, `XKind::from_spec`, in the kind's header: the builder fills the kind's option struct
+/// and calls the same factory a C++ user calls, so every check exists once, in the node. The result is
+/// the typed Pipeline<T> a C++ user would write: no interpreter over dynamic values on the hot path.
+///
+/// The element types a spec pipeline can carry form an open list, SpecElementTypes: adding one is a
+/// line there and a SpecElement specialisation (its name and how it is written as JSON).
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <variant>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dpipe/pipeline.hpp"
 
 namespace dpipe {
 
+template <class... T>
+struct TypeList {};
+
 using SpecInt = std::int64_t;
 using SpecStr = std::string;
 
-using AnyPipeline =
-    std::variant<Pipeline<SpecInt>, Pipeline<SpecStr>, Pipeline<std::vector<SpecInt>>, Pipeline<std::vector<SpecStr>>,
-                 Pipeline<std::vector<std::vector<SpecInt>>>, Pipeline<std::vector<std::vector<SpecStr>>>>;
+/// The element types of spec pipelines, each once.
+using SpecElementTypes = TypeList<SpecInt, SpecStr, std::vector<SpecInt>, std::vector<SpecStr>,
+                                  std::vector<std::vector<SpecInt>>, std::vector<std::vector<SpecStr>>>;
+
+namespace detail {
+template <class T, class List>
+struct type_index;
+template <class T, class... Ts>
+struct type_index<T, TypeList<Ts...>> {
+  static constexpr std::size_t value = [] {
+    std::size_t i = 0;
+    const bool found = ((std::is_same_v<T, Ts> ? true : (++i, false)) || ...);
+    return found ? i : sizeof...(Ts);
+  }();
+};
+template <class List>
+struct type_count;
+template <class... Ts>
+struct type_count<TypeList<Ts...>> {
+  static constexpr std::size_t value = sizeof...(Ts);
+};
+}  // namespace detail
+
+/// Whether specs carry elements of type T.
+template <class T>
+inline constexpr bool is_spec_element_v =
+    detail::type_index<T, SpecElementTypes>::value < detail::type_count<SpecElementTypes>::value;
+
+/// How a spec element type is named in messages ("integer", "batch of string") and written as JSON.
+template <class T>
+struct SpecElement;
+template <>
+struct SpecElement<SpecInt> {
+  static std::string name() { return "integer"; }
+  static void append_json(std::string& out, SpecInt v) { out += std::to_string(v); }
+};
+template <>
+struct SpecElement<SpecStr> {
+  static std::string name() { return "string"; }
+  static void append_json(std::string& out, const SpecStr& v);  // escaped; bytes that are not UTF-8 as \u00XX
+};
+template <class T>
+struct SpecElement<std::vector<T>> {
+  static std::string name() { return "batch of " + SpecElement<T>::name(); }
+  static void append_json(std::string& out, const std::vector<T>& v) {
+    out += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ", ";
+      SpecElement<T>::append_json(out, v[i]);
+    }
+    out += ']';
+  }
+};
+
+/// Appends one element as JSON (numbers, strings, arrays for batches and tuples).
+template <class T>
+void append_element_json(std::string& out, const T& v) {
+  SpecElement<T>::append_json(out, v);
+}
+
+/// A Pipeline<T> of one of the spec element types, its type known at run time.
+class SpecPipeline {
+ public:
+  template <class T>
+    requires is_spec_element_v<T>
+  SpecPipeline(Pipeline<T> p)  // NOLINT: implicit, like a variant's
+      : def_(p.def()), index_(detail::type_index<T, SpecElementTypes>::value) {}
+
+  /// "integer", "batch of string", …
+  std::string type_name() const;
+  template <class T>
+  bool holds() const {
+    return index_ == detail::type_index<T, SpecElementTypes>::value;
+  }
+  /// The typed pipeline; a ConfigError when it holds another type.
+  template <class T>
+  Pipeline<T> get() const {
+    if (!holds<T>())
+      throw ConfigError("expected a pipeline of " + SpecElement<T>::name() + "s, got one of " + type_name() + "s");
+    return Pipeline<T>(std::static_pointer_cast<const NodeDef<T>>(def_));
+  }
+  const NodeDefBase& def() const { return *def_; }
+
+  /// Calls f(const Pipeline<T>&) with this pipeline's element type T and returns its result.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return visit_in(std::forward<F>(f), SpecElementTypes{});
+  }
+
+  /// Applies an adaptor: f(const Pipeline<T>&) returns a Pipeline<U>, which becomes the result. `f` may be a
+  /// constrained generic lambda; an element type it does not take is a ConfigError saying `takes` ("unbatch
+  /// takes batches") and what the input yields, as is a result whose type specs cannot carry.
+  template <class F>
+  SpecPipeline apply(F&& f, std::string_view takes = "this node does not take such elements") const {
+    return apply_in(f, takes, SpecElementTypes{});
+  }
+
+ private:
+  template <class F, class T0, class... Ts>
+  decltype(auto) visit_in(F&& f, TypeList<T0, Ts...>) const {
+    using R = decltype(f(std::declval<const Pipeline<T0>&>()));
+    R (*const table[])(F&, const std::shared_ptr<const NodeDefBase>&) = {
+        +[](F& g, const std::shared_ptr<const NodeDefBase>& d) -> R {
+          return g(Pipeline<T0>(std::static_pointer_cast<const NodeDef<T0>>(d)));
+        },
+        +[](F& g, const std::shared_ptr<const NodeDefBase>& d) -> R {
+          return g(Pipeline<Ts>(std::static_pointer_cast<const NodeDef<Ts>>(d)));
+        }...};
+    return table[index_](f, def_);
+  }
+  template <class F, class... Ts>
+  SpecPipeline apply_in(F& f, std::string_view what, TypeList<Ts...>) const {
+    SpecPipeline (*const table[])(F&, const SpecPipeline&, std::string_view) = {
+        +[](F& g, const SpecPipeline& self, std::string_view w) -> SpecPipeline {
+          if constexpr (std::is_invocable_v<F&, const Pipeline<Ts>&>) {
+            auto out = g(self.get<Ts>());
+            using U = typename decltype(out)::element_type;
+            if constexpr (is_spec_element_v<U>) return SpecPipeline(std::move(out));
+            else throw ConfigError(std::string(w) + ", but its input yields " + SpecElement<Ts>::name() +
+                                   "s and the result would be a type specs do not carry");
+          } else {
+            throw ConfigError(std::string(w) + ", but its input yields " + SpecElement<Ts>::name() + "s");
+          }
+        }...};
+    return table[index_](f, *this, what);
+  }
+
+  std::shared_ptr<const NodeDefBase> def_;
+  std::size_t index_;
+};
+
+inline std::string SpecPipeline::type_name() const {
+  return visit([]<class T>(const Pipeline<T>&) { return SpecElement<T>::name(); });
+}
 
 struct Spec {
   std::uint64_t seed = 0;
-  AnyPipeline pipeline;
+  SpecPipeline pipeline;
 };
 
-/// Parses and builds a spec; a ConfigError names the node (by its position) and the parameter.
+/// Parses and builds a JSON spec; a ConfigError names the node by its position and kind
+/// (`pipeline[2] (batch): size must be positive, got 0`).
 Spec parse_spec(std::string_view json_text);
 
-/// Appends one element as JSON (numbers, strings, arrays for batches and tuples).
-inline void append_element_json(std::string& out, SpecInt v) { out += std::to_string(v); }
-void append_element_json(std::string& out, const SpecStr& v);
-template <class T>
-void append_element_json(std::string& out, const std::vector<T>& v) {
-  out += '[';
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i) out += ", ";
-    append_element_json(out, v[i]);
-  }
-  out += ']';
-}
+/// The op names the JSON front end knows, in registry order.
+std::vector<std::string> spec_ops();
 
 }  // namespace dpipe

@@ -10,6 +10,8 @@
 ///
 /// Integers become u64/i64 fields, std::string a string field, Rng a four-word field, and every other
 /// Snapshottable value (vectors, optionals) an element list: opaque blobs the tool can still deal out.
+/// A state struct templated on its element container (`std::vector<T>` in the node, ElementBlobs in its
+/// rescale rule) is read and written by the rule with the node's own field names and order.
 #include <concepts>
 #include <cstring>
 #include <limits>
@@ -56,6 +58,9 @@ class StateWriter {
     } else if constexpr (std::is_same_v<T, std::string>) {
       f.type = FieldType::str;
       f.s = v;
+    } else if constexpr (std::is_same_v<T, ElementBlobs>) {  // elements kept encoded (rescale rules)
+      f.type = FieldType::elements;
+      f.elements = v;
     } else if constexpr (std::is_same_v<T, Rng>) {
       f.type = FieldType::elements;
       f.elements.tag = "u64";
@@ -124,6 +129,9 @@ class StateReader {
     } else if constexpr (std::is_same_v<T, std::string>) {
       expect(f, FieldType::str);
       v = f.s;
+    } else if constexpr (std::is_same_v<T, ElementBlobs>) {
+      expect(f, FieldType::elements);
+      v = f.elements;
     } else if constexpr (std::is_same_v<T, Rng>) {
       expect(f, FieldType::elements);
       if (f.elements.tag != "u64" || f.elements.size() != 4) fail("field '" + f.name + "' is not a generator state");

@@ -510,7 +510,7 @@ def _():
     assert lines(r.stdout) == [["alpha", "beta"], [""], ["gamma delta"], ["last"]], r.stdout
     for bad in ({"block_bytes": 0}, {"logical_shards": 0}):
         r = dpipe("run", json.dumps({"pipeline": [dict(spec["pipeline"][0], **bad)]}), check=False)
-        assert r.returncode == 1 and "must be positive" in r.stderr, r.stderr
+        assert r.returncode == 1 and "must be between 1 and" in r.stderr, r.stderr
     paths, expected = write_row_files("blocks", 3, lambda f: 300 + 40 * f)
     spec = json.dumps({"seed": 3, "pipeline": [{"op": "line_blocks", "files": paths, "logical_shards": 11,
                                                 "block_bytes": 200},

@@ -24,7 +24,7 @@ json run_case(const json& c) {
     o.layout = Layout{l.at("rank").get<int>(), l.at("world_size").get<int>(), l.at("num_workers").get<int>()};
   }
   std::string lines;
-  std::visit(
+  spec.pipeline.visit(
       [&](const auto& p) {
         Engine e;
         auto run = e.start(p, o);
@@ -32,8 +32,7 @@ json run_case(const json& c) {
           append_element_json(lines, *x);
           lines += '\n';
         }
-      },
-      spec.pipeline);
+      });
   json out = json::array();
   std::size_t start = 0;
   while (start < lines.size()) {

@@ -235,12 +235,12 @@ TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(refused(range(0, 100) | sharding_filter({.name = "shard"})).find("sharding_filter 'shard'"),
+  EXPECT_NE(refused(range(0, 100) | sharding_filter({.name = "shard"})).find("'shard' (sharding_filter)"),
             std::string::npos);
   EXPECT_NE(refused(range(0, 100) | sampler() | take(50, {.name = "head"})).find("'head' (take)"), std::string::npos);
   auto deref = [](const std::shared_ptr<const I64>& x) { return *x; };
   EXPECT_NE(refused(range(0, 100) | sampler() | dispatch(broadcast, {.name = "b"}) | map(deref))
-                .find("dispatch 'b' broadcasts"),
+                .find("'b' (dispatch): it broadcasts"),
             std::string::npos);
   EXPECT_NE(refused(range(0, 100) | dispatch() | map([](I64 x) { return x; }, {.name = "m"})).find("range"),
             std::string::npos);

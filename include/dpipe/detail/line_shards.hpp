@@ -104,6 +104,46 @@ class LineShardTable {
   bool empty_ = false;
 };
 
+/// The saved state of a line source: its deal of work items (epoch × shard), then the shards started and
+/// not finished, as three parallel lists (work item, segment, byte offset with kUnaligned when the
+/// offset is not yet at a line start).
+struct LineShardsState {
+  DealState deal;
+  std::vector<std::uint64_t> started_items, started_segments, started_offsets;
+  template <class A>
+  void fields(A& a) {
+    deal.fields(a);
+    a("started_items", started_items);
+    a("started_segments", started_segments);
+    a("started_offsets", started_offsets);
+  }
+};
+
+/// The rescale rule of the line sources: work items are re-sliced like a sampler's positions; shards
+/// started and not finished are dealt whole, round-robin, to the new instances.
+inline RescaleRule line_shards_rescale() {
+  return RescaleRule::dealt([](const RescaleInput& in) {
+    const auto old = in.read<LineShardsState>();
+    std::vector<DealState> deals;
+    for (const auto& s : old) deals.push_back(s.deal);
+    auto redealt = redeal_positions(in, deals);
+    std::vector<LineShardsState> out(redealt.size());
+    std::size_t dealt = 0;
+    for (const auto& s : old) {
+      if (s.started_segments.size() != s.started_items.size() || s.started_offsets.size() != s.started_items.size())
+        in.refuse("its started work is inconsistent");
+      for (std::size_t k = 0; k < s.started_items.size(); ++k, ++dealt) {
+        auto& to = out[dealt % out.size()];
+        to.started_items.push_back(s.started_items[k]);
+        to.started_segments.push_back(s.started_segments[k]);
+        to.started_offsets.push_back(s.started_offsets[k]);
+      }
+    }
+    for (std::size_t j = 0; j < out.size(); ++j) out[j].deal = std::move(redealt[j]);
+    return in.write(out);
+  });
+}
+
 /// The iterator of a line source: deals work items, walks the segments of one shard at a time, and
 /// leaves the packaging of lines to `take`. Its state is the same whatever `Out` is.
 template <class Out>
@@ -160,26 +200,24 @@ class LineShardIter : public Hooked<Out> {
   }
 
   void save_state(StateWriter& w) const override {
-    deal_.save(w);
+    LineShardsState st{deal_.state(), {}, {}, {}};
     // Shards started and not finished: the current one first, then any dealt here by a rescale.
-    std::vector<std::uint64_t> items, segments, offsets;
     auto add = [&](const Cursor& c) {
-      items.push_back(c.item);
-      segments.push_back(c.segment);
-      offsets.push_back(c.pos | (c.aligned ? 0 : kUnaligned));
+      st.started_items.push_back(c.item);
+      st.started_segments.push_back(c.segment);
+      st.started_offsets.push_back(c.pos | (c.aligned ? 0 : kUnaligned));
     };
     if (current_) add(*current_);
     for (const auto& c : started_) add(c);
-    w("started_items", items);
-    w("started_segments", segments);
-    w("started_offsets", offsets);
+    w.write(st);
   }
   void restore_state(StateReader& r) override {
-    std::vector<std::uint64_t> items, segments, offsets;
-    deal_.restore(r, "shards");
-    r("started_items", items);
-    r("started_segments", segments);
-    r("started_offsets", offsets);
+    LineShardsState st;
+    r.read(st);
+    deal_.restore(r, "shards", std::move(st.deal));
+    const auto& items = st.started_items;
+    const auto& segments = st.started_segments;
+    const auto& offsets = st.started_offsets;
     if (items.size() != segments.size() || items.size() != offsets.size()) r.fail("started shards are inconsistent");
     started_.clear();
     const std::uint64_t total = table_.shards() * table_.epochs();

@@ -3,7 +3,7 @@
 /// shard work items): positions [0, total) of one global sequence dealt to the instances. An instance
 /// takes base + offset + k·stride for k = next, next + 1, …, passing over positions in `skip` (taken by
 /// other instances before a rescale). Initially base 0, stride = instances, offset = instance; a rescale
-/// (serialize/snapshot_set.cpp) re-slices from the slowest instance's position.
+/// re-slices from the slowest instance's position (redeal_positions, the rule of the nodes that use it).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dpipe/node.hpp"
+#include "dpipe/rescale.hpp"
 #include "dpipe/state.hpp"
 
 namespace dpipe::detail {
@@ -23,6 +24,20 @@ inline void check_position_count(std::uint64_t per_epoch, std::uint64_t epochs, 
     throw ConfigError(who + ": " + std::to_string(per_epoch) + " " + unit + " × " + std::to_string(epochs) +
                       " epochs is more than 2^62 " + positions);
 }
+
+/// The saved part of a PositionDeal.
+struct DealState {
+  std::uint64_t base = 0, stride = 1, offset = 0, next = 0;
+  std::vector<std::uint64_t> skip;  // sorted
+  template <class A>
+  void fields(A& a) {
+    a("base", base);
+    a("stride", stride);
+    a("offset", offset);
+    a("next", next);
+    a("skip", skip);
+  }
+};
 
 class PositionDeal {
  public:
@@ -52,21 +67,23 @@ class PositionDeal {
     return find(total, k, skip_at);
   }
 
-  void save(StateWriter& w) const {
-    w("base", base_);
-    w("stride", stride_);
-    w("offset", offset_);
-    w("next", next_);
-    w("skip", std::vector<std::uint64_t>(skip_.begin() + std::ptrdiff_t(skip_at_), skip_.end()));
+  DealState state() const {
+    return {base_, stride_, offset_, next_, {skip_.begin() + std::ptrdiff_t(skip_at_), skip_.end()}};
   }
+  void save(StateWriter& w) const { w.write(state()); }
   /// `what` names the dealt things in error messages ("positions", "shards").
   void restore(StateReader& r, const std::string& what) {
+    DealState st;
+    r.read(st);
+    restore(r, what, std::move(st));
+  }
+  void restore(StateReader& r, const std::string& what, DealState st) {
     const std::uint64_t stride = stride_;
-    r("base", base_);
-    r("stride", stride_);
-    r("offset", offset_);
-    r("next", next_);
-    r("skip", skip_);
+    base_ = st.base;
+    stride_ = st.stride;
+    offset_ = st.offset;
+    next_ = st.next;
+    skip_ = std::move(st.skip);
     skip_at_ = 0;
     if (stride_ != stride)
       r.fail("the " + what + " are dealt to " + std::to_string(stride_) + " instances, this layout has " +
@@ -92,5 +109,39 @@ class PositionDeal {
   std::vector<std::uint64_t> skip_;  // sorted
   std::size_t skip_at_ = 0;
 };
+
+/// The rescale rule of the nodes that deal positions of one global sequence (sampler, the line sources):
+/// re-slice from the slowest old instance's position. Every position below the frontier
+/// (base + slowest next × old stride) was taken by someone; above it, the ones faster instances took
+/// become each new instance's `skip` list. Returns one state per new slot.
+inline std::vector<DealState> redeal_positions(const RescaleInput& in, const std::vector<DealState>& old) {
+  const std::size_t n_old = old.size();
+  std::uint64_t min_next = ~std::uint64_t{0};
+  std::vector<bool> offsets(n_old, false);
+  for (const DealState& s : old) {
+    if (s.base != old.front().base || s.stride != n_old || s.offset >= n_old || offsets[s.offset])
+      in.refuse("its instances do not deal one position sequence between them");
+    offsets[s.offset] = true;
+    min_next = std::min(min_next, s.next);
+  }
+  const std::uint64_t base = old.front().base;
+  const std::uint64_t frontier = base + min_next * n_old;
+  std::vector<std::uint64_t> taken;
+  for (const DealState& s : old) {
+    for (std::uint64_t k = min_next; k < s.next; ++k) {
+      const std::uint64_t q = base + s.offset + k * n_old;
+      if (!std::binary_search(s.skip.begin(), s.skip.end(), q)) taken.push_back(q);
+    }
+    for (auto q : s.skip)
+      if (q >= frontier) taken.push_back(q);
+  }
+  std::sort(taken.begin(), taken.end());
+  taken.erase(std::unique(taken.begin(), taken.end()), taken.end());
+  const std::size_t n_new = in.new_slots();
+  std::vector<DealState> out(n_new);
+  for (std::size_t j = 0; j < n_new; ++j) out[j] = {frontier, n_new, j, 0, {}};
+  for (auto q : taken) out[(q - frontier) % n_new].skip.push_back(q);
+  return out;
+}
 
 }  // namespace dpipe::detail

@@ -4,8 +4,22 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
+
+/// A batch's saved state. `Elems` is std::vector<T> in the node, ElementBlobs in its rescale rule.
+template <class Elems>
+struct BatchState {
+  Elems partial;  // may hold a batch or more after a rescale: those are emitted first
+  bool input_done = false;
+  template <class A>
+  void fields(A& a) {
+    a("partial", partial);
+    a("input_done", input_done);
+  }
+};
 
 struct BatchOptions {
   std::int64_t size = 1;
@@ -72,24 +86,13 @@ class BatchIter final : public Hooked<std::vector<T>> {
     return n;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
-  void restore_state(StateReader& r) override {
-    r.read(st_);  // may hold a batch or more after a rescale: those are emitted first
-  }
+  void restore_state(StateReader& r) override { r.read(st_); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
-  struct State {
-    std::vector<T> partial;
-    bool input_done = false;
-    template <class A>
-    void fields(A& a) {
-      a("partial", partial);
-      a("input_done", input_done);
-    }
-  };
   std::unique_ptr<Iter<T>> input_;
   const BatchDef<T>& def_;
-  State st_;
+  BatchState<std::vector<T>> st_;
 };
 
 template <Snapshottable T>
@@ -103,5 +106,33 @@ inline auto batch(BatchOptions o) {
     return make_pipeline<BatchDef<T>>(p.def(), o);
   });
 }
+
+struct BatchKind {
+  static constexpr std::string_view name = "batch";
+
+  /// Rescale: the partial batches of every old instance are pooled and dealt round-robin to the new ones,
+  /// and each looks at its input again (a batch flushes its partial batch only when its input ends).
+  static RescaleRule rescale() {
+    return RescaleRule::dealt([](const RescaleInput& in) {
+      using S = BatchState<ElementBlobs>;
+      const auto old = in.read<S>();
+      const auto dealt = rescale::deal(rescale::lists(old, &S::partial), in.new_slots());
+      std::vector<S> out(dealt.size());
+      for (std::size_t j = 0; j < out.size(); ++j) out[j].partial = dealt[j];
+      return in.write(out);
+    });
+  }
+
+  /// `{"op": "batch", "size": N, "drop_last": false}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    BatchOptions o{.name = s.name()};
+    s.required("size", o.size);
+    s.param("drop_last", o.drop_last);
+    return s.input().apply(
+        [&]<class T>(const Pipeline<T>& p) requires is_spec_element_v<std::vector<T>> { return p | batch(o); },
+        "batches of batches of batches are deeper than specs go");
+  }
+};
 
 }  // namespace dpipe

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -101,5 +103,17 @@ template <class T, class... More>
 Pipeline<T> concat(const Pipeline<T>& first, const More&... more) {
   return make_pipeline<ConcatDef<T>>(defs_of(std::vector<Pipeline<T>>{first, more...}), ConcatOptions{});
 }
+
+struct ConcatKind {
+  static constexpr std::string_view name = "concat";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "concat", "with": [PIPELINE, ...]}`: the input, then each pipeline of `with`.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    ConcatOptions o{.name = s.name()};
+    return s.input().apply(
+        [&]<class T>(const Pipeline<T>& p) { return p | concat_with(s.template inputs<T>("with"), o); });
+  }
+};
 
 }  // namespace dpipe

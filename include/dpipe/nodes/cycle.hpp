@@ -6,6 +6,8 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -117,5 +119,17 @@ inline auto cycle(CycleOptions o = {}) {
     return make_pipeline<CycleDef<T>>(p.def(), o);
   });
 }
+
+struct CycleKind {
+  static constexpr std::string_view name = "cycle";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "cycle", "count": N}` (no count: forever)
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    CycleOptions o{.name = s.name()};
+    s.param("count", o.count);
+    return s.input().apply([&](const auto& p) { return p | cycle(o); });
+  }
+};
 
 }  // namespace dpipe

@@ -10,9 +10,32 @@
 #include <string>
 
 #include "dpipe/detail/run_shared.hpp"
+#include "dpipe/nodes/map.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
+
+/// A dispatch's saved state. Worker 0's iterator on each rank owns the dispatcher and records whose turn
+/// it is, whether the prefix ended, and per worker the elements dealt and not yet taken; the other
+/// workers record only that they do not own it. `Elems` is std::vector<Out> in the node, ElementBlobs in
+/// its rescale rule; `backlogs` is sized to the number of workers before a record is read.
+template <class Elems>
+struct DispatchState {
+  bool owner = false;
+  std::uint64_t next_worker = 0;
+  bool prefix_done = false;
+  std::vector<Elems> backlogs;
+  template <class A>
+  void fields(A& a) {
+    a("owner", owner);
+    if (!owner) return;
+    a("next_worker", next_worker);
+    a("prefix_done", prefix_done);
+    for (std::size_t i = 0; i < backlogs.size(); ++i) a("backlog_" + std::to_string(i), backlogs[i]);
+  }
+};
 
 struct DispatchOptions {
   std::string name;
@@ -51,21 +74,18 @@ class Dispatcher {
 
   Iter<T>& prefix() { return *prefix_; }
 
-  void save(StateWriter& w) const {
-    w("next_worker", next_);
-    w("prefix_done", prefix_done_);
-    for (std::size_t i = 0; i < backlog_.size(); ++i)
-      w("backlog_" + std::to_string(i), std::vector<Out>(backlog_[i].begin(), backlog_[i].end()));
+  std::size_t workers() const { return backlog_.size(); }
+  void save(DispatchState<std::vector<Out>>& st) const {
+    st.next_worker = next_;
+    st.prefix_done = prefix_done_;
+    for (std::size_t i = 0; i < backlog_.size(); ++i) st.backlogs[i].assign(backlog_[i].begin(), backlog_[i].end());
   }
-  void restore(StateReader& r) {
-    r("next_worker", next_);
-    r("prefix_done", prefix_done_);
+  void restore(StateReader& r, DispatchState<std::vector<Out>>& st) {
+    next_ = st.next_worker;
+    prefix_done_ = st.prefix_done;
     if (next_ >= backlog_.size()) r.fail("next worker " + std::to_string(next_) + " is not a worker");
-    for (std::size_t i = 0; i < backlog_.size(); ++i) {
-      std::vector<Out> v;
-      r("backlog_" + std::to_string(i), v);
-      backlog_[i].assign(std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
-    }
+    for (std::size_t i = 0; i < backlog_.size(); ++i)
+      backlog_[i].assign(std::make_move_iterator(st.backlogs[i].begin()), std::make_move_iterator(st.backlogs[i].end()));
   }
 
  private:
@@ -132,14 +152,19 @@ class DispatchIter final : public Hooked<Out> {
     return dispatcher_->take(this->worker(), out, max);
   }
   void save_state(StateWriter& w) const override {
-    w("owner", owner_);
-    if (owner_) dispatcher_->save(w);
+    DispatchState<std::vector<Out>> st{.owner = owner_};
+    if (owner_) {
+      st.backlogs.resize(dispatcher_->workers());
+      dispatcher_->save(st);
+    }
+    w.write(st);
   }
   void restore_state(StateReader& r) override {
-    bool owner = false;
-    r("owner", owner);
-    if (owner != owner_) r.fail("the dispatcher's record is on another worker");
-    if (owner_) dispatcher_->restore(r);
+    DispatchState<std::vector<Out>> st;
+    st.backlogs.resize(dispatcher_->workers());
+    r.read(st);
+    if (st.owner != owner_) r.fail("the dispatcher's record is on another worker");
+    if (owner_) dispatcher_->restore(r, st);
   }
   std::vector<IterBase*> inputs() const override {
     if (owner_) return {&dispatcher_->prefix()};
@@ -182,5 +207,58 @@ inline auto dispatch(Broadcast, DispatchOptions o = {}) {
   });
 }
 inline auto dispatch(DispatchOptions o = {}) { return dispatch(round_robin, std::move(o)); }
+
+struct DispatchKind {
+  static constexpr std::string_view name = "dispatch";
+
+  /// Rescale (round_robin): the backlogs of every rank are pooled in rank and worker order and dealt to the
+  /// new workers; each new rank's prefix, re-sliced over the new ranks, goes on filling them. Broadcast is
+  /// refused: which part of a shared element each worker has taken is not recorded.
+  static RescaleRule rescale() {
+    return RescaleRule::dealt([](const RescaleInput& in) {
+      if (in.node && param_of(*in.node, "mode") == "broadcast")
+        in.refuse("it broadcasts every element to all workers of a rank, and which part of it each worker has "
+                  "taken is not recorded, so it cannot be dealt to another number of workers");
+      using S = DispatchState<ElementBlobs>;
+      S prototype;
+      prototype.backlogs.resize(static_cast<std::size_t>(in.from.num_workers));
+      const auto old = in.read(prototype);
+      std::vector<const ElementBlobs*> pool;
+      for (std::size_t i = 0; i < old.size(); ++i) {
+        if (old[i].owner != (i % static_cast<std::size_t>(in.from.num_workers) == 0))
+          in.refuse("the dispatcher's record is not on worker 0 of instance " + std::to_string(i));
+        if (old[i].owner)
+          for (const auto& b : old[i].backlogs) pool.push_back(&b);
+      }
+      const auto dealt = rescale::deal(pool, in.new_slots());
+      const auto workers = static_cast<std::size_t>(in.to.num_workers);
+      std::vector<S> out(in.new_slots());
+      for (std::size_t j = 0; j < out.size(); ++j) {
+        out[j].owner = j % workers == 0;
+        if (!out[j].owner) continue;  // the dispatcher asks its prefix again (prefix_done false)
+        for (std::size_t w = 0; w < workers; ++w) out[j].backlogs.push_back(dealt[j + w]);
+      }
+      return in.write(out);
+    });
+  }
+
+  /// `{"op": "dispatch", "mode": "round_robin" | "broadcast"}`. Spec elements are small values, so a
+  /// broadcast hands each worker its own copy after the shared hand-off.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    DispatchOptions o{.name = s.name()};
+    bool broadcast_mode = false;
+    s.choice("mode", broadcast_mode, {{"round_robin", false}, {"broadcast", true}});
+    if (!broadcast_mode) return s.input().apply([&](const auto& p) { return p | dispatch(round_robin, o); });
+    return s.input().apply([&](const auto& p) { return p | dispatch(broadcast, o) | map(Unshare{}); });
+  }
+  struct Unshare {
+    template <class T>
+    T operator()(const std::shared_ptr<const T>& p) const {
+      return *p;
+    }
+    Params describe() const { return {{"fn", "unshare"}}; }
+  };
+};
 
 }  // namespace dpipe

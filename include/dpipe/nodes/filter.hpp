@@ -4,6 +4,8 @@
 #include <string>
 
 #include "dpipe/nodes/map.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -73,5 +75,17 @@ auto filter(Pred pred, FilterOptions o = {}) {
     return make_pipeline<FilterDef<T, Pred>>(p.def(), pred, o);
   });
 }
+
+struct FilterKind {
+  static constexpr std::string_view name = "filter";
+  /// Rescale: a filter keeps no state, so every new instance gets the same (empty) record.
+  static RescaleRule rescale() { return RescaleRule::replicated(); }
+  /// `{"op": "filter", "fn": NAME, ...the predicate's parameters}`: a predicate the front end provides.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    FilterOptions o{.name = s.name()};
+    return s.filter_function([&](const auto& p, auto fn) { return p | filter(std::move(fn), o); });
+  }
+};
 
 }  // namespace dpipe

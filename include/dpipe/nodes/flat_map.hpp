@@ -6,8 +6,20 @@
 #include <string>
 
 #include "dpipe/nodes/map.hpp"
+#include "dpipe/rescale.hpp"
 
 namespace dpipe {
+
+/// A flat_map's saved state: the outputs of the current input not yet yielded. `Elems` is std::vector<Out>
+/// in the node, ElementBlobs in its rescale rule.
+template <class Elems>
+struct FlatMapState {
+  Elems pending;
+  template <class A>
+  void fields(A& a) {
+    a("pending", pending);
+  }
+};
 
 struct FlatMapOptions {
   std::string name;
@@ -64,10 +76,12 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
     return n;
   }
   void save_state(StateWriter& w) const override {
-    w("pending", std::vector<Out>(pending_.begin() + std::ptrdiff_t(next_), pending_.end()));
+    w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
   }
   void restore_state(StateReader& r) override {
-    r("pending", pending_);
+    FlatMapState<std::vector<Out>> st;
+    r.read(st);
+    pending_ = std::move(st.pending);
     next_ = 0;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
@@ -92,5 +106,28 @@ auto flat_map(Fn fn, FlatMapOptions o = {}) {
     return make_pipeline<FlatMapDef<In, Fn>>(p.def(), fn, o);
   });
 }
+
+struct FlatMapKind {
+  static constexpr std::string_view name = "flat_map";
+
+  /// Rescale: the pending outputs of every old instance are pooled and dealt round-robin to the new ones.
+  static RescaleRule rescale() {
+    return RescaleRule::dealt([](const RescaleInput& in) {
+      using S = FlatMapState<ElementBlobs>;
+      const auto old = in.read<S>();
+      const auto dealt = rescale::deal(rescale::lists(old, &S::pending), in.new_slots());
+      std::vector<S> out(dealt.size());
+      for (std::size_t j = 0; j < out.size(); ++j) out[j].pending = dealt[j];
+      return in.write(out);
+    });
+  }
+
+  /// `{"op": "flat_map", "fn": NAME, ...the function's parameters}`: a function the front end provides.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    FlatMapOptions o{.name = s.name()};
+    return s.flat_map_function([&](const auto& p, auto fn) { return p | flat_map(std::move(fn), o); });
+  }
+};
 
 }  // namespace dpipe

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -84,5 +86,25 @@ template <class T>
 Pipeline<T> from_vector(std::vector<T> values, FromVectorOptions o = {}) {
   return make_pipeline<FromVectorDef<T>>(std::move(values), std::move(o));
 }
+
+struct FromVectorKind {
+  static constexpr std::string_view name = "from_vector";
+  static constexpr bool source = true;
+  /// Rescale: as range's (read it through a sampler to rescale).
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kReadInFull); }
+  /// `{"op": "from_vector", "values": [...]}`: integers or strings.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    FromVectorOptions o{.name = s.name()};
+    if (s.template holds_list_of<SpecStr>("values")) {
+      std::vector<SpecStr> v;
+      s.required("values", v);
+      return from_vector(std::move(v), o);
+    }
+    std::vector<SpecInt> v;
+    s.required("values", v);
+    return from_vector(std::move(v), o);
+  }
+};
 
 }  // namespace dpipe

@@ -9,6 +9,8 @@
 #include <type_traits>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -79,5 +81,22 @@ template <class Factory>
 auto generator(Factory factory, GeneratorOptions o = {}) {
   return make_pipeline<GeneratorDef<Factory>>(std::move(factory), std::move(o));
 }
+
+struct GeneratorKind {
+  static constexpr std::string_view name = "generator";
+  static constexpr bool source = true;
+  /// Rescale: refused; a generator is restored by replaying its stream on one instance, which says
+  /// nothing about how another layout would split it.
+  static RescaleRule rescale() {
+    return RescaleRule::refused("a generator is restored by replay on its own instance, so its stream cannot be "
+                                "dealt to another layout; read data through sampler() or a file source to rescale");
+  }
+  /// `{"op": "generator", "fn": NAME, ...the function's parameters}`: a factory the front end provides.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    GeneratorOptions o{.name = s.name()};
+    return s.generator_function([&](auto factory) { return generator(std::move(factory), o); });
+  }
+};
 
 }  // namespace dpipe

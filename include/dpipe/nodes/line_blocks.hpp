@@ -21,6 +21,9 @@
 #include "dpipe/detail/line_shards.hpp"
 #include "dpipe/detail/read_file.hpp"
 #include "dpipe/text_block.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
+#include "dpipe/nodes/map.hpp"
 
 namespace dpipe {
 
@@ -209,5 +212,29 @@ inline std::unique_ptr<Iter<TextBlock>> LineBlocksDef::instantiate(BuildContext&
 inline Pipeline<TextBlock> line_blocks(std::vector<std::string> files, LineBlocksOptions o = {}) {
   return make_pipeline<LineBlocksDef>(std::move(files), std::move(o));
 }
+
+struct LineBlocksKind {
+  static constexpr std::string_view name = "line_blocks";
+  static constexpr bool source = true;
+  /// Rescale: the line sources' rule (detail/line_shards.hpp); a block in a later buffer is dealt whole.
+  static RescaleRule rescale() { return detail::line_shards_rescale(); }
+  /// `{"op": "line_blocks", "files": [...], "logical_shards": 64, "epochs": 1, "shuffle_shards": true,
+  /// "block_bytes": 65536}`. Spec elements have no text-block type yet: a block is the batch of its lines.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::vector<std::string> files;
+    LineBlocksOptions o{.name = s.name()};
+    s.required("files", files);
+    s.param("logical_shards", o.logical_shards);
+    s.param("epochs", o.epochs);
+    s.param("shuffle_shards", o.shuffle_shards);
+    s.param("block_bytes", o.block_bytes);
+    return line_blocks(std::move(files), o) | map(BlockLines{});
+  }
+  /// A text block as the list of its lines.
+  struct BlockLines {
+    std::vector<std::string> operator()(const TextBlock& b) const { return b.to_strings(); }
+  };
+};
 
 }  // namespace dpipe

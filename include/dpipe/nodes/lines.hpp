@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "dpipe/detail/line_shards.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -85,5 +87,23 @@ inline std::unique_ptr<Iter<std::string>> LinesDef::instantiate(BuildContext& ct
 inline Pipeline<std::string> lines(std::vector<std::string> files, LinesOptions o = {}) {
   return make_pipeline<LinesDef>(std::move(files), std::move(o));
 }
+
+struct LinesKind {
+  static constexpr std::string_view name = "lines";
+  static constexpr bool source = true;
+  /// Rescale: the line sources' rule (detail/line_shards.hpp): work items re-sliced, started shards dealt.
+  static RescaleRule rescale() { return detail::line_shards_rescale(); }
+  /// `{"op": "lines", "files": [...], "logical_shards": 64, "epochs": 1, "shuffle_shards": true}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::vector<std::string> files;
+    LinesOptions o{.name = s.name()};
+    s.required("files", files);
+    s.param("logical_shards", o.logical_shards);
+    s.param("epochs", o.epochs);
+    s.param("shuffle_shards", o.shuffle_shards);
+    return lines(std::move(files), o);
+  }
+};
 
 }  // namespace dpipe

@@ -5,6 +5,8 @@
 #include <type_traits>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -91,5 +93,17 @@ auto map(Fn fn, MapOptions o = {}) {
     return make_pipeline<MapDef<In, Fn>>(p.def(), fn, o);
   });
 }
+
+struct MapKind {
+  static constexpr std::string_view name = "map";
+  /// Rescale: a map keeps no state, so every new instance gets the same (empty) record.
+  static RescaleRule rescale() { return RescaleRule::replicated(); }
+  /// `{"op": "map", "fn": NAME, ...the function's parameters}`: a function the front end provides.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    MapOptions o{.name = s.name()};
+    return s.map_function(false, [&](const auto& p, auto fn) { return p | map(std::move(fn), o); });
+  }
+};
 
 }  // namespace dpipe

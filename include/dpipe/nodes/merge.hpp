@@ -8,8 +8,38 @@
 
 #include "dpipe/detail/async_lane.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
+
+/// A merge's saved state: whose turn it is, and per worker the elements produced and not yet delivered,
+/// whether the worker ended, and a failure it raised ahead of the consumer (its chain is past the failure,
+/// so the failure itself is recorded and raised again after the pending elements on restore). `Elems` is
+/// std::vector<T> in the node, ElementBlobs in its rescale rule; `lanes` is sized to the number of workers
+/// before a record is read.
+template <class Elems>
+struct MergeState {
+  struct Lane {
+    Elems pending;
+    bool done = false;
+    FailureRecord failure;
+  };
+  std::uint64_t cursor = 0;
+  std::vector<Lane> lanes;
+  template <class A>
+  void fields(A& a) {
+    a("cursor", cursor);
+    for (std::size_t i = 0; i < lanes.size(); ++i) {
+      const std::string n = std::to_string(i);
+      a("pending_" + n, lanes[i].pending);
+      a("done_" + n, lanes[i].done);
+      a("failure_" + n, lanes[i].failure.cause);
+      a("failed_node_" + n, lanes[i].failure.node);
+      a("failed_worker_" + n, lanes[i].failure.worker);
+    }
+  }
+};
 
 struct MergeOptions {
   std::string name;
@@ -105,39 +135,28 @@ class MergeIter final : public Hooked<T> {
     return n;
   }
   void save_state(StateWriter& w) const override {
-    w("cursor", static_cast<std::uint64_t>(st_.cursor));
+    MergeState<std::vector<T>> st{.cursor = st_.cursor};
+    st.lanes.resize(lanes_.size());
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      const std::string n = std::to_string(i);
-      w("pending_" + n, lanes_[i]->pending());
-      w("done_" + n, finished_[i] || lanes_[i]->producer_done());
-      // A worker that failed ahead of the consumer: its chain is past the failure, so the failure
-      // itself is recorded and raised again after the pending elements on restore.
-      const FailureRecord f = FailureRecord::of(lanes_[i]->producer_error());
-      w("failure_" + n, f.cause);
-      w("failed_node_" + n, f.node);
-      w("failed_worker_" + n, f.worker);
+      st.lanes[i].pending = lanes_[i]->pending();
+      st.lanes[i].done = finished_[i] || lanes_[i]->producer_done();
+      st.lanes[i].failure = FailureRecord::of(lanes_[i]->producer_error());
     }
+    w.write(st);
   }
   void restore_state(StateReader& r) override {
-    std::uint64_t cursor = 0;
-    r("cursor", cursor);
-    if (cursor >= lanes_.size())
-      r.fail("merge cursor " + std::to_string(cursor) + " is not one of the " + std::to_string(lanes_.size()) +
+    MergeState<std::vector<T>> st;
+    st.lanes.resize(lanes_.size());
+    r.read(st);
+    if (st.cursor >= lanes_.size())
+      r.fail("merge cursor " + std::to_string(st.cursor) + " is not one of the " + std::to_string(lanes_.size()) +
              " workers");
-    st_.cursor = static_cast<std::size_t>(cursor);
+    st_.cursor = static_cast<std::size_t>(st.cursor);
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
-      const std::string n = std::to_string(i);
-      std::vector<T> pending;
-      bool done = false;
-      FailureRecord f;
-      r("pending_" + n, pending);
-      r("done_" + n, done);
-      r("failure_" + n, f.cause);
-      r("failed_node_" + n, f.node);
-      r("failed_worker_" + n, f.worker);
-      std::exception_ptr error = f.to_exception();
-      finished_[i] = done && pending.empty() && !error;
-      lanes_[i]->set_pending(std::move(pending), done, error);
+      auto& lane = st.lanes[i];
+      std::exception_ptr error = lane.failure.to_exception();
+      finished_[i] = lane.done && lane.pending.empty() && !error;
+      lanes_[i]->set_pending(std::move(lane.pending), lane.done, error);
     }
   }
   std::vector<IterBase*> inputs() const override {
@@ -177,5 +196,43 @@ inline auto merge(MergeOptions o = {}) {
     return make_pipeline<MergeDef<T>>(p.def(), o);
   });
 }
+
+struct MergeKind {
+  static constexpr std::string_view name = "merge";
+
+  /// Rescale: the queued elements of every worker of every rank are pooled in rank and worker order and
+  /// dealt to the new workers, each new merge starting at worker 0. A worker that had failed refuses it.
+  static RescaleRule rescale() {
+    return RescaleRule::dealt([](const RescaleInput& in) {
+      using S = MergeState<ElementBlobs>;
+      S prototype;
+      prototype.lanes.resize(static_cast<std::size_t>(in.from.num_workers));
+      const auto old = in.read(prototype);
+      std::vector<const ElementBlobs*> pool;
+      for (std::size_t r = 0; r < old.size(); ++r)
+        for (std::size_t w = 0; w < old[r].lanes.size(); ++w) {
+          if (!old[r].lanes[w].failure.cause.empty())
+            in.refuse("worker " + std::to_string(w) + " of rank " + std::to_string(r) +
+                      " had failed: " + old[r].lanes[w].failure.cause);
+          pool.push_back(&old[r].lanes[w].pending);
+        }
+      const auto workers = static_cast<std::size_t>(in.to.num_workers);
+      const auto dealt = rescale::deal(pool, in.new_slots() * workers);
+      std::vector<S> out(in.new_slots());
+      for (std::size_t r = 0; r < out.size(); ++r) {
+        out[r].lanes.resize(workers);
+        for (std::size_t w = 0; w < workers; ++w) out[r].lanes[w].pending = dealt[r * workers + w];
+      }
+      return in.write(out);
+    });
+  }
+
+  /// `{"op": "merge"}`: ends the worker segment.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    MergeOptions o{.name = s.name()};
+    return s.input().apply([&](const auto& p) { return p | merge(o); });
+  }
+};
 
 }  // namespace dpipe

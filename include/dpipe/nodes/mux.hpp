@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "dpipe/nodes/concat.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -133,5 +135,17 @@ template <class T, class... More>
 Pipeline<T> mux(const Pipeline<T>& first, const More&... more) {
   return make_pipeline<MuxDef<T>>(defs_of(std::vector<Pipeline<T>>{first, more...}), false, MuxOptions{});
 }
+
+struct MuxKind {
+  static constexpr std::string_view name = "mux";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "mux", "with": [PIPELINE, ...]}`: one element of each input in turn, until one ends.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    MuxOptions o{.name = s.name()};
+    return s.input().apply(
+        [&]<class T>(const Pipeline<T>& p) { return p | mux_with(s.template inputs<T>("with"), o); });
+  }
+};
 
 }  // namespace dpipe

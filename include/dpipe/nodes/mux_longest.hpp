@@ -2,6 +2,8 @@
 /// One element from each input in turn, skipping exhausted inputs, until all are exhausted
 /// (torchdata's mux_longest). In: T, T, … → Out: T. State: as `mux` (shared implementation).
 #include "dpipe/nodes/mux.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -18,5 +20,18 @@ template <class T, class... More>
 Pipeline<T> mux_longest(const Pipeline<T>& first, const More&... more) {
   return make_pipeline<MuxDef<T>>(defs_of(std::vector<Pipeline<T>>{first, more...}), true, MuxOptions{});
 }
+
+struct MuxLongestKind {
+  static constexpr std::string_view name = "mux_longest";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "mux_longest", "with": [PIPELINE, ...]}`: as mux, going on with the inputs that remain.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    MuxOptions o{.name = s.name()};
+    return s.input().apply(
+        [&]<class T>(const Pipeline<T>& p) { return p | mux_longest_with(s.template inputs<T>("with"), o); },
+        "mux_longest");
+  }
+};
 
 }  // namespace dpipe

@@ -9,6 +9,8 @@
 
 #include "dpipe/detail/executor.hpp"
 #include "dpipe/nodes/map.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -105,5 +107,19 @@ auto parallel_map(Fn fn, ParallelMapOptions o = {}) {
     return make_pipeline<ParallelMapDef<In, Fn>>(p.def(), fn, o);
   });
 }
+
+struct ParallelMapKind {
+  static constexpr std::string_view name = "parallel_map";
+  /// Rescale: a parallel_map keeps no state between pulls, so every new instance gets the same record.
+  static RescaleRule rescale() { return RescaleRule::replicated(); }
+  /// `{"op": "parallel_map", "fn": NAME, "max_in_flight": 64, ...}`: a function the front end provides,
+  /// which must not count positions (several run at once).
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    ParallelMapOptions o{.name = s.name()};
+    s.param("max_in_flight", o.max_in_flight);
+    return s.map_function(true, [&](const auto& p, auto fn) { return p | parallel_map(std::move(fn), o); });
+  }
+};
 
 }  // namespace dpipe

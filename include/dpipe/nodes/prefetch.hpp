@@ -6,6 +6,8 @@
 #include <string>
 
 #include "dpipe/nodes/merge.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -51,5 +53,18 @@ inline auto prefetch(PrefetchOptions o = {}) {
     return make_pipeline<PrefetchDef<T>>(p.def(), o);
   });
 }
+
+struct PrefetchKind {
+  static constexpr std::string_view name = "prefetch";
+  /// Rescale: prefetch sets a queue depth and keeps no state of its own (the queue is the merge's).
+  static RescaleRule rescale() { return RescaleRule::replicated(); }
+  /// `{"op": "prefetch", "depth": 8}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    PrefetchOptions o{.name = s.name()};
+    s.param("depth", o.depth);
+    return s.input().apply([&](const auto& p) { return p | prefetch(o); });
+  }
+};
 
 }  // namespace dpipe

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -79,5 +81,23 @@ inline Pipeline<std::int64_t> range(std::int64_t start, std::int64_t stop, Range
   return make_pipeline<RangeDef>(start, stop, std::move(o));
 }
 inline Pipeline<std::int64_t> range(std::int64_t stop) { return range(0, stop); }
+
+struct RangeKind {
+  static constexpr std::string_view name = "range";
+  static constexpr bool source = true;
+  /// Rescale: refused when it runs itself (every instance reads all of it); read through a sampler, it
+  /// keeps no records and the sampler's positions are dealt.
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kReadInFull); }
+  /// `{"op": "range", "start": 0, "stop": N, "step": 1}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::int64_t start = 0, stop = 0;
+    RangeOptions o{.name = s.name()};
+    s.param("start", start);
+    s.required("stop", stop);
+    s.param("step", o.step);
+    return range(start, stop, o);
+  }
+};
 
 }  // namespace dpipe

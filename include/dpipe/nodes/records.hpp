@@ -16,6 +16,8 @@
 #include "dpipe/detail/indexed_source.hpp"
 #include "dpipe/detail/mapped_file.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -79,5 +81,22 @@ inline std::unique_ptr<Iter<std::string>> RecordsDef::instantiate(BuildContext& 
 inline Pipeline<std::string> records(const std::vector<std::string>& files, RecordsOptions o = {}) {
   return make_pipeline<RecordsDef>(files, std::move(o));
 }
+
+struct RecordsKind {
+  static constexpr std::string_view name = "records";
+  static constexpr bool source = true;
+  /// Rescale: as range's (read it through a sampler to rescale).
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kReadInFull); }
+  /// `{"op": "records", "files": [...], "on_error": "fail" | "skip"}`. The elements are bytes: the front
+  /// end decides how it shows them (the JSON one as base64 strings).
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::vector<std::string> files;
+    RecordsOptions o{.name = s.name()};
+    s.required("files", files);
+    s.choice("on_error", o.on_error, {{"fail", OnDataError::fail}, {"skip", OnDataError::skip}});
+    return s.bytes(records(files, o));
+  }
+};
 
 }  // namespace dpipe

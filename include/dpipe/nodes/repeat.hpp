@@ -5,6 +5,8 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -100,5 +102,18 @@ inline auto repeat(std::int64_t times, RepeatOptions o = {}) {
     return make_pipeline<RepeatDef<T>>(p.def(), times, o);
   });
 }
+
+struct RepeatKind {
+  static constexpr std::string_view name = "repeat";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "repeat", "times": N}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::int64_t times = 1;
+    RepeatOptions o{.name = s.name()};
+    s.required("times", times);
+    return s.input().apply([&](const auto& p) { return p | repeat(times, o); });
+  }
+};
 
 }  // namespace dpipe

@@ -14,6 +14,7 @@
 #include "dpipe/detail/position_deal.hpp"
 #include "dpipe/permutation.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -123,5 +124,25 @@ inline auto sampler(SamplerOptions o = {}) {
     return make_pipeline<SamplerDef<T>>(p.def(), o);
   });
 }
+
+struct SamplerKind {
+  static constexpr std::string_view name = "sampler";
+  static constexpr bool reads_by_index = true;  // its input is a random-access source it reads by index
+  /// Rescale: positions are re-sliced over the new instances from the slowest old instance's position;
+  /// positions faster instances already took are skipped by whoever they fall to.
+  static RescaleRule rescale() {
+    return RescaleRule::dealt([](const RescaleInput& in) {
+      return in.write(detail::redeal_positions(in, in.read<detail::DealState>()));
+    });
+  }
+  /// `{"op": "sampler", "shuffle": "global" | "none", "epochs": 1}`, right after a random-access source.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    SamplerOptions o{.name = s.name()};
+    s.choice("shuffle", o.shuffle, {{"global", SamplerShuffle::global}, {"none", SamplerShuffle::none}});
+    s.param("epochs", o.epochs);
+    return s.input().apply([&](const auto& p) { return p | sampler(o); });
+  }
+};
 
 }  // namespace dpipe

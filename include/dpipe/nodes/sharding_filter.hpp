@@ -5,6 +5,8 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -12,7 +14,7 @@ enum class ShardLevel { all, rank, worker };
 
 struct ShardingOptions {
   ShardLevel level = ShardLevel::all;
-  std::int64_t num_shards = 0;  // > 0 overrides the layout
+  std::int64_t num_shards = 0;  // > 0 overrides the layout (with shard_id); 0: the level decides
   std::int64_t shard_id = 0;
   std::string name;
 };
@@ -37,6 +39,8 @@ class ShardingFilterDef final : public NodeDef<T> {
     const std::string who = node_label("sharding_filter", opts_.name);
     if (opts_.num_shards < 0) throw ConfigError(who + ": num_shards must be positive, got " + param_text(opts_.num_shards));
     if (opts_.shard_id < 0) throw ConfigError(who + ": shard_id must not be negative, got " + param_text(opts_.shard_id));
+    if (opts_.num_shards == 0 && opts_.shard_id != 0)
+      throw ConfigError(who + ": shard_id " + param_text(opts_.shard_id) + " needs num_shards (they go together)");
     if (opts_.num_shards > 0 && opts_.shard_id >= opts_.num_shards)
       throw ConfigError(who + ": shard_id " + param_text(opts_.shard_id) + " must be below num_shards " +
                         param_text(opts_.num_shards));
@@ -128,5 +132,25 @@ inline auto sharding_filter(ShardingOptions o = {}) {
     return make_pipeline<ShardingFilterDef<T>>(p.def(), o);
   });
 }
+
+struct ShardingFilterKind {
+  static constexpr std::string_view name = "sharding_filter";
+  /// Rescale: refused; every instance reads the whole stream before the filter, so the filters' positions
+  /// are not parts of one whole.
+  static RescaleRule rescale() {
+    return RescaleRule::refused("it keeps positions in a stream that every instance reads in full, so its "
+                                "instances' states are not parts of one whole; read the data through sampler() "
+                                "instead");
+  }
+  /// `{"op": "sharding_filter", "level": "all" | "rank" | "worker", "num_shards": N, "shard_id": I}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    ShardingOptions o{.name = s.name()};
+    s.choice("level", o.level, {{"all", ShardLevel::all}, {"rank", ShardLevel::rank}, {"worker", ShardLevel::worker}});
+    s.param("num_shards", o.num_shards);
+    s.param("shard_id", o.shard_id);
+    return s.input().apply([&](const auto& p) { return p | sharding_filter(o); });
+  }
+};
 
 }  // namespace dpipe

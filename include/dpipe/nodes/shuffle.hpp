@@ -6,8 +6,24 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
+
+/// A shuffle's saved state. `Elems` is std::vector<T> in the node, ElementBlobs in its rescale rule.
+template <class Elems>
+struct ShuffleState {
+  Elems buffer;  // may hold more than the buffer size after a rescale: it drains down first
+  Rng rng;
+  bool input_done = false;
+  template <class A>
+  void fields(A& a) {
+    a("buffer", buffer);
+    a("rng", rng);
+    a("input_done", input_done);
+  }
+};
 
 struct ShuffleOptions {
   std::int64_t buffer = 10'000;
@@ -89,26 +105,15 @@ class ShuffleIter final : public Hooked<T> {
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
-    r.read(st_);  // may hold more than the buffer size after a rescale: it drains down first
+    r.read(st_);
     st_.buffer.reserve(size_);
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
-  struct State {
-    std::vector<T> buffer;
-    Rng rng;
-    bool input_done = false;
-    template <class A>
-    void fields(A& a) {
-      a("buffer", buffer);
-      a("rng", rng);
-      a("input_done", input_done);
-    }
-  };
   std::unique_ptr<Iter<T>> input_;
   std::size_t size_;
-  State st_;
+  ShuffleState<std::vector<T>> st_;
   std::vector<T> scratch_;
 };
 
@@ -123,5 +128,42 @@ inline auto shuffle(ShuffleOptions o = {}) {
     return make_pipeline<ShuffleDef<T>>(p.def(), o);
   });
 }
+
+struct ShuffleKind {
+  static constexpr std::string_view name = "shuffle";
+
+  /// Rescale: the buffered elements of every old instance are pooled and dealt round-robin to the new
+  /// ones. A new instance keeps the generator of the old one it takes the place of (slot j of the old
+  /// records, cyclically); one beyond the old count gets that generator mixed with its slot, so no two
+  /// draw the same stream. The input-ended flag stays set only when every old instance had seen its input
+  /// end (their sampler slices are then empty too); otherwise each looks at its input again.
+  static RescaleRule rescale() {
+    return RescaleRule::dealt([](const RescaleInput& in) {
+      using S = ShuffleState<ElementBlobs>;
+      const auto old = in.read<S>();
+      const auto dealt = rescale::deal(rescale::lists(old, &S::buffer), in.new_slots());
+      bool all_done = true;
+      for (const S& s : old) all_done = all_done && s.input_done;
+      std::vector<S> out(dealt.size());
+      for (std::size_t j = 0; j < out.size(); ++j) {
+        out[j].buffer = dealt[j];
+        out[j].input_done = all_done;
+        Rng::State words = old[j % old.size()].rng.state();
+        if (j >= old.size())
+          for (std::size_t w = 0; w < words.size(); ++w) words[w] ^= mix64(j * 4 + w + 1);
+        out[j].rng.set_state(words);
+      }
+      return in.write(out);
+    });
+  }
+
+  /// `{"op": "shuffle", "buffer": N}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    ShuffleOptions o{.name = s.name()};
+    s.required("buffer", o.buffer);
+    return s.input().apply([&](const auto& p) { return p | shuffle(o); });
+  }
+};
 
 }  // namespace dpipe

@@ -4,6 +4,8 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -70,5 +72,18 @@ inline auto take(std::int64_t count, TakeOptions o = {}) {
     return make_pipeline<TakeDef<T>>(p.def(), count, o);
   });
 }
+
+struct TakeKind {
+  static constexpr std::string_view name = "take";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "take", "count": N}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::int64_t count = 0;
+    TakeOptions o{.name = s.name()};
+    s.required("count", count);
+    return s.input().apply([&](const auto& p) { return p | take(count, o); });
+  }
+};
 
 }  // namespace dpipe

@@ -14,6 +14,8 @@
 #include "dpipe/detail/indexed_source.hpp"
 #include "dpipe/detail/mapped_file.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -112,5 +114,23 @@ template <class Token = std::int64_t>
 Pipeline<std::vector<Token>> token_windows(const std::vector<std::string>& files, TokenWindowsOptions o = {}) {
   return make_pipeline<TokenWindowsDef<Token>>(files, std::move(o));
 }
+
+struct TokenWindowsKind {
+  static constexpr std::string_view name = "token_windows";
+  static constexpr bool source = true;
+  /// Rescale: as range's (read it through a sampler to rescale).
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kReadInFull); }
+  /// `{"op": "token_windows", "files": [...], "seq_len": N, "dtype": "uint16" | "uint32"}`: windows of
+  /// seq_len + 1 tokens as integers.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::vector<std::string> files;
+    TokenWindowsOptions o{.name = s.name()};
+    s.required("files", files);
+    s.choice("dtype", o.dtype, {{"uint16", TokenType::uint16}, {"uint32", TokenType::uint32}});
+    s.required("seq_len", o.seq_len);
+    return token_windows(files, o);
+  }
+};
 
 }  // namespace dpipe

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "dpipe/pipeline.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -76,5 +78,18 @@ inline auto unbatch(UnbatchOptions o = {}) {
     return make_pipeline<UnbatchDef<typename B::value_type>>(p.def(), o);
   });
 }
+
+struct UnbatchKind {
+  static constexpr std::string_view name = "unbatch";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "unbatch"}`
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    UnbatchOptions o{.name = s.name()};
+    return s.input().apply(
+        [&]<class T>(const Pipeline<T>& p) requires detail::is_vector_v<T> { return p | unbatch(o); },
+        "unbatch takes batches");
+  }
+};
 
 }  // namespace dpipe

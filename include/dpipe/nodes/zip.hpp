@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "dpipe/nodes/concat.hpp"
+#include "dpipe/rescale.hpp"
+#include "dpipe/spec.hpp"
 
 namespace dpipe {
 
@@ -139,5 +141,22 @@ template <class T>
 Pipeline<std::vector<T>> zip_all(const std::vector<Pipeline<T>>& ps, ZipOptions o = {}) {
   return make_pipeline<ZipAllDef<T>>(defs_of(ps), std::move(o));
 }
+
+struct ZipKind {
+  static constexpr std::string_view name = "zip";
+  static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// `{"op": "zip", "with": [PIPELINE, ...]}`: tuples (as lists) of one element of each input.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    ZipOptions o{.name = s.name()};
+    return s.input().apply(
+        [&]<class T>(const Pipeline<T>& p) requires is_spec_element_v<std::vector<T>> {
+          auto all = s.template inputs<T>("with");
+          all.insert(all.begin(), p);
+          return zip_all(all, o);
+        },
+        "zips of batches of batches are deeper than specs go");
+  }
+};
 
 }  // namespace dpipe

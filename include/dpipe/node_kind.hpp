@@ -1,0 +1,48 @@
+#pragma once
+/// Node kinds as the generic parts of dpipe see them. Each kind's header declares, next to its State, a
+/// `XKind` struct with the kind's whole story beyond Def and Iter:
+///
+///   struct BatchKind {
+///     static constexpr std::string_view name = "batch";             // the kind string everywhere
+///     static RescaleRule rescale();                                  // dpipe/rescale.hpp
+///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
+///     template <class Spec> static SpecPipeline from_spec(Spec&);   // optional: the spec builder
+///     static constexpr bool source = false;                          // optional: starts a pipeline
+///   };
+///
+/// `dpipe/kinds.hpp` lists every kind on one line each; the registry below (rescale rules and invariants,
+/// used by the rescale driver and by restore) and the spec front end's op table are both made from that
+/// list, so neither names a kind.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dpipe/rescale.hpp"
+#include "dpipe/snapshot.hpp"
+
+namespace dpipe {
+
+struct KindInfo {
+  std::string_view name;
+  RescaleRule rescale = RescaleRule::refused("it declares no rescale rule");
+  /// Throws SnapshotError when a saved record of the kind is impossible for the node's parameters; checked
+  /// for every record of a snapshot before any node is restored. Null: the kind checks in restore only.
+  void (*check_state)(const NodeState&, const GraphNodeRecord&) = nullptr;
+};
+
+template <class K>
+KindInfo kind_info() {
+  KindInfo k{K::name, K::rescale()};
+  if constexpr (requires { &K::check_state; }) k.check_state = &K::check_state;
+  return k;
+}
+
+template <class... K>
+struct KindList {};
+
+/// The registered kind of that name, or null (a user's own kind, or the engine's "run" record).
+const KindInfo* find_kind(std::string_view name);
+/// Every registered kind, in the order of dpipe/kinds.hpp.
+const std::vector<KindInfo>& registered_kinds();
+
+}  // namespace dpipe

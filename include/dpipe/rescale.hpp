@@ -1,0 +1,142 @@
+#pragma once
+/// Rescale rules: how the records of one node kind are dealt to another layout. Each kind declares its
+/// rule next to its State, in its own header (`XKind::rescale()`); the driver (SnapshotSet::rescaled)
+/// hands a rule the records of every old instance of one node together and places what it returns. The
+/// driver never names a kind or a field: rules read and write records through the kind's own `fields`
+/// visitor, instantiated on ElementBlobs so that elements stay encoded.
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dpipe/error.hpp"
+#include "dpipe/layout.hpp"
+#include "dpipe/snapshot.hpp"
+#include "dpipe/state.hpp"
+
+namespace dpipe {
+
+/// The records of one node on every old instance, in order, and the old and new layouts (rank unused).
+/// A node that runs once per rank (before dispatch, after merge) has one record per rank ("slot" = rank);
+/// any other has one per instance (slot = rank × workers + worker).
+struct RescaleInput {
+  std::vector<const NodeState*> old;
+  Layout from, to;
+  bool once_per_rank = false;
+  const GraphNodeRecord* node = nullptr;  // the node's graph record (kind, parameters); null for engine nodes
+
+  std::size_t new_slots() const {
+    return static_cast<std::size_t>(once_per_rank ? to.world_size : to.instances());
+  }
+  /// Throws the SnapshotError of a refused rescale, naming this node.
+  [[noreturn]] void refuse(const std::string& why) const {
+    throw SnapshotError("cannot rescale: node '" + old.front()->key + "' (" + old.front()->kind + "): " + why);
+  }
+
+  /// Every old record read into a state struct `S` by its `fields` visitor (the node's own names and order).
+  template <class S>
+  std::vector<S> read(const S& prototype = S{}) const {
+    std::vector<S> out(old.size(), prototype);  // a prototype sizes per-worker lists before they are read
+    for (std::size_t i = 0; i < old.size(); ++i) {
+      StateReader r(*old[i]);
+      r.read(out[i]);
+      r.finish();
+    }
+    return out;
+  }
+  /// One new record per state, for slots 0, 1, …, keyed like the old ones.
+  template <class S>
+  std::vector<NodeState> write(const std::vector<S>& states) const {
+    std::vector<NodeState> out(states.size());
+    for (std::size_t j = 0; j < states.size(); ++j) {
+      out[j] = empty_record(j);
+      StateWriter w(out[j]);
+      w.write(states[j]);
+    }
+    return out;
+  }
+  /// A record of this node for new slot `j`, with no fields yet.
+  NodeState empty_record(std::size_t j) const {
+    NodeState s;
+    s.key = old.front()->key;
+    s.kind = old.front()->kind;
+    s.mode = old.front()->mode;
+    s.instance = static_cast<std::uint32_t>(j);
+    return s;
+  }
+};
+
+/// The value of parameter `key` of a graph record ("" when it has none).
+inline std::string_view param_of(const GraphNodeRecord& n, std::string_view key) {
+  for (const auto& [k, v] : n.params)
+    if (k == key) return v;
+  return {};
+}
+
+/// What a kind does with its records on a rescale: copy them to every new instance (nothing in them
+/// depends on the instance), deal them with a function of the kind's, or refuse with a reason.
+class RescaleRule {
+ public:
+  using Deal = std::vector<NodeState> (*)(const RescaleInput&);
+
+  static RescaleRule replicated() { return RescaleRule(nullptr, {}); }
+  static RescaleRule dealt(Deal deal) { return RescaleRule(deal, {}); }
+  static RescaleRule refused(std::string reason) { return RescaleRule(nullptr, std::move(reason)); }
+
+  bool refuses() const { return !reason_.empty(); }
+  const std::string& reason() const { return reason_; }
+  /// The records of every new slot, in slot order.
+  std::vector<NodeState> apply(const RescaleInput& in) const {
+    if (refuses()) in.refuse(reason_);
+    if (deal_) return deal_(in);
+    std::vector<NodeState> out;
+    for (std::size_t j = 0; j < in.new_slots(); ++j) {
+      NodeState s = *in.old.front();
+      s.instance = static_cast<std::uint32_t>(j);
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+ private:
+  RescaleRule(Deal deal, std::string reason) : deal_(deal), reason_(std::move(reason)) {}
+  Deal deal_;
+  std::string reason_;
+};
+
+namespace rescale {
+
+/// The reason a kind gives when it keeps a position in a stream every instance reads in full.
+inline constexpr const char* kReadInFull =
+    "it keeps a position in a stream that every instance reads in full, so its instances' states are not "
+    "parts of one whole; read it through sampler() to rescale";
+/// The reason a kind gives when its state has no rule to be dealt.
+inline constexpr const char* kNotDealt =
+    "it keeps state that cannot be dealt to another layout; rescalable pipelines read through a sampler and use "
+    "shuffle, batch, flat_map and stateless nodes";
+
+/// Pools element lists (in order) and deals them round-robin: the i-th pooled element to slot i mod n.
+inline std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t n) {
+  std::vector<ElementBlobs> out(n);
+  if (lists.empty()) return out;
+  const std::string& tag = lists.front()->tag;
+  for (auto& b : out) b.tag = tag;
+  std::size_t i = 0;
+  for (const ElementBlobs* l : lists) {
+    if (l->tag != tag)
+      throw SnapshotError("cannot rescale: elements of types " + tag + " and " + l->tag + " in one list");
+    for (std::size_t k = 0; k < l->size(); ++k, ++i) out[i % n].append(l->at(k));
+  }
+  return out;
+}
+
+/// The element lists `member` of every state, in order (for deal()).
+template <class S, class M>
+std::vector<const ElementBlobs*> lists(const std::vector<S>& states, M S::*member) {
+  std::vector<const ElementBlobs*> v;
+  for (const S& s : states) v.push_back(&(s.*member));
+  return v;
+}
+
+}  // namespace rescale
+}  // namespace dpipe
