@@ -213,8 +213,8 @@ def main():
         except Exception as e:  # noqa: BLE001 - every failure is reported, not raised
             err, sizes = f"{type(e).__name__}: {e}", []
         results.append((name, err))
-        counts = ", ".join(f"{w} worker{'s' if w > 1 else ''}: {n}" for w, n in zip(WORKERS, sizes))
-        print(f"{'FAIL' if err else 'ok  '} {name} ({counts}; {time.monotonic() - t:.1f} s){': ' + err if err else ''}",
+        counts = "".join(f"{w} worker{'s' if w > 1 else ''}: {n}; " for w, n in zip(WORKERS, sizes))
+        print(f"{'FAIL' if err else 'ok  '} {name} ({counts}{time.monotonic() - t:.1f} s){': ' + err if err else ''}",
               flush=True)
     write_junit(results)
     failed = [n for n, e in results if e]
