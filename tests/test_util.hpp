@@ -1,8 +1,11 @@
 #pragma once
 // Helpers shared by the test suites.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <string>
@@ -62,6 +65,62 @@ std::vector<T> stop_and_resume(const Pipeline<T>& p, const RunOptions& o, std::s
   auto rest = drain(resumed);
   out.insert(out.end(), rest.begin(), rest.end());
   return out;
+}
+
+// ---- data files ---------------------------------------------------------------------------------
+
+/// A fresh directory under the system's temporary directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir()
+      : path_(std::filesystem::temp_directory_path() /
+              ("dpipe-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))) {
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path path_;
+};
+
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+/// `v` as `bytes` little-endian bytes.
+inline std::string le(std::uint64_t v, int bytes) {
+  std::string s;
+  for (int i = 0; i < bytes; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+/// A uint16 token file of `count` tokens first, first + 1, … (mod 2^16).
+inline std::string counting_tokens(std::uint32_t count, std::uint32_t first = 0) {
+  std::string tokens;
+  for (std::uint32_t t = first; t < first + count; ++t) tokens += le(t & 0xffff, 2);
+  return tokens;
+}
+
+/// About `bytes` of text with lines of 1-300 bytes, every 97th empty, every 5th ending in "\r\n"; line
+/// `long_line`, if any, 200 KB long. Lines are numbered from `first` (files made with different `first`
+/// hold different lines). `expected` gets the lines as a line source gives them.
+inline std::string varied_text(std::size_t bytes, std::vector<std::string>& expected, int long_line = -1,
+                               int first = 0) {
+  std::string text;
+  for (int l = first; text.size() < bytes; ++l) {
+    std::string line =
+        std::to_string(l) + std::string(static_cast<std::size_t>(l * 7919 % 300), static_cast<char>('a' + l % 26));
+    if (l % 97 == 0) line.clear();
+    if (l == long_line) line = std::string(200'000, 'L');
+    expected.push_back(line);
+    text += line + (l % 5 == 0 ? "\r\n" : "\n");
+  }
+  return text;
 }
 
 }  // namespace dpipe::testing

@@ -1,9 +1,14 @@
 // The conformance battery: every node kind, snapshotted at breakpoints {0, 1, 5, middle, end} (and
 // twice in a row), restored into a fresh Run through bytes, must continue with exactly the rest of
-// the uninterrupted stream — for one, two and three workers.
+// the uninterrupted stream — for one, two and three workers. The file sources read files their case
+// writes into a temporary directory. tests/integration/battery_cli_test.py runs the same check
+// through the tool, one spec per op.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dpipe/builtins.hpp"
 #include "dpipe/dpipe.hpp"
@@ -33,10 +38,78 @@ auto random_ints(std::int64_t count) {
   });
 }
 
-#define DPIPE_CASE(Name, ...)                  \
-  struct Name {                                \
-    static auto make() { return __VA_ARGS__; } \
+// A case is a type whose make() builds the pipeline under test; kName names it in the test output.
+#define DPIPE_CASE(Name, ...)                   \
+  struct Name {                                 \
+    static constexpr const char* kName = #Name; \
+    static auto make() { return __VA_ARGS__; }  \
   }
+
+// A case over data files: its `files` (a fixture of type Files) writes them into a temporary directory
+// when the case is made, and removes them when the test is done; make() reads `files.paths`.
+#define DPIPE_FILE_CASE(Name, Files, ...)       \
+  struct Name {                                 \
+    static constexpr const char* kName = #Name; \
+    Files files;                                \
+    auto make() const { return __VA_ARGS__; }   \
+  }
+
+/// Four text files of varied lines (empty ones, "\r\n" ends, lines longer than a small block), one of
+/// them empty, each with lines of its own.
+struct TextFiles {
+  testing::TempDir dir;
+  std::vector<std::string> paths;
+  TextFiles() {
+    std::vector<std::string> unused;
+    int f = 0;
+    for (std::size_t bytes : {12'000, 0, 7'000, 20'000}) {
+      paths.push_back(dir.file("text" + std::to_string(f) + ".txt"));
+      testing::write_bytes(paths.back(), testing::varied_text(bytes, unused, -1, 1000 * f++));
+    }
+  }
+};
+
+/// Two TFRecord files, records of 0 to 200 bytes (an empty one among them).
+struct RecordFiles {
+  testing::TempDir dir;
+  std::vector<std::string> paths;
+  RecordFiles() {
+    for (int f = 0, count = 120; f < 2; ++f, count = 50) {
+      std::vector<std::string> recs;
+      for (int i = 0; i < count; ++i)
+        recs.push_back(i == 7 ? "" : "f" + std::to_string(f) + "r" + std::to_string(i) +
+                                         std::string(static_cast<std::size_t>(i * 37 % 200), 'x'));
+      paths.push_back(dir.file("part" + std::to_string(f) + ".tfrecord"));
+      write_records(paths.back(), recs);
+    }
+  }
+};
+
+/// Three uint16 token files: 55 and 33 windows of 9 tokens (plus a remainder that is dropped) and one
+/// too short for a window.
+struct TokenFiles {
+  testing::TempDir dir;
+  std::vector<std::string> paths;
+  TokenFiles() {
+    int f = 0;
+    for (auto [count, first] : {std::pair{500u, 0u}, {301u, 40'000u}, {5u, 9'000u}}) {
+      paths.push_back(dir.file("tokens" + std::to_string(f++) + ".bin"));
+      testing::write_bytes(paths.back(), testing::counting_tokens(count, first));
+    }
+  }
+};
+
+/// Each element of a broadcast shard, times 3: workers share one object and each takes its part.
+auto expand_shared = [](const std::shared_ptr<const std::vector<std::int64_t>>& s) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t x : *s) v.push_back(x * 3);
+  return v;
+};
+auto shard_of = [](std::int64_t m) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = 0; i < 20; ++i) v.push_back(m * 100 + i);
+  return v;
+};
 
 DPIPE_CASE(Range, range(0, 100));
 DPIPE_CASE(RangeNegativeStep, range(100, 0, {.step = -3}));
@@ -70,29 +143,83 @@ DPIPE_CASE(NestedCombinators,
            mux_longest(range(0, 40) | batch({.size = 3}) | unbatch(), range(500, 520) | repeat(2)) |
                shuffle({.buffer = 9}) | batch({.size = 4}) | take(25));
 
+// sampler: in order and in a global shuffle, over both random-access sources, two epochs.
+DPIPE_CASE(SamplerRangeInOrder, range(0, 100) | sampler({.shuffle = SamplerShuffle::none, .epochs = 2}));
+DPIPE_CASE(SamplerRangeGlobal, range(0, 100) | sampler({.shuffle = SamplerShuffle::global, .epochs = 2}));
+DPIPE_CASE(SamplerVectorInOrder, from_vector(words(40)) | sampler({.shuffle = SamplerShuffle::none, .epochs = 2}));
+DPIPE_CASE(SamplerVectorGlobal, from_vector(words(40)) | sampler({.shuffle = SamplerShuffle::global, .epochs = 2}));
+DPIPE_CASE(SamplerThenShuffleAndBatch, range(0, 300) | sampler() | shuffle({.buffer = 16}) | batch({.size = 5}));
+
+// dispatch: the prefix once per rank, work per worker after it, merged.
+DPIPE_CASE(DispatchRoundRobin,
+           range(0, 200) | shuffle({.buffer = 16}) | dispatch() | shuffle({.buffer = 8}) | map(times3) |
+               batch({.size = 4}));
+DPIPE_CASE(DispatchBroadcast,
+           range(0, 12) | map(shard_of) | dispatch(broadcast) | flat_map(expand_shared) |
+               sharding_filter({.level = ShardLevel::worker}) | batch({.size = 3}));
+DPIPE_CASE(SamplerBeforeDispatch,
+           range(0, 150) | sampler({.epochs = 2}) | dispatch() | map(times3) | merge() | batch({.size = 6}));
+
+// merge: an explicit end of the worker segment, with a suffix in the consumer's thread.
+DPIPE_CASE(MergeThenBatch, range(0, 300) | sharding_filter() | shuffle({.buffer = 10}) | merge() | batch({.size = 7}));
+DPIPE_CASE(MergeThenShuffleAndTake,
+           range(0, 300) | sharding_filter() | map(times3) | merge() | shuffle({.buffer = 20}) | take(150));
+
+// prefetch: the depth of the worker queues, before an explicit merge and at the end.
+DPIPE_CASE(PrefetchBeforeMerge,
+           range(0, 300) | sharding_filter() | batch({.size = 5}) | prefetch({.depth = 2}) | merge() | unbatch());
+DPIPE_CASE(PrefetchAtTheEnd, range(0, 300) | sharding_filter() | map(times3) | prefetch({.depth = 3}));
+
+// parallel_map: alone, in the worker segment, and in a dispatch's prefix.
+DPIPE_CASE(ParallelMap, range(0, 400) | parallel_map(times3, {.max_in_flight = 16}));
+DPIPE_CASE(ParallelMapThenShuffleAndBatch,
+           range(0, 400) | sharding_filter() | parallel_map(times3, {.max_in_flight = 7}) | shuffle({.buffer = 10}) |
+               batch({.size = 4}));
+DPIPE_CASE(ParallelMapBeforeDispatch,
+           range(0, 300) | parallel_map(times3, {.max_in_flight = 5}) | dispatch() | filter(is_odd) | merge());
+
+// File sources: lines and line_blocks through logical shards, records and token_windows alone and sampled.
+DPIPE_FILE_CASE(Lines, TextFiles, lines(files.paths, {.logical_shards = 7, .epochs = 2}));
+DPIPE_FILE_CASE(LinesInOrderShuffledAndBatched, TextFiles,
+                lines(files.paths, {.logical_shards = 5, .shuffle_shards = false}) | shuffle({.buffer = 12}) |
+                    batch({.size = 4}));
+DPIPE_FILE_CASE(LinesBeforeDispatch, TextFiles,
+                lines(files.paths, {.logical_shards = 9}) | dispatch() | batch({.size = 3}) | merge());
+DPIPE_FILE_CASE(LineBlocks, TextFiles, line_blocks(files.paths, {.logical_shards = 7, .epochs = 2, .block_bytes = 200}));
+DPIPE_FILE_CASE(LineBlocksInOrderShuffled, TextFiles,
+                line_blocks(files.paths, {.logical_shards = 4, .shuffle_shards = false, .block_bytes = 1000}) |
+                    shuffle({.buffer = 5}));
+DPIPE_FILE_CASE(Records, RecordFiles, records(files.paths));
+DPIPE_FILE_CASE(RecordsSampled, RecordFiles, records(files.paths) | sampler({.epochs = 2}) | batch({.size = 4}));
+DPIPE_FILE_CASE(TokenWindows, TokenFiles, token_windows(files.paths, {.seq_len = 9}));
+DPIPE_FILE_CASE(TokenWindowsSampled, TokenFiles,
+                token_windows(files.paths, {.seq_len = 9}) | sampler({.shuffle = SamplerShuffle::none}) |
+                    shuffle({.buffer = 6}));
+
 template <class Case>
 class Battery : public ::testing::Test {};
 
-using Cases = ::testing::Types<Range, RangeNegativeStep, FromVector, Generator, ShardingExplicit, ShardingAll,
-                               ShardingWorkerThenRank, Shuffle, ShuffleBiggerThanInput, Map, MapChangesType, FlatMap,
-                               Filter, Batch, BatchDropLast, Unbatch, Concat, Zip, ZipAll, Mux, MuxLongest, Cycle,
-                               CycleForeverThenTake, Repeat, Take, GeneratorInCycle, Canonical, NestedCombinators>;
+using Cases = ::testing::Types<
+    Range, RangeNegativeStep, FromVector, Generator, ShardingExplicit, ShardingAll, ShardingWorkerThenRank, Shuffle,
+    ShuffleBiggerThanInput, Map, MapChangesType, FlatMap, Filter, Batch, BatchDropLast, Unbatch, Concat, Zip, ZipAll,
+    Mux, MuxLongest, Cycle, CycleForeverThenTake, Repeat, Take, GeneratorInCycle, Canonical, NestedCombinators,
+    SamplerRangeInOrder, SamplerRangeGlobal, SamplerVectorInOrder, SamplerVectorGlobal, SamplerThenShuffleAndBatch,
+    DispatchRoundRobin, DispatchBroadcast, SamplerBeforeDispatch, MergeThenBatch, MergeThenShuffleAndTake,
+    PrefetchBeforeMerge, PrefetchAtTheEnd, ParallelMap, ParallelMapThenShuffleAndBatch, ParallelMapBeforeDispatch,
+    Lines, LinesInOrderShuffledAndBatched, LinesBeforeDispatch, LineBlocks, LineBlocksInOrderShuffled, Records,
+    RecordsSampled, TokenWindows, TokenWindowsSampled>;
 class CaseNames {
  public:
   template <class T>
-  static std::string GetName(int i) {
-    static const char* names[] = {"Range", "RangeNegativeStep", "FromVector", "Generator", "ShardingExplicit",
-                                  "ShardingAll", "ShardingWorkerThenRank", "Shuffle", "ShuffleBiggerThanInput", "Map",
-                                  "MapChangesType", "FlatMap", "Filter", "Batch", "BatchDropLast", "Unbatch", "Concat",
-                                  "Zip", "ZipAll", "Mux", "MuxLongest", "Cycle", "CycleForeverThenTake", "Repeat",
-                                  "Take", "GeneratorInCycle", "Canonical", "NestedCombinators"};
-    return names[i];
+  static std::string GetName(int) {
+    return T::kName;
   }
 };
 TYPED_TEST_SUITE(Battery, Cases, CaseNames);
 
 TYPED_TEST(Battery, ResumeAtEveryBreakpointContinuesTheStream) {
-  const auto p = TypeParam::make();
+  const TypeParam c;  // owns the case's data files, if any, for the whole test
+  const auto p = c.make();
   for (int workers : {1, 2, 3}) {
     const auto o = options(workers);
     const auto full = testing::collect(p, o);
@@ -105,7 +232,8 @@ TYPED_TEST(Battery, ResumeAtEveryBreakpointContinuesTheStream) {
 }
 
 TYPED_TEST(Battery, SnapshotDoesNotDisturbTheRunningStream) {
-  const auto p = TypeParam::make();
+  const TypeParam c;  // owns the case's data files, if any, for the whole test
+  const auto p = c.make();
   const auto o = options(2);
   const auto full = testing::collect(p, o);
   Engine e;
@@ -118,7 +246,8 @@ TYPED_TEST(Battery, SnapshotDoesNotDisturbTheRunningStream) {
 }
 
 TYPED_TEST(Battery, ChainedRestoresContinueTheStream) {
-  const auto p = TypeParam::make();
+  const TypeParam c;  // owns the case's data files, if any, for the whole test
+  const auto p = c.make();
   const auto o = options(1);
   const auto full = testing::collect(p, o);
   Engine e;
@@ -134,7 +263,8 @@ TYPED_TEST(Battery, ChainedRestoresContinueTheStream) {
 }
 
 TYPED_TEST(Battery, SameSeedSameStreamAndSnapshotsAreIdentical) {
-  const auto p = TypeParam::make();
+  const TypeParam c;  // owns the case's data files, if any, for the whole test
+  const auto p = c.make();
   // Inline workers: with threads, the stream is the same but how much of it waits in the worker
   // queues at the snapshot depends on timing.
   auto o = options(2);

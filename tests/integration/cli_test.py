@@ -12,6 +12,8 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 
+from tool_files import tfrecord, write_tokens
+
 SRC = os.environ.get("DPIPE_SOURCE_ROOT", ".")
 BUILD = os.environ.get("DPIPE_BUILD_ROOT", "build")
 DPIPE = os.path.join(BUILD, "tools", "dpipe")
@@ -441,10 +443,9 @@ def _():
 @case("files/records_and_token_windows_through_specs")
 def _():
     import base64
-    import struct
     path = os.path.join(TMP, "data.tfrecord")
     toks = os.path.join(TMP, "toks.bin")
-    open(toks, "wb").write(struct.pack("<20H", *range(20)))
+    write_tokens(toks, list(range(20)))
     spec = {"pipeline": [{"op": "token_windows", "files": [toks], "dtype": "uint16", "seq_len": 6}]}
     assert lines(dpipe("run", json.dumps(spec)).stdout) == [list(range(0, 7)), list(range(6, 13)), list(range(12, 19))]
     sampled = {"seed": 4, "pipeline": [{"op": "token_windows", "files": [toks], "seq_len": 6},
@@ -455,20 +456,7 @@ def _():
     r = dpipe("run", json.dumps(bad), check=False)
     assert r.returncode == 1 and "nope.tfrecord" in r.stderr, r.stderr
     # A records file with one good record and a corrupt one, read with on_error skip.
-    def crc32c(data):
-        crc = 0xffffffff
-        for c in data:
-            crc ^= c
-            for _ in range(8):
-                crc = (crc >> 1) ^ (0x82f63b78 & -(crc & 1))
-        return crc ^ 0xffffffff
-    def masked(data):
-        c = crc32c(data)
-        return (((c >> 15) | (c << 17)) + 0xa282ead8) & 0xffffffff
-    def record(data, good=True):
-        length = struct.pack("<Q", len(data))
-        return length + struct.pack("<I", masked(length)) + data + struct.pack("<I", masked(data) ^ (0 if good else 1))
-    open(path, "wb").write(record(b"\x00\x01hello") + record(b"broken", good=False) + record(b"end"))
+    open(path, "wb").write(tfrecord(b"\x00\x01hello") + tfrecord(b"broken", good=False) + tfrecord(b"end"))
     spec = {"pipeline": [{"op": "records", "files": [path], "on_error": "skip"}, {"op": "sampler", "shuffle": "none"}]}
     r = dpipe("run", json.dumps(spec), "--stats")
     assert [base64.b64decode(x) for x in lines(r.stdout)] == [b"\x00\x01hello", b"end"], r.stdout

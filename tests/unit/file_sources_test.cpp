@@ -23,23 +23,11 @@ namespace {
 namespace fs = std::filesystem;
 using I64 = std::int64_t;
 
-class TempDir {
- public:
-  TempDir() : path_(fs::temp_directory_path() / ("dpipe-files-" + std::to_string(::getpid()) + "-" +
-                                                 std::to_string(counter_++))) {
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using testing::counting_tokens;
+using testing::le;
+using testing::TempDir;
+using testing::varied_text;
+using testing::write_bytes;
 
 /// A bitwise CRC-32C, independent of the library's table/SSE4.2 one.
 std::uint32_t reference_crc32c(const std::string& s) {
@@ -53,11 +41,6 @@ std::uint32_t reference_crc32c(const std::string& s) {
 std::uint32_t reference_masked(const std::string& s) {
   const std::uint32_t c = reference_crc32c(s);
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
-std::string le(std::uint64_t v, int bytes) {
-  std::string s;
-  for (int i = 0; i < bytes; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
-  return s;
 }
 /// One TFRecord frame built by hand from the format's definition.
 std::string frame(const std::string& data) {
@@ -230,21 +213,6 @@ TEST(Lines, SplitsLikeTextFilesAcrossAnyNumberOfLogicalShards) {
 
 // Shards of several MiB: lines maps their pages a few MiB at a time, so reads cross from one populated
 // window into the next (and a resume starts in the middle of one).
-/// About `bytes` of text with lines of 1-300 bytes, every 97th empty, every 5th ending in "\r\n"; line
-/// `long_line`, if any, 200 KB long. `expected` gets the lines as a line source gives them.
-std::string varied_text(std::size_t bytes, std::vector<std::string>& expected, int long_line = -1) {
-  std::string text;
-  for (int l = 0; text.size() < bytes; ++l) {
-    std::string line =
-        std::to_string(l) + std::string(static_cast<std::size_t>(l * 7919 % 300), static_cast<char>('a' + l % 26));
-    if (l % 97 == 0) line.clear();
-    if (l == long_line) line = std::string(200'000, 'L');
-    expected.push_back(line);
-    text += line + (l % 5 == 0 ? "\r\n" : "\n");
-  }
-  return text;
-}
-
 TEST(Lines, ReadsShardsLargerThanOnePopulatedWindow) {
   TempDir d;
   std::vector<std::string> expected;
@@ -473,13 +441,6 @@ bool is_prefix(const std::vector<T>& part, const std::vector<T>& whole) {
 }
 
 std::uintmax_t page_size() { return static_cast<std::uintmax_t>(::sysconf(_SC_PAGESIZE)); }
-
-/// A uint16 token file of `count` tokens 0, 1, 2, … (mod 2^16).
-std::string counting_tokens(std::uint32_t count) {
-  std::string tokens;
-  for (std::uint32_t t = 0; t < count; ++t) tokens += le(t & 0xffff, 2);
-  return tokens;
-}
 
 /// Every window of a counting token file is a run of consecutive tokens: none was read from zeros.
 void expect_consecutive_tokens(const std::vector<std::vector<I64>>& windows) {

@@ -42,19 +42,7 @@ std::string refusal(std::string_view bytes) {
   return "";
 }
 
-class TempDir {
- public:
-  TempDir() : path_(fs::temp_directory_path() / ("dpipe-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++))) {
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 /// The same snapshot file without its segment section (section id 3), as a dpipe that predates that
 /// section wrote it: the table and header are rebuilt with fresh checksums.

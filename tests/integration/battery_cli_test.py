@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""The conformance battery through the tool: for a spec per op (every op the spec front end knows, each
+mode of the ones that have modes), `dpipe run` stopped at breakpoints {0, 1, 5, middle, end} with
+--take and --snapshot-out, then resumed with --resume, must give exactly the uninterrupted stream, for
+one and two workers. The library's own battery is tests/conformance/battery_test.cpp.
+
+Prints one line per spec and a closing "battery_cli: N passed, N failed"; exits non-zero on any failure.
+Writes JUnit XML to $DPIPE_BUILD_ROOT/test-results/battery_cli.xml, one case per spec."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+from tool_files import write_tfrecords, write_tokens
+
+BUILD = os.environ.get("DPIPE_BUILD_ROOT", "build")
+DPIPE = os.path.join(BUILD, "tools", "dpipe")
+TMP = tempfile.mkdtemp(prefix="dpipe-battery-cli-")
+WORKERS = (1, 2)
+
+
+def path(name):
+    return os.path.join(TMP, name)
+
+
+# ---- data files ------------------------------------------------------------------------------------
+
+def text_file(name, first, count):
+    """Lines "{first}…" of 0-120 bytes: every 13th empty, every 4th ending in "\\r\\n", no newline at the end
+    of the last one when `count` is odd."""
+    out = []
+    for l in range(first, first + count):
+        line = "" if l % 13 == 0 else f"{l}:" + "abcdefghij"[l % 10] * (l * 37 % 118)
+        end = "\r\n" if l % 4 == 0 else "\n"
+        out.append(line + (end if l + 1 < first + count or count % 2 == 0 else ""))
+    with open(path(name), "w", newline="") as f:
+        f.write("".join(out))
+    return path(name)
+
+
+TEXT = [text_file("a.txt", 0, 150), text_file("empty.txt", 0, 0), text_file("b.txt", 1000, 91)]
+RECORDS = [path("a.tfrecord"), path("b.tfrecord")]
+write_tfrecords(RECORDS[0], [b""] + [bytes([i % 256]) * (i * 7 % 60) + b"r%d" % i for i in range(1, 90)])
+write_tfrecords(RECORDS[1], [b"\x00\xffsecond %d" % i for i in range(40)])
+TOKENS16 = [path("a16.bin"), path("b16.bin")]
+write_tokens(TOKENS16[0], [t & 0xffff for t in range(0, 500)])
+write_tokens(TOKENS16[1], [t & 0xffff for t in range(40000, 40301)])
+TOKENS32 = [path("a32.bin")]
+write_tokens(TOKENS32[0], [70000 + t for t in range(400)], dtype="uint32")
+
+# ---- one spec per op -------------------------------------------------------------------------------
+
+R = lambda stop, **kw: dict({"op": "range", "stop": stop}, **kw)  # noqa: E731
+WORDS = [f"w{i * i}" for i in range(40)]
+BATCHES = {"op": "batch", "size": 4}
+
+SPECS = {
+    "range": [R(300, start=5, step=3)],
+    "range_negative_step": [R(-40, start=100, step=-7)],
+    "from_vector_integers": [{"op": "from_vector", "values": [i * i - 50 for i in range(60)]}],
+    "from_vector_strings": [{"op": "from_vector", "values": WORDS}],
+    "generator_count": [{"op": "generator", "fn": "count", "count": 150}],
+    "generator_random_ints": [{"op": "generator", "fn": "random_ints", "count": 200, "lo": -50, "hi": 50}],
+    "lines": [{"op": "lines", "files": TEXT, "logical_shards": 7, "epochs": 2}],
+    "lines_in_order_batched": [{"op": "lines", "files": TEXT, "logical_shards": 3, "shuffle_shards": False},
+                               {"op": "shuffle", "buffer": 10}, BATCHES],
+    "line_blocks": [{"op": "line_blocks", "files": TEXT, "logical_shards": 5, "epochs": 2, "block_bytes": 200}],
+    "line_blocks_in_order": [{"op": "line_blocks", "files": TEXT, "logical_shards": 2, "shuffle_shards": False,
+                              "block_bytes": 1000}, {"op": "shuffle", "buffer": 3}],
+    "records": [{"op": "records", "files": RECORDS}],
+    "records_skip_sampled": [{"op": "records", "files": RECORDS, "on_error": "skip"},
+                             {"op": "sampler", "epochs": 2}, BATCHES],
+    "token_windows": [{"op": "token_windows", "files": TOKENS16, "seq_len": 9}],
+    "token_windows_uint32": [{"op": "token_windows", "files": TOKENS32, "dtype": "uint32", "seq_len": 13}],
+    "token_windows_sampled": [{"op": "token_windows", "files": TOKENS16, "dtype": "uint16", "seq_len": 9},
+                              {"op": "sampler", "shuffle": "none"}, {"op": "shuffle", "buffer": 6}],
+    "map_affine": [R(120), {"op": "map", "fn": "affine", "mul": 3, "add": -1}],
+    "map_identity_strings": [{"op": "from_vector", "values": WORDS}, {"op": "map", "fn": "identity"}],
+    "parallel_map": [R(400), {"op": "sharding_filter"},
+                     {"op": "parallel_map", "fn": "affine", "mul": 5, "max_in_flight": 7},
+                     {"op": "shuffle", "buffer": 10}, BATCHES],
+    "parallel_map_in_prefix": [R(300), {"op": "parallel_map", "fn": "identity", "max_in_flight": 5},
+                               {"op": "dispatch"}, {"op": "map", "fn": "affine", "mul": 2}],
+    "filter": [R(200), {"op": "filter", "fn": "mod_eq", "mod": 3, "eq": 1}],
+    "flat_map_replicate": [{"op": "from_vector", "values": WORDS}, {"op": "flat_map", "fn": "replicate", "times": 3}],
+    "flat_map_range": [R(30), {"op": "flat_map", "fn": "range"}],
+    "sharding_filter_all": [R(300), {"op": "sharding_filter"}],
+    "sharding_filter_worker_then_rank": [R(300), {"op": "sharding_filter", "level": "worker"},
+                                         {"op": "sharding_filter", "level": "rank"}],
+    "sharding_filter_explicit": [R(300), {"op": "sharding_filter", "num_shards": 3, "shard_id": 1}],
+    "shuffle": [R(500), {"op": "shuffle", "buffer": 32}],
+    "batch": [R(103), {"op": "batch", "size": 10}],
+    "batch_drop_last": [R(103), {"op": "batch", "size": 10, "drop_last": True}],
+    "batch_of_batches": [R(103), {"op": "batch", "size": 3}, {"op": "batch", "size": 2}],
+    "unbatch": [R(100), {"op": "batch", "size": 7}, {"op": "shuffle", "buffer": 3}, {"op": "unbatch"}],
+    "take": [R(200), {"op": "shuffle", "buffer": 16}, {"op": "take", "count": 37}],
+    "repeat": [R(30), {"op": "repeat", "times": 3}],
+    "cycle_count": [R(10), {"op": "shuffle", "buffer": 4}, {"op": "cycle", "count": 4}],
+    "cycle_forever_then_take": [R(7), {"op": "cycle"}, {"op": "take", "count": 40}],
+    "concat": [R(30), {"op": "concat", "with": [[R(140, start=100), {"op": "shuffle", "buffer": 8}]]}],
+    "mux": [R(50), {"op": "mux", "with": [[R(130, start=100)]]}],
+    "mux_longest": [R(50), {"op": "mux_longest", "with": [[R(130, start=100)], [R(207, start=200)]]}],
+    "zip": [R(50), {"op": "zip", "with": [[R(170, start=100)], [R(47, start=7), {"op": "shuffle", "buffer": 5}]]}],
+    "sampler_range_none": [R(100), {"op": "sampler", "shuffle": "none", "epochs": 2}],
+    "sampler_range_global": [R(100), {"op": "sampler", "shuffle": "global", "epochs": 2}],
+    "sampler_vector_none": [{"op": "from_vector", "values": WORDS}, {"op": "sampler", "shuffle": "none", "epochs": 2}],
+    "sampler_vector_global": [{"op": "from_vector", "values": WORDS}, {"op": "sampler", "epochs": 2}],
+    "dispatch_round_robin": [R(200), {"op": "shuffle", "buffer": 16}, {"op": "dispatch", "mode": "round_robin"},
+                             {"op": "shuffle", "buffer": 8}, {"op": "map", "fn": "affine", "mul": 3}, BATCHES],
+    "dispatch_broadcast": [R(30), {"op": "dispatch", "mode": "broadcast"}, {"op": "flat_map", "fn": "range"},
+                           {"op": "sharding_filter", "level": "worker"}, {"op": "merge"}, BATCHES],
+    "sampler_before_dispatch": [R(150), {"op": "sampler", "epochs": 2}, {"op": "dispatch"},
+                                {"op": "map", "fn": "affine", "mul": 3}, {"op": "merge"}, {"op": "batch", "size": 6}],
+    "lines_before_dispatch": [{"op": "lines", "files": TEXT, "logical_shards": 9}, {"op": "dispatch"},
+                              {"op": "batch", "size": 3}, {"op": "merge"}],
+    "merge": [R(300), {"op": "sharding_filter"}, {"op": "shuffle", "buffer": 10}, {"op": "merge"},
+              {"op": "batch", "size": 7}],
+    "merge_then_shuffle_take": [R(300), {"op": "sharding_filter"}, {"op": "merge"}, {"op": "shuffle", "buffer": 20},
+                                {"op": "take", "count": 150}],
+    "prefetch": [R(300), {"op": "sharding_filter"}, {"op": "batch", "size": 5}, {"op": "prefetch", "depth": 2},
+                 {"op": "merge"}, {"op": "unbatch"}],
+    "prefetch_at_the_end": [R(300), {"op": "sharding_filter"}, {"op": "prefetch", "depth": 3}],
+}
+
+# Every op the spec front end knows appears above (a new op needs a spec here).
+OPS = {"range", "from_vector", "generator", "lines", "line_blocks", "records", "token_windows", "map", "parallel_map",
+       "filter", "flat_map", "sharding_filter", "shuffle", "batch", "unbatch", "take", "repeat", "cycle", "concat",
+       "mux", "mux_longest", "zip", "sampler", "dispatch", "merge", "prefetch"}
+
+
+def ops_of(chain):
+    for node in chain:
+        yield node["op"]
+        for inner in node.get("with", []):
+            yield from ops_of(inner)
+
+
+# ---- the check -------------------------------------------------------------------------------------
+
+def dpipe(*args):
+    r = subprocess.run([DPIPE, *map(str, args)], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise AssertionError(f"dpipe {' '.join(map(str, args))} exited {r.returncode}: {r.stderr.strip()}")
+
+
+def read(p):
+    with open(p) as f:
+        return f.read().splitlines()
+
+
+def first_difference(got, want):
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            return f"element {i}: got {g[:80]}, expected {w[:80]}"
+    return f"{len(got)} elements, expected {len(want)}"
+
+
+def check(name, chain):
+    """Returns "" or what went wrong, for every worker count and breakpoint."""
+    spec = path(name + ".json")
+    with open(spec, "w") as f:
+        json.dump({"seed": 11, "pipeline": chain}, f)
+    problems, sizes = [], []
+    for workers in WORKERS:
+        full = path(f"{name}-{workers}-full.jsonl")
+        dpipe("run", spec, "--workers", workers, "--output", full)
+        want = read(full)
+        sizes.append(len(want))
+        if not want:
+            problems.append(f"workers {workers}: the stream is empty")
+            continue
+        for at in sorted({0, 1, 5, len(want) // 2, len(want)}):
+            snap, head, rest = (path(f"{name}-{workers}-{at}.{ext}") for ext in ("snapshot", "a.jsonl", "b.jsonl"))
+            dpipe("run", spec, "--workers", workers, "--take", at, "--snapshot-out", snap, "--output", head)
+            dpipe("run", spec, "--workers", workers, "--resume", snap, "--output", rest)
+            got = read(head) + read(rest)
+            if got != want:
+                problems.append(f"workers {workers}, breakpoint {at}: {first_difference(got, want)}")
+    return "; ".join(problems), sizes
+
+
+def write_junit(results):
+    suite = ET.Element("testsuite", name="battery_cli", tests=str(len(results)),
+                       failures=str(sum(1 for _, e in results if e)))
+    for name, err in results:
+        tc = ET.SubElement(suite, "testcase", name=name, classname="battery_cli")
+        if err:
+            ET.SubElement(tc, "failure", message=err.splitlines()[0][:300]).text = err
+    root = ET.Element("testsuites")
+    root.append(suite)
+    out = os.path.join(BUILD, "test-results", "battery_cli.xml")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    ET.ElementTree(root).write(out)
+
+
+def main():
+    results = []
+    missing = OPS - {op for chain in SPECS.values() for op in ops_of(chain)}
+    if missing:
+        results.append(("every_op_has_a_spec", "no spec uses " + ", ".join(sorted(missing))))
+    modes = {n.get("mode", "round_robin") for c in SPECS.values() for n in c if n["op"] == "dispatch"}
+    if modes != {"round_robin", "broadcast"}:
+        results.append(("every_op_has_a_spec", "dispatch modes covered: " + ", ".join(sorted(modes))))
+    start = time.monotonic()
+    for name, chain in SPECS.items():
+        t = time.monotonic()
+        try:
+            err, sizes = check(name, chain)
+        except Exception as e:  # noqa: BLE001 - every failure is reported, not raised
+            err, sizes = f"{type(e).__name__}: {e}", []
+        results.append((name, err))
+        counts = "".join(f"{w} worker{'s' if w > 1 else ''}: {n}; " for w, n in zip(WORKERS, sizes))
+        print(f"{'FAIL' if err else 'ok  '} {name} ({counts}{time.monotonic() - t:.1f} s){': ' + err if err else ''}",
+              flush=True)
+    write_junit(results)
+    failed = [n for n, e in results if e]
+    print(f"battery_cli: {len(results) - len(failed)} passed, {len(failed)} failed "
+          f"({len(SPECS)} specs, {time.monotonic() - start:.1f} s)")
+    if not failed:
+        shutil.rmtree(TMP, ignore_errors=True)
+    else:
+        print(f"files kept in {TMP}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
