@@ -287,6 +287,45 @@ def main():
         assert all(0 <= v < 100000 for v in held) and len(set(held)) == len(held), held[:10]
     check("canonical: graph, run record and shuffle buffer read as expected", canonical_content)
 
+    def fingerprint_recomputed():
+        """The document's fingerprint recipe, for linear pipelines of unnamed nodes (node i's input is i + 1)."""
+        M = (1 << 64) - 1
+
+        def mix64(x):
+            x = (x + 0x9E3779B97F4A7C15) & M
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
+            return x ^ (x >> 31)
+
+        def fnv1a(b):
+            h = 0xCBF29CE484222325
+            for c in b:
+                h = ((h ^ c) * 0x100000001B3) & M
+            return h
+
+        for name in ("canonical", "strings", "workers2"):
+            m = sr.read_file(files[name])["meta"]
+            h = fnv1a(b"dpipe-graph-v1")
+
+            def add(text):
+                nonlocal h
+                b = text.encode()
+                h = mix64(h ^ fnv1a(b))
+                h = mix64(h ^ len(b))
+            for i, n in enumerate(m["graph"]):
+                assert n["key"] == f"{n['kind']}@{i}", n  # unnamed
+                add(n["kind"])
+                add("")
+                add(n["element_type"])
+                for k, v in n["params"]:
+                    add(k)
+                    add(v)
+                add("inputs")
+                if i + 1 < len(m["graph"]):
+                    h = mix64(h ^ (i + 1))
+            assert h == m["fingerprint"], (name, hex(h), hex(m["fingerprint"]))
+    check("fingerprint recomputed from the document's recipe (linear pipelines)", fingerprint_recomputed)
+
     def set_summary():
         shown = obj(show(set_dir))
         snaps = [sr.read_file(files[f"set rank {r}"]) for r in range(2)]
