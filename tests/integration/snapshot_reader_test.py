@@ -10,6 +10,7 @@ Prints one line per check; exits non-zero when any fails."""
 import glob
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -58,13 +59,9 @@ def check(name, fn, *args):
         print(f"FAIL  {name}\n{traceback.format_exc()}", flush=True)
 
 
-def pairs(items):
-    """JSON objects as lists of (key, value) pairs: keeps order and duplicates for comparison."""
-    return items
-
-
 def show(path):
-    return json.loads(dpipe("snapshot", "show", path).stdout, object_pairs_hook=pairs)
+    """`dpipe snapshot show` with JSON objects as lists of (key, value) pairs, keeping their order."""
+    return json.loads(dpipe("snapshot", "show", path).stdout, object_pairs_hook=list)
 
 
 def obj(p):
@@ -371,7 +368,11 @@ def main():
     print(f"snapshot_reader: {passes} checks passed, {len(failures)} failed")
     for f in failures:
         print(f"  failed: {f}")
-    return 1 if failures else 0
+    if failures:
+        print(f"  files kept in {TMP}")
+        return 1
+    shutil.rmtree(TMP, ignore_errors=True)
+    return 0
 
 
 def fixture_paths(vdir, fx):
