@@ -1,4 +1,4 @@
-// Snapshot bytes: header, section table, checksummed sections (layout in the README, "Snapshots").
+// Snapshot bytes: header, section table, checksummed sections (described in docs/snapshot-format.md).
 #include "dpipe/snapshot.hpp"
 
 #include <fcntl.h>

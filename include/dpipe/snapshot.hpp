@@ -2,7 +2,7 @@
 /// A Snapshot is the complete state of a Run at the consumer's position: metadata, then one record per
 /// node and instance, each a list of named, typed fields. Buffered elements are stored as opaque
 /// length-delimited blobs with a type tag, so any program can show, check and (later) rescale a snapshot
-/// without knowing the element types. Converts to and from bytes and files; see serialize/format.md.
+/// without knowing the element types. Converts to and from bytes and files; see docs/snapshot-format.md.
 #include <cstdint>
 #include <map>
 #include <string>

@@ -1,0 +1,416 @@
+"""An independent reader of dpipe snapshot files, written from docs/snapshot-format.md alone.
+
+Python 3 standard library only. It shares no code with dpipe: its own CRC-32C, its own parser of the
+header, section table and sections, its own decoder of natively encoded elements. The test
+snapshot_reader_test.py compares what it reads with `dpipe snapshot show`.
+
+    snap = read_snapshot(open(path, "rb").read())   # dict; raises FormatError / ChecksumError
+    decode_element("vec<i64>", blob)                 # Python value; raises NotNative for cereal: tags
+"""
+import struct
+
+MAGIC = b"DPIPESNP"
+HEADER_BYTES = 32
+SECTION_ENTRY_BYTES = 24
+MAX_SECTIONS = 64
+KNOWN_VERSIONS = (1,)
+SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS = 1, 2, 3
+STATE_MODES = {1: "hook", 2: "stateless", 3: "replay"}
+FIELD_TYPES = {1: "u64", 2: "i64", 3: "str", 4: "elements"}
+SEGMENTS = ("prefix", "worker", "suffix")
+
+
+class FormatError(Exception):
+    """The bytes are not a well-formed snapshot."""
+
+
+class ChecksumError(FormatError):
+    """A stored CRC-32C does not match the bytes it covers."""
+
+
+class NotNative(Exception):
+    """An element's type tag is not one of the native encodings (e.g. a cereal: tag)."""
+
+
+# ---- CRC-32C (Castagnoli): reflected polynomial 0x82F63B78, init 0xFFFFFFFF, final xor 0xFFFFFFFF ----
+
+def _crc_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32c(data):
+    c = 0xFFFFFFFF
+    t = _CRC_TABLE
+    for b in data:
+        c = (c >> 8) ^ t[(c ^ b) & 0xFF]
+    return c ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283  # the standard check value of CRC-32C
+
+
+# ---- a bounds-checked little-endian cursor ----
+
+class Cursor:
+    def __init__(self, data, what):
+        self.data = memoryview(data)
+        self.pos = 0
+        self.what = what
+
+    def remaining(self):
+        return len(self.data) - self.pos
+
+    def done(self):
+        return self.pos == len(self.data)
+
+    def take(self, n):
+        if n > self.remaining():
+            raise FormatError(f"{self.what} is truncated: {n} bytes needed, {self.remaining()} left")
+        b = bytes(self.data[self.pos:self.pos + n])
+        self.pos += n
+        return b
+
+    def unpack(self, fmt):
+        size = struct.calcsize(fmt)
+        return struct.unpack(fmt, self.take(size))[0]
+
+    def u8(self):
+        return self.unpack("<B")
+
+    def u32(self):
+        return self.unpack("<I")
+
+    def i32(self):
+        return self.unpack("<i")
+
+    def u64(self):
+        return self.unpack("<Q")
+
+    def i64(self):
+        return self.unpack("<q")
+
+    def count(self, min_item_bytes):
+        """A u64 count of items each at least min_item_bytes long; refused when it cannot fit."""
+        n = self.u64()
+        if min_item_bytes and n > self.remaining() // min_item_bytes:
+            raise FormatError(f"{self.what}: a count of {n} does not fit in the {self.remaining()} bytes left")
+        return n
+
+    def blob(self):
+        return self.take(self.count(1))
+
+    def string(self):
+        return self.blob().decode("utf-8", errors="surrogateescape")
+
+    def end(self):
+        if not self.done():
+            raise FormatError(f"{self.what}: {self.remaining()} unexpected bytes at the end")
+
+
+# ---- the file ----
+
+def read_header(data):
+    """The 32-byte header as a dict, its checksum verified."""
+    if len(data) < HEADER_BYTES:
+        raise FormatError(f"truncated: {len(data)} bytes, a header alone is {HEADER_BYTES}")
+    if data[:8] != MAGIC:
+        raise FormatError("wrong magic bytes")
+    version, count, total, table_crc, header_crc = struct.unpack_from("<IIQII", data, 8)
+    if crc32c(data[:28]) != header_crc:
+        raise ChecksumError("header checksum mismatch")
+    return {"format_version": version, "section_count": count, "total_length": total,
+            "table_crc": table_crc, "header_crc": header_crc}
+
+
+def read_snapshot(data):
+    """Parses and verifies a whole snapshot file; returns a dict (see docs/snapshot-format.md)."""
+    data = bytes(data)
+    h = read_header(data)
+    if h["format_version"] not in KNOWN_VERSIONS:
+        raise FormatError(f"format version {h['format_version']} is not one this reader knows")
+    if h["total_length"] != len(data):
+        raise FormatError(f"the header says {h['total_length']} bytes, the file has {len(data)}")
+    count = h["section_count"]
+    if count > MAX_SECTIONS:
+        raise FormatError(f"{count} sections claimed")
+    table_end = HEADER_BYTES + count * SECTION_ENTRY_BYTES
+    if table_end > len(data):
+        raise FormatError("truncated inside the section table")
+    table = data[HEADER_BYTES:table_end]
+    if crc32c(table) != h["table_crc"]:
+        raise ChecksumError("section table checksum mismatch")
+    sections = []
+    for i in range(count):
+        sid, crc, off, length = struct.unpack_from("<IIQQ", table, i * SECTION_ENTRY_BYTES)
+        if off < table_end or off > len(data) or length > len(data) - off:
+            raise FormatError(f"section {sid} lies outside the file")
+        body = data[off:off + length]
+        if crc32c(body) != crc:
+            raise ChecksumError(f"section {sid} checksum mismatch")
+        sections.append({"id": sid, "crc": crc, "offset": off, "length": length, "body": body})
+
+    ids = [s["id"] for s in sections]
+    for sid in (SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS):
+        if ids.count(sid) > 1:
+            raise FormatError(f"section {sid} appears {ids.count(sid)} times")
+    if SECTION_META not in ids or SECTION_STATES not in ids:
+        raise FormatError("the metadata or node-state section is missing")
+    body = {s["id"]: s["body"] for s in sections}
+    meta = decode_meta(body[SECTION_META])
+    states = decode_states(body[SECTION_STATES])
+    if SECTION_NODE_DETAILS in body:
+        decode_node_details(body[SECTION_NODE_DETAILS], meta["graph"])
+    return {"header": h, "sections": [{k: v for k, v in s.items() if k != "body"} for s in sections],
+            "meta": meta, "states": states}
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return read_snapshot(f.read())
+
+
+def _pairs(c):
+    n = c.count(16)
+    return [(c.string(), c.string()) for _ in range(n)]
+
+
+def decode_meta(body):
+    c = Cursor(body, "metadata section")
+    m = {"fingerprint": c.u64(), "seed": c.u64(), "epoch": c.u64(),
+         "layout": {"rank": c.i32(), "world_size": c.i32(), "num_workers": c.i32()},
+         "elements_delivered": c.u64()}
+    n = c.count(24)
+    m["graph"] = [{"key": c.string(), "kind": c.string(), "element_type": c.string()} for _ in range(n)]
+    m["user_metadata"] = dict(_pairs(c))
+    c.end()
+    return m
+
+
+def decode_node_details(body, graph):
+    c = Cursor(body, "node-details section")
+    n = c.count(16)
+    if n != len(graph):
+        raise FormatError(f"node details describe {n} nodes, the graph has {len(graph)}")
+    for node in graph:
+        node["segment"] = c.string()
+        if node["segment"] not in SEGMENTS:
+            raise FormatError(f"node {node['key']!r} has an unknown segment {node['segment']!r}")
+        node["params"] = _pairs(c)
+    c.end()
+
+
+def decode_states(body):
+    c = Cursor(body, "node-state section")
+    states = []
+    for _ in range(c.count(29)):
+        s = {"key": c.string(), "kind": c.string(), "instance": c.u32()}
+        mode = c.u8()
+        if mode not in STATE_MODES:
+            raise FormatError(f"node {s['key']!r} has an unknown state mode {mode}")
+        s["mode"] = STATE_MODES[mode]
+        fields = []
+        for _ in range(c.count(9)):
+            name = c.string()
+            t = c.u8()
+            if t == 1:
+                fields.append({"name": name, "type": "u64", "value": c.u64()})
+            elif t == 2:
+                fields.append({"name": name, "type": "i64", "value": c.i64()})
+            elif t == 3:
+                fields.append({"name": name, "type": "str", "value": c.string()})
+            elif t == 4:
+                tag = c.string()
+                k = c.count(8)
+                lengths = [c.u64() for _ in range(k)]
+                if sum(lengths) > c.remaining():
+                    raise FormatError(f"the elements of field {name!r} run past the section")
+                blobs = [c.take(n) for n in lengths]
+                fields.append({"name": name, "type": "elements", "tag": tag, "blobs": blobs})
+            else:
+                raise FormatError(f"field {name!r} of node {s['key']!r} has an unknown type {t}")
+        s["fields"] = fields
+        states.append(s)
+    c.end()
+    return states
+
+
+# ---- native element encodings ----
+
+_FIXED = {"i8": "<b", "u8": "<B", "i16": "<h", "u16": "<H", "i32": "<i", "u32": "<I", "i64": "<q",
+          "u64": "<Q", "f32": "<f", "f64": "<d"}
+
+
+def parse_tag(tag):
+    """'vec<tup<i64,str>>' -> ('vec', [('tup', [('i64', []), ('str', [])])])."""
+    pos = 0
+
+    def node(depth):
+        nonlocal pos
+        if depth > 64:
+            raise NotNative(tag)
+        start = pos
+        while pos < len(tag) and tag[pos] not in "<,>":
+            pos += 1
+        name = tag[start:pos]
+        if not name:
+            raise NotNative(tag)
+        args = []
+        if pos < len(tag) and tag[pos] == "<":
+            pos += 1
+            while True:
+                args.append(node(depth + 1))
+                if pos >= len(tag):
+                    raise NotNative(tag)
+                if tag[pos] == ",":
+                    pos += 1
+                    continue
+                if tag[pos] == ">":
+                    pos += 1
+                    break
+                raise NotNative(tag)
+        return (name, args)
+
+    t = node(0)
+    if pos != len(tag):
+        raise NotNative(tag)
+    return t
+
+
+def _decode(t, c):
+    name, args = t
+    if not args:
+        if name in _FIXED:
+            return c.unpack(_FIXED[name])
+        if name == "bool":
+            return c.u8() != 0
+        if name == "str":
+            return c.string()
+        if name == "text_block":
+            text = c.blob()
+            ends = [c.u64() for _ in range(c.count(8))]
+            lines, begin, finished = [], 0, False
+            for i, e in enumerate(ends):
+                if e < begin or e > len(text):
+                    raise FormatError(f"text block line {i} ends outside the text")
+                if b"\n" in text[begin:e]:
+                    raise FormatError(f"text block line {i} holds a newline")
+                line = text[begin:e]
+                lines.append((line[:-1] if line.endswith(b"\r") else line).decode("utf-8", errors="surrogateescape"))
+                if e == len(text):
+                    if i + 1 != len(ends):
+                        raise FormatError(f"text block line {i} ends the text but is not the last line")
+                    finished = True
+                    break
+                if text[e:e + 1] != b"\n":
+                    raise FormatError(f"text block line {i} does not end at a newline")
+                begin = e + 1
+            if not finished and begin != len(text):
+                raise FormatError("bytes follow the last line of a text block")
+            return lines
+        raise NotNative(name)
+    if name == "vec" and len(args) == 1:
+        return [_decode(args[0], c) for _ in range(c.count(1))]
+    if name == "tup":
+        return [_decode(a, c) for a in args]
+    if name == "opt" and len(args) == 1:
+        flag = c.u8()
+        if flag == 0:
+            return None
+        if flag != 1:
+            raise FormatError(f"an optional's flag is {flag}")
+        return _decode(args[0], c)
+    raise NotNative(name)
+
+
+def decode_element(tag, blob):
+    """One element blob decoded from its type tag; NotNative for tags without a native encoding."""
+    t = parse_tag(tag)
+    c = Cursor(blob, f"element of type {tag}")
+    v = _decode(t, c)
+    c.end()
+    return v
+
+
+def field_values(field):
+    """A field's value: the number or string, or the list of decoded elements (hex for opaque ones)."""
+    if field["type"] != "elements":
+        return field["value"]
+    out = []
+    for b in field["blobs"]:
+        try:
+            out.append(decode_element(field["tag"], b))
+        except NotNative:
+            out.append("0x" + b.hex())
+    return out
+
+
+# ---- writing (for round trips in the test, and for the layout without node details) ----
+
+def _str(b):
+    b = b if isinstance(b, bytes) else b.encode("utf-8", errors="surrogateescape")
+    return struct.pack("<Q", len(b)) + b
+
+
+def encode_meta(m):
+    out = [struct.pack("<QQQiiiQ", m["fingerprint"], m["seed"], m["epoch"], m["layout"]["rank"],
+                       m["layout"]["world_size"], m["layout"]["num_workers"], m["elements_delivered"]),
+           struct.pack("<Q", len(m["graph"]))]
+    for n in m["graph"]:
+        out += [_str(n["key"]), _str(n["kind"]), _str(n["element_type"])]
+    out.append(struct.pack("<Q", len(m["user_metadata"])))
+    for k in sorted(m["user_metadata"]):
+        out += [_str(k), _str(m["user_metadata"][k])]
+    return b"".join(out)
+
+
+def encode_node_details(graph):
+    out = [struct.pack("<Q", len(graph))]
+    for n in graph:
+        out += [_str(n["segment"]), struct.pack("<Q", len(n["params"]))]
+        out += [_str(k) + _str(v) for k, v in n["params"]]
+    return b"".join(out)
+
+
+def encode_states(states):
+    modes = {v: k for k, v in STATE_MODES.items()}
+    out = [struct.pack("<Q", len(states))]
+    for s in states:
+        out += [_str(s["key"]), _str(s["kind"]), struct.pack("<IBQ", s["instance"], modes[s["mode"]], len(s["fields"]))]
+        for f in s["fields"]:
+            out.append(_str(f["name"]))
+            if f["type"] == "u64":
+                out.append(struct.pack("<BQ", 1, f["value"]))
+            elif f["type"] == "i64":
+                out.append(struct.pack("<Bq", 2, f["value"]))
+            elif f["type"] == "str":
+                out.append(b"\x03" + _str(f["value"]))
+            else:
+                out += [b"\x04", _str(f["tag"]), struct.pack("<Q", len(f["blobs"]))]
+                out += [struct.pack("<Q", len(b)) for b in f["blobs"]]
+                out += f["blobs"]
+    return b"".join(out)
+
+
+def write_snapshot(snap, node_details=True, version=1):
+    """Bytes of `snap` (a read_snapshot dict) laid out as dpipe lays out its files: sections 1, 2 and,
+    when node_details and every graph node has a segment, 3, contiguous after the table."""
+    meta = snap["meta"]
+    bodies = [(SECTION_META, encode_meta(meta)), (SECTION_STATES, encode_states(snap["states"]))]
+    if node_details and all("segment" in n for n in meta["graph"]):
+        bodies.append((SECTION_NODE_DETAILS, encode_node_details(meta["graph"])))
+    offset = HEADER_BYTES + SECTION_ENTRY_BYTES * len(bodies)
+    table = b""
+    for sid, body in bodies:
+        table += struct.pack("<IIQQ", sid, crc32c(body), offset, len(body))
+        offset += len(body)
+    head = MAGIC + struct.pack("<IIQI", version, len(bodies), offset, crc32c(table))
+    return head + struct.pack("<I", crc32c(head)) + table + b"".join(b for _, b in bodies)
