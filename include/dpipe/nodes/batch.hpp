@@ -10,7 +10,7 @@ namespace dpipe {
 struct BatchOptions {
   std::int64_t size = 1;
   bool drop_last = false;
-  std::string name;
+  std::string name{};
 };
 
 template <Snapshottable T>

@@ -15,7 +15,7 @@
 namespace dpipe {
 
 struct DispatchOptions {
-  std::string name;
+  std::string name{};
 };
 
 inline constexpr struct RoundRobin {

@@ -10,7 +10,7 @@
 namespace dpipe {
 
 struct FlatMapOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class In, class Fn>

@@ -21,7 +21,7 @@ struct GeneratorContext {
 };
 
 struct GeneratorOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class Factory>

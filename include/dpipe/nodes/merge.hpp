@@ -12,7 +12,7 @@
 namespace dpipe {
 
 struct MergeOptions {
-  std::string name;
+  std::string name{};
 };
 
 /// How many elements each worker may run ahead of the consumer, and per pull. Batches, other vectors

@@ -14,7 +14,7 @@ struct ShardingOptions {
   ShardLevel level = ShardLevel::all;
   std::int64_t num_shards = 0;  // > 0 overrides the layout
   std::int64_t shard_id = 0;
-  std::string name;
+  std::string name{};
 };
 
 inline const char* to_string(ShardLevel l) {

@@ -11,7 +11,7 @@ namespace dpipe {
 
 struct ShuffleOptions {
   std::int64_t buffer = 10'000;
-  std::string name;
+  std::string name{};
 };
 
 template <Snapshottable T>

@@ -8,7 +8,7 @@
 namespace dpipe {
 
 struct TakeOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class T>

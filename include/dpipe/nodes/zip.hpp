@@ -12,7 +12,7 @@
 namespace dpipe {
 
 struct ZipOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class... Ts>
