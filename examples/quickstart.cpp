@@ -23,10 +23,10 @@ int main(int argc, char** argv) {
   auto t0 = Clock::now();
   auto reference = engine.start(pipeline, options);
   std::uint64_t batches = 0, elements = 0, checksum = 0;
-  while (auto b = reference.next()) {
+  for (auto&& b : reference) {  // a Run is a range; `reference.next()` gives one element at a time
     ++batches;
-    elements += b->size();
-    for (auto x : *b) checksum = checksum * 31 + static_cast<std::uint64_t>(x);
+    elements += b.size();
+    for (auto x : b) checksum = checksum * 31 + static_cast<std::uint64_t>(x);
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("uninterrupted: %llu batches, %llu elements in %.3f s = %.1f M elements/s\n",
@@ -47,9 +47,9 @@ int main(int argc, char** argv) {
   auto resumed = engine.resume(pipeline, dpipe::Snapshot::read_file(path), options);
   const double restore_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   std::uint64_t resumed_batches = batches / 2;
-  while (auto b = resumed.next()) {
+  for (auto&& b : resumed) {
     ++resumed_batches;
-    for (auto x : *b) resumed_checksum = resumed_checksum * 31 + static_cast<std::uint64_t>(x);
+    for (auto x : b) resumed_checksum = resumed_checksum * 31 + static_cast<std::uint64_t>(x);
   }
   std::printf("snapshot at batch %llu: written in %.2f ms, restored in %.3f ms (%llu elements replayed)\n",
               (unsigned long long)(batches / 2), save_ms, restore_ms,

@@ -3,8 +3,10 @@
 /// and returns a move-only Run<T>; `next()` yields the workers' outputs merged round-robin (skipping
 /// exhausted workers), so the stream is a pure function of (pipeline, seed, epoch, layout).
 /// `run.snapshot()` captures the state at the consumer's position; `engine.resume(pipeline, snapshot)`
-/// continues exactly there.
+/// continues exactly there. A Run is an input range: `for (auto&& x : run)` is the loop.
 #include <chrono>
+#include <cstddef>
+#include <iterator>
 #include <exception>
 #include <cstdint>
 #include <map>
@@ -28,7 +30,7 @@ struct RunOptions {
   /// Every random node derives its stream from (seed, node key, epoch): a new epoch reshuffles.
   std::uint64_t epoch = 0;
   /// Unset: taken from the environment (RANK/WORLD_SIZE or Open MPI's variables) with one worker.
-  std::optional<Layout> layout;
+  std::optional<Layout> layout{};
   /// Run the workers one after another in the consumer's thread instead of on the engine's threads.
   /// The stream is the same either way; this is the single-threaded reference.
   bool inline_workers = false;
@@ -49,8 +51,8 @@ struct EngineOptions {
 
 /// Per-node figures of a Run (`RunOptions::collect_stats`).
 struct NodeStats {
-  std::string key;
-  std::string kind;
+  std::string key{};
+  std::string kind{};
   std::uint32_t instance = 0;
   std::uint64_t elements = 0;  // yielded
   double seconds = 0;          // inside pull(), inputs included
@@ -113,6 +115,43 @@ class Run {
     ++delivered_;
     return std::move(buf_[head_++]);
   }
+
+  /// The input iterator of `for (auto&& x : run)`. It owns the current element by value, so a
+  /// reference to it stays valid until the iterator moves on; it is move-only and single-pass, like
+  /// the stream. Each step is a `next()`: the loop continues from wherever the run is, a `break`
+  /// leaves the run positioned just after the element the body last saw (a snapshot taken in the
+  /// body or after the loop resumes at the element after it), and errors are thrown from `++`.
+  class iterator {
+   public:
+    using iterator_concept = std::input_iterator_tag;
+    using value_type = T;
+    using difference_type = std::ptrdiff_t;
+
+    iterator() = default;
+    iterator(iterator&&) noexcept = default;
+    iterator& operator=(iterator&&) noexcept = default;
+
+    T& operator*() const { return *current_; }
+    T* operator->() const { return &*current_; }
+    iterator& operator++() {
+      current_ = run_->next();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) { return !it.current_; }
+
+   private:
+    friend class Run;
+    explicit iterator(Run& run) : run_(&run), current_(run.next()) {}
+
+    Run* run_ = nullptr;
+    mutable std::optional<T> current_;
+  };
+
+  /// Pulls the next element (as `next()` does) into the returned iterator; the end is
+  /// std::default_sentinel. Do not move the Run while iterating it.
+  iterator begin() { return iterator(*this); }
+  std::default_sentinel_t end() const { return {}; }
 
   /// The complete state at the consumer's position: production pauses (each busy worker finishes the
   /// chunk it is on), every node on every worker is saved together with the elements produced but not

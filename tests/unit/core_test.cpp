@@ -1,7 +1,9 @@
 // Codec, checksum, generator, graph and option checks.
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <map>
+#include <ranges>
 #include <set>
 
 #include "dpipe/builtins.hpp"
@@ -286,6 +288,77 @@ TEST(NodeErrors, AFailureRestoredFromASnapshotStillNestsItsCause) {
     }
   }
   EXPECT_EQ(FailureRecord{}.to_exception(), nullptr);
+}
+
+
+// A Run is an input range: the loop yields what next() yields, each element owned by the iterator until
+// it moves on, and a break leaves the run just after the element the body saw.
+static_assert(std::input_iterator<Run<std::vector<std::int64_t>>::iterator>);
+static_assert(std::ranges::input_range<Run<std::vector<std::int64_t>>>);
+static_assert(std::sentinel_for<std::default_sentinel_t, Run<std::int64_t>::iterator>);
+
+TEST(Run, IsARangeOverTheSameStreamAsNext) {
+  const auto p = range(0, 1000) | shuffle({.buffer = 64}) | sharding_filter() | batch({.size = 7});
+  const auto o = testing::options(3);
+  const auto expected = testing::collect(p, o);
+  Engine e;
+  auto run = e.start(p, o);
+  std::vector<std::vector<std::int64_t>> seen;
+  for (auto&& b : run) {
+    const std::int64_t* data = b.data();
+    seen.push_back(b);  // a copy: `b` is still the iterator's own element, unchanged
+    ASSERT_EQ(b.data(), data);
+    ASSERT_EQ(seen.back(), b);
+  }
+  EXPECT_EQ(seen, expected);
+  EXPECT_EQ(run.delivered(), expected.size());
+  EXPECT_FALSE(run.next());
+  EXPECT_TRUE(run.begin() == run.end());  // an ended run stays ended
+}
+
+TEST(Run, ALoopContinuesFromNextAndABreakLosesNothing) {
+  const auto p = range(0, 500) | shuffle({.buffer = 32}) | sharding_filter() | map([](std::int64_t x) { return x * 3; });
+  const auto o = testing::options(2);
+  const auto expected = testing::collect(p, o);
+  Engine e;
+  auto run = e.start(p, o);
+  std::vector<std::int64_t> seen;
+  for (int i = 0; i < 10; ++i) seen.push_back(*run.next());
+  for (auto&& x : run) {
+    seen.push_back(x);
+    if (seen.size() == 100) break;
+  }
+  EXPECT_EQ(run.delivered(), 100u);
+  const std::string bytes = run.snapshot().to_bytes();
+  for (auto x : run) {  // by value works too
+    seen.push_back(x);
+    if (seen.size() == 200) break;
+  }
+  auto resumed = e.resume(p, Snapshot::from_bytes(bytes), o);
+  std::vector<std::int64_t> rest(seen.begin(), seen.begin() + 100);
+  for (auto&& x : resumed) rest.push_back(x);
+  EXPECT_EQ(rest, expected);
+  EXPECT_EQ(std::vector<std::int64_t>(seen.begin(), seen.end()),
+            std::vector<std::int64_t>(expected.begin(), expected.begin() + 200));
+}
+
+TEST(Run, ALoopRethrowsAWorkerFailure) {
+  const auto p = range(0, 100) | map([](std::int64_t x) {
+                   if (x == 40) throw std::runtime_error("boom");
+                   return x;
+                 });
+  Engine e;
+  auto run = e.start(p, testing::options(1));
+  std::int64_t count = 0;
+  EXPECT_THROW(
+      {
+        for (auto&& x : run) {
+          EXPECT_EQ(x, count);
+          ++count;
+        }
+      },
+      NodeError);
+  EXPECT_EQ(count, 40);
 }
 
 }  // namespace

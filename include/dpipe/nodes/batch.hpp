@@ -24,7 +24,7 @@ struct BatchState {
 struct BatchOptions {
   std::int64_t size = 1;
   bool drop_last = false;
-  std::string name;
+  std::string name{};
 };
 
 template <Snapshottable T>

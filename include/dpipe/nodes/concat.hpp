@@ -11,7 +11,7 @@
 namespace dpipe {
 
 struct ConcatOptions {
-  std::string name;
+  std::string name{};
 };
 
 /// Shared by the multi-input nodes: the inputs' definitions, typed and untyped.

@@ -12,8 +12,8 @@
 namespace dpipe {
 
 struct CycleOptions {
-  std::optional<std::int64_t> count;  // nullopt: forever
-  std::string name;
+  std::optional<std::int64_t> count{};  // nullopt: forever
+  std::string name{};
 };
 
 /// The epoch an upstream sees in `pass` of a cycle whose own epoch is `epoch`: pass 0 keeps it, so a

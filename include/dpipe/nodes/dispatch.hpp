@@ -38,7 +38,7 @@ struct DispatchState {
 };
 
 struct DispatchOptions {
-  std::string name;
+  std::string name{};
 };
 
 inline constexpr struct RoundRobin {

@@ -10,7 +10,7 @@
 namespace dpipe {
 
 struct FilterOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class T, class Pred>

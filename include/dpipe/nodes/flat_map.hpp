@@ -22,7 +22,7 @@ struct FlatMapState {
 };
 
 struct FlatMapOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class In, class Fn>

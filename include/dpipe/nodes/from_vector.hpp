@@ -12,7 +12,7 @@
 namespace dpipe {
 
 struct FromVectorOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class T>

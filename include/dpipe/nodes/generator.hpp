@@ -23,7 +23,7 @@ struct GeneratorContext {
 };
 
 struct GeneratorOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class Factory>

@@ -33,7 +33,7 @@ struct LineBlocksOptions {
   bool shuffle_shards = true;
   /// A block ends after the last whole line within this many bytes of its start (at least one line).
   std::int64_t block_bytes = 64 << 10;
-  std::string name;
+  std::string name{};
 };
 
 namespace detail {

@@ -21,7 +21,7 @@ struct LinesOptions {
   std::int64_t logical_shards = 64;
   std::int64_t epochs = 1;
   bool shuffle_shards = true;
-  std::string name;
+  std::string name{};
 };
 
 class LinesDef final : public NodeDef<std::string> {

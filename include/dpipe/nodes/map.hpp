@@ -11,7 +11,7 @@
 namespace dpipe {
 
 struct MapOptions {
-  std::string name;
+  std::string name{};
 };
 
 /// A function object may describe itself for the fingerprint with `Params describe() const`.

@@ -42,7 +42,7 @@ struct MergeState {
 };
 
 struct MergeOptions {
-  std::string name;
+  std::string name{};
 };
 
 /// How many elements each worker may run ahead of the consumer, and per pull. Batches, other vectors

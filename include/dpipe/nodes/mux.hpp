@@ -13,7 +13,7 @@
 namespace dpipe {
 
 struct MuxOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <Snapshottable T>

@@ -16,7 +16,7 @@ namespace dpipe {
 
 struct ParallelMapOptions {
   std::int64_t max_in_flight = 64;
-  std::string name;
+  std::string name{};
 };
 
 template <class In, class Fn>

@@ -13,7 +13,7 @@ namespace dpipe {
 
 struct PrefetchOptions {
   std::int64_t depth = 8;
-  std::string name;
+  std::string name{};
 };
 
 template <class T>

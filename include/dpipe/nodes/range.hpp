@@ -11,7 +11,7 @@ namespace dpipe {
 
 struct RangeOptions {
   std::int64_t step = 1;
-  std::string name;
+  std::string name{};
 };
 
 class RangeDef final : public NodeDef<std::int64_t>, public RandomAccess<std::int64_t> {

@@ -25,7 +25,7 @@ enum class OnDataError { fail, skip };
 
 struct RecordsOptions {
   OnDataError on_error = OnDataError::fail;
-  std::string name;
+  std::string name{};
 };
 
 /// Writes `records` as a TFRecord file, atomically (temporary file, fsync, rename).

@@ -11,7 +11,7 @@
 namespace dpipe {
 
 struct RepeatOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <Snapshottable T>

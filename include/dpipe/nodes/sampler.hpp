@@ -23,7 +23,7 @@ enum class SamplerShuffle { none, global };
 struct SamplerOptions {
   SamplerShuffle shuffle = SamplerShuffle::global;
   std::int64_t epochs = 1;
-  std::string name;
+  std::string name{};
 };
 
 template <class T>

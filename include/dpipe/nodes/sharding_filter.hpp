@@ -16,7 +16,7 @@ struct ShardingOptions {
   ShardLevel level = ShardLevel::all;
   std::int64_t num_shards = 0;  // > 0 overrides the layout (with shard_id); 0: the level decides
   std::int64_t shard_id = 0;
-  std::string name;
+  std::string name{};
 };
 
 inline const char* to_string(ShardLevel l) {

@@ -27,7 +27,7 @@ struct ShuffleState {
 
 struct ShuffleOptions {
   std::int64_t buffer = 10'000;
-  std::string name;
+  std::string name{};
 };
 
 template <Snapshottable T>

@@ -10,7 +10,7 @@
 namespace dpipe {
 
 struct TakeOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class T>

@@ -24,7 +24,7 @@ enum class TokenType { uint16, uint32 };
 struct TokenWindowsOptions {
   TokenType dtype = TokenType::uint16;
   std::int64_t seq_len = 1024;
-  std::string name;
+  std::string name{};
 };
 
 template <class Token = std::int64_t>

@@ -11,7 +11,7 @@
 namespace dpipe {
 
 struct UnbatchOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <Snapshottable T>

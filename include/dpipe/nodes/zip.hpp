@@ -14,7 +14,7 @@
 namespace dpipe {
 
 struct ZipOptions {
-  std::string name;
+  std::string name{};
 };
 
 template <class... Ts>
