@@ -4,9 +4,9 @@
 // the same generator, so the ratios hold on a noisy machine.
 #include <benchmark/benchmark.h>
 
-#include "dpipe/builtins.hpp"
+#include "builtins.hpp"
 #include "dpipe/dpipe.hpp"
-#include "dpipe/spec.hpp"
+#include "json_spec.hpp"
 #include "ratio_reporter.hpp"
 
 namespace {

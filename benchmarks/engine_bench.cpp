@@ -14,7 +14,7 @@
 
 #include <chrono>
 
-#include "dpipe/builtins.hpp"
+#include "builtins.hpp"
 #include "dpipe/dpipe.hpp"
 #include "paired.hpp"
 #include "ratio_reporter.hpp"

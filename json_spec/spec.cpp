@@ -1,7 +1,7 @@
 // The JSON spec front end: reads a spec, and for each node the op's parameters, which it hands to the
 // node kind's own builder (`XKind::from_spec`, in the kind's header). The op table is made from the list
 // of kinds (dpipe/kinds.hpp); the functions a spec names by "fn" are this front end's builtins.
-#include "dpipe/spec.hpp"
+#include "json_spec.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -10,13 +10,11 @@
 #include <optional>
 #include <set>
 
-#include "dpipe/builtins.hpp"
+#include "builtins.hpp"
 #include "dpipe/kinds.hpp"
 #include "../serialize/json_text.hpp"
 
 namespace dpipe {
-
-void SpecElement<SpecStr>::append_json(std::string& out, const SpecStr& v) { append_json_string(out, v); }
 
 namespace {
 

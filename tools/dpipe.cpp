@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dpipe/dpipe.hpp"
-#include "dpipe/spec.hpp"
+#include "json_spec.hpp"
 
 namespace {
 

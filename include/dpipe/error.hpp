@@ -53,8 +53,8 @@ class NodeError : public Error, public std::nested_exception {
 /// A failure as a snapshot records it: a worker that failed ahead of the consumer has a chain that is
 /// past the failure, so the failure itself is saved and raised again at the same point on restore.
 struct FailureRecord {
-  std::string cause;  // empty: no failure
-  std::string node;
+  std::string cause{};  // empty: no failure
+  std::string node{};
   std::int64_t worker = -1;
 
   static FailureRecord of(const std::exception_ptr& e) {

@@ -65,7 +65,31 @@ struct SpecElement<SpecInt> {
 template <>
 struct SpecElement<SpecStr> {
   static std::string name() { return "string"; }
-  static void append_json(std::string& out, const SpecStr& v);  // escaped; bytes that are not UTF-8 as \u00XX
+  /// A JSON string: quotes, backslashes and control characters escaped; other bytes as they are.
+  static void append_json(std::string& out, const SpecStr& v) {
+    out += '"';
+    for (const char ch : v) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += ch;
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\r') {
+        out += "\\r";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (c < 0x20) {
+        static constexpr char kHex[] = "0123456789abcdef";
+        out += "\\u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+      } else {
+        out += ch;
+      }
+    }
+    out += '"';
+  }
 };
 template <class T>
 struct SpecElement<std::vector<T>> {
@@ -160,17 +184,5 @@ class SpecPipeline {
 inline std::string SpecPipeline::type_name() const {
   return visit([]<class T>(const Pipeline<T>&) { return SpecElement<T>::name(); });
 }
-
-struct Spec {
-  std::uint64_t seed = 0;
-  SpecPipeline pipeline;
-};
-
-/// Parses and builds a JSON spec; a ConfigError names the node by its position and kind
-/// (`pipeline[2] (batch): size must be positive, got 0`).
-Spec parse_spec(std::string_view json_text);
-
-/// The op names the JSON front end knows, in registry order.
-std::vector<std::string> spec_ops();
 
 }  // namespace dpipe

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "dpipe/builtins.hpp"
+#include "builtins.hpp"
 #include "dpipe/dpipe.hpp"
 #include "../test_util.hpp"
 

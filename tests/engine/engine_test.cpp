@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "dpipe/builtins.hpp"
+#include "builtins.hpp"
 #include "dpipe/dpipe.hpp"
 #include "../test_util.hpp"
 

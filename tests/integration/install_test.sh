@@ -24,9 +24,9 @@ pc=$(find "$WORK/stage" -name dpipe.pc | head -n1)
 incdir=$(dirname "$(find "$WORK/stage" -path '*include/dpipe/dpipe.hpp' | head -n1)")
 [ -f "$incdir/nodes/shuffle.hpp" ] || fail "headers missing"
 
-# What is installed is complete: the spec front end's headers (its library is the tool's, not
+# What is installed is complete: the JSON spec front end's headers (its library is the tool's, not
 # installed) stay out, and every header an installed header includes is installed.
-for h in spec.hpp builtins.hpp; do [ ! -e "$incdir/$h" ] || fail "dpipe/$h is installed, its library is not"; done
+for h in json_spec.hpp builtins.hpp; do [ ! -e "$incdir/$h" ] || fail "dpipe/$h is installed, its library is not"; done
 (cd "$incdir/.." && grep -rhoE '#include "dpipe/[^"]+"' dpipe | sort -u | sed 's/#include "//; s/"$//') |
   while read -r inc; do [ -f "$incdir/../$inc" ] || fail "an installed header includes $inc, which is not installed"; done
 

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "dpipe/dpipe.hpp"
-#include "dpipe/spec.hpp"
+#include "json_spec.hpp"
 
 namespace dpipe {
 namespace {

@@ -6,7 +6,7 @@
 #include <ranges>
 #include <set>
 
-#include "dpipe/builtins.hpp"
+#include "builtins.hpp"
 #include "dpipe/crc32c.hpp"
 #include "dpipe/dpipe.hpp"
 #include "../test_util.hpp"

@@ -108,8 +108,8 @@ class LineShardTable {
 /// not finished, as three parallel lists (work item, segment, byte offset with kUnaligned when the
 /// offset is not yet at a line start).
 struct LineShardsState {
-  DealState deal;
-  std::vector<std::uint64_t> started_items, started_segments, started_offsets;
+  DealState deal{};
+  std::vector<std::uint64_t> started_items{}, started_segments{}, started_offsets{};
   template <class A>
   void fields(A& a) {
     deal.fields(a);

@@ -28,7 +28,7 @@ inline void check_position_count(std::uint64_t per_epoch, std::uint64_t epochs, 
 /// The saved part of a PositionDeal.
 struct DealState {
   std::uint64_t base = 0, stride = 1, offset = 0, next = 0;
-  std::vector<std::uint64_t> skip;  // sorted
+  std::vector<std::uint64_t> skip{};  // sorted
   template <class A>
   void fields(A& a) {
     a("base", base);

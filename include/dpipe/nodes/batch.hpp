@@ -12,7 +12,7 @@ namespace dpipe {
 /// A batch's saved state. `Elems` is std::vector<T> in the node, ElementBlobs in its rescale rule.
 template <class Elems>
 struct BatchState {
-  Elems partial;  // may hold a batch or more after a rescale: those are emitted first
+  Elems partial{};  // may hold a batch or more after a rescale: those are emitted first
   bool input_done = false;
   template <class A>
   void fields(A& a) {

@@ -26,7 +26,7 @@ struct DispatchState {
   bool owner = false;
   std::uint64_t next_worker = 0;
   bool prefix_done = false;
-  std::vector<Elems> backlogs;
+  std::vector<Elems> backlogs{};
   template <class A>
   void fields(A& a) {
     a("owner", owner);

@@ -14,7 +14,7 @@ namespace dpipe {
 /// in the node, ElementBlobs in its rescale rule.
 template <class Elems>
 struct FlatMapState {
-  Elems pending;
+  Elems pending{};
   template <class A>
   void fields(A& a) {
     a("pending", pending);

@@ -21,12 +21,12 @@ namespace dpipe {
 template <class Elems>
 struct MergeState {
   struct Lane {
-    Elems pending;
+    Elems pending{};
     bool done = false;
-    FailureRecord failure;
+    FailureRecord failure{};
   };
   std::uint64_t cursor = 0;
-  std::vector<Lane> lanes;
+  std::vector<Lane> lanes{};
   template <class A>
   void fields(A& a) {
     a("cursor", cursor);

@@ -14,8 +14,8 @@ namespace dpipe {
 /// A shuffle's saved state. `Elems` is std::vector<T> in the node, ElementBlobs in its rescale rule.
 template <class Elems>
 struct ShuffleState {
-  Elems buffer;  // may hold more than the buffer size after a rescale: it drains down first
-  Rng rng;
+  Elems buffer{};  // may hold more than the buffer size after a rescale: it drains down first
+  Rng rng{};
   bool input_done = false;
   template <class A>
   void fields(A& a) {

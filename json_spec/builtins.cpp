@@ -1,4 +1,4 @@
-#include "dpipe/builtins.hpp"
+#include "builtins.hpp"
 
 #include <chrono>
 

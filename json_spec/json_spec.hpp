@@ -1,0 +1,25 @@
+#pragma once
+/// The JSON spec front end (the `dpipe` tool's): a spec's JSON text → a typed pipeline, through each node
+/// kind's own builder (dpipe/spec.hpp). Not installed: a C++ user writes the pipeline itself.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dpipe/spec.hpp"
+
+namespace dpipe {
+
+struct Spec {
+  std::uint64_t seed = 0;
+  SpecPipeline pipeline;
+};
+
+/// Parses and builds a JSON spec; a ConfigError names the node by its position and kind
+/// (`pipeline[2] (batch): size must be positive, got 0`).
+Spec parse_spec(std::string_view json_text);
+
+/// The op names the JSON front end knows, in registry order.
+std::vector<std::string> spec_ops();
+
+}  // namespace dpipe
