@@ -7,7 +7,7 @@
 #include "dpipe/codec.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/text_block.hpp"
-#include "json_text.hpp"
+#include "element_json.hpp"
 
 namespace dpipe {
 namespace {
@@ -40,52 +40,43 @@ bool parse_tag(std::string_view& s, TagNode& node, int depth) {
   return true;
 }
 
-template <class N>
-void number(ByteReader& r, JsonText& j) {
-  j.number(r.get<N>());
-}
+using Json = nlohmann::ordered_json;
 
-bool decode(const TagNode& t, ByteReader& r, JsonText& j) {
+bool decode(const TagNode& t, ByteReader& r, Json& j) {
   const auto& n = t.name;
   if (t.args.empty()) {
-    if (n == "i64") number<std::int64_t>(r, j);
-    else if (n == "u64") number<std::uint64_t>(r, j);
-    else if (n == "i32") number<std::int32_t>(r, j);
-    else if (n == "u32") number<std::uint32_t>(r, j);
-    else if (n == "i16") number<std::int16_t>(r, j);
-    else if (n == "u16") number<std::uint16_t>(r, j);
-    else if (n == "i8") j.number(static_cast<int>(r.get<std::int8_t>()));
-    else if (n == "u8") j.number(static_cast<unsigned>(r.get<std::uint8_t>()));
-    else if (n == "f32") number<float>(r, j);
-    else if (n == "f64") number<double>(r, j);
-    else if (n == "bool") j.boolean(r.get<std::uint8_t>() != 0);
-    else if (n == "str") j.string(r.str());
+    if (n == "i64") j = r.get<std::int64_t>();
+    else if (n == "u64") j = r.get<std::uint64_t>();
+    else if (n == "i32") j = r.get<std::int32_t>();
+    else if (n == "u32") j = r.get<std::uint32_t>();
+    else if (n == "i16") j = r.get<std::int16_t>();
+    else if (n == "u16") j = r.get<std::uint16_t>();
+    else if (n == "i8") j = static_cast<int>(r.get<std::int8_t>());
+    else if (n == "u8") j = static_cast<unsigned>(r.get<std::uint8_t>());
+    else if (n == "f32") j = r.get<float>();
+    else if (n == "f64") j = r.get<double>();
+    else if (n == "bool") j = r.get<std::uint8_t>() != 0;
+    else if (n == "str") j = std::string(r.str());
     else if (n == "text_block") {  // a line_blocks element: the list of its lines
       const TextBlock b = Codec<TextBlock>::decode(r);
-      j.begin_array();
-      for (std::string_view line : b) j.string(line);
-      j.end_array();
+      j = Json::array();
+      for (std::string_view line : b) j.push_back(std::string(line));
     } else return false;
     return true;
   }
-  if (n == "vec" && t.args.size() == 1) {
-    const std::size_t count = r.length(1);
-    j.begin_array();
-    for (std::size_t i = 0; i < count; ++i)
-      if (!decode(t.args[0], r, j)) return false;
-    j.end_array();
-    return true;
-  }
-  if (n == "tup") {
-    j.begin_array();
-    for (const auto& a : t.args)
-      if (!decode(a, r, j)) return false;
-    j.end_array();
+  if ((n == "vec" && t.args.size() == 1) || n == "tup") {
+    const std::size_t count = n == "vec" ? r.length(1) : t.args.size();
+    j = Json::array();
+    for (std::size_t i = 0; i < count; ++i) {
+      Json item;
+      if (!decode(n == "vec" ? t.args[0] : t.args[i], r, item)) return false;
+      j.push_back(std::move(item));
+    }
     return true;
   }
   if (n == "opt" && t.args.size() == 1) {
     const auto has = r.get<std::uint8_t>();
-    if (has == 0) { j.raw("null"); return true; }
+    if (has == 0) { j = nullptr; return true; }
     return has == 1 && decode(t.args[0], r, j);
   }
   return false;
@@ -93,19 +84,26 @@ bool decode(const TagNode& t, ByteReader& r, JsonText& j) {
 
 }  // namespace
 
-bool element_to_json(std::string_view tag, std::string_view bytes, std::string& out) {
+bool element_to_ordered_json(std::string_view tag, std::string_view bytes, nlohmann::ordered_json& out) {
   TagNode t;
   std::string_view s = tag;
   if (!parse_tag(s, t, 0) || !s.empty()) return false;
   try {
     ByteReader r(bytes, "element");
-    JsonText j;
+    Json j;
     if (!decode(t, r, j) || !r.done()) return false;
-    out = j.take();
+    out = std::move(j);
     return true;
   } catch (const SnapshotError&) {
     return false;
   }
+}
+
+bool element_to_json(std::string_view tag, std::string_view bytes, std::string& out) {
+  Json j;
+  if (!element_to_ordered_json(tag, bytes, j)) return false;
+  out = dump_json(j);
+  return true;
 }
 
 }  // namespace dpipe

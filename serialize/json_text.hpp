@@ -1,11 +1,11 @@
 #pragma once
-// A small streaming JSON writer for snapshot renderings and the tool's output; commas are automatic.
-#include <cmath>
+// The fast half of dpipe's JSON: string escaping for the element lines the tool writes (the hot path),
+// and hex renderings. Everything else (snapshot renderings, the tool's stats and summaries) is built as
+// nlohmann::ordered_json.
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace dpipe {
 
@@ -47,52 +47,5 @@ inline std::string hex_bytes(std::string_view b) {
   }
   return s;
 }
-
-class JsonText {
- public:
-  JsonText& begin_object() { value_start(); out_ += '{'; first_.push_back(true); return *this; }
-  JsonText& end_object() { out_ += '}'; first_.pop_back(); return *this; }
-  JsonText& begin_array() { value_start(); out_ += '['; first_.push_back(true); return *this; }
-  JsonText& end_array() { out_ += ']'; first_.pop_back(); return *this; }
-  JsonText& key(std::string_view k) {
-    comma();
-    append_json_string(out_, k);
-    out_ += ':';
-    after_key_ = true;
-    return *this;
-  }
-  JsonText& string(std::string_view s) { value_start(); append_json_string(out_, s); return *this; }
-  template <class N>
-  JsonText& number(N v) {
-    value_start();
-    if constexpr (std::is_floating_point_v<N>) {
-      if (!std::isfinite(v)) { out_ += "null"; return *this; }
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.17g", static_cast<double>(v));
-      out_ += buf;
-    } else {
-      out_ += std::to_string(v);
-    }
-    return *this;
-  }
-  JsonText& boolean(bool b) { value_start(); out_ += b ? "true" : "false"; return *this; }
-  JsonText& raw(std::string_view json) { value_start(); out_ += json; return *this; }
-  std::string take() { return std::move(out_); }
-
- private:
-  void comma() {
-    if (!first_.empty()) {
-      if (!first_.back()) out_ += ',';
-      first_.back() = false;
-    }
-  }
-  void value_start() {
-    if (after_key_) after_key_ = false;
-    else comma();
-  }
-  std::string out_;
-  std::vector<bool> first_;
-  bool after_key_ = false;
-};
 
 }  // namespace dpipe
