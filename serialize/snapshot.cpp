@@ -14,7 +14,6 @@
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/codec.hpp"
 #include "dpipe/crc32c.hpp"
-#include "element_json.hpp"
 #include "json_text.hpp"
 
 namespace dpipe {
@@ -324,62 +323,6 @@ Snapshot Snapshot::read_file(const std::string& path) {
   } catch (const SnapshotError& e) {
     throw SnapshotError("'" + path + "': " + e.what());
   }
-}
-
-std::string Snapshot::to_json() const {
-  using Json = nlohmann::ordered_json;
-  Json graph = Json::array();
-  for (const auto& n : meta.graph) {
-    Json node = {{"key", n.key}, {"kind", n.kind}, {"element_type", n.element_type}};
-    if (!n.segment.empty()) node["segment"] = n.segment;
-    if (!n.params.empty()) {
-      Json& params = node["params"] = Json::object();
-      for (const auto& [k, v] : n.params) params[k] = v;
-    }
-    graph.push_back(std::move(node));
-  }
-  Json rendered_states = Json::array();
-  for (const auto& s : states) {
-    Json fields = Json::object();
-    for (const auto& f : s.fields) {
-      switch (f.type) {
-        case FieldType::u64: fields[f.name] = f.u; break;
-        case FieldType::i64: fields[f.name] = f.i; break;
-        case FieldType::str: fields[f.name] = f.s; break;
-        case FieldType::elements: {
-          Json values = Json::array();
-          for (std::size_t i = 0; i < f.elements.size(); ++i) {
-            Json v;
-            if (!element_to_ordered_json(f.elements.tag, f.elements.at(i), v)) v = "0x" + hex_bytes(f.elements.at(i));
-            values.push_back(std::move(v));
-          }
-          fields[f.name] = {{"type", f.elements.tag},
-                            {"count", f.elements.size()},
-                            {"bytes", f.elements.data.size()},
-                            {"values", std::move(values)}};
-          break;
-        }
-      }
-    }
-    rendered_states.push_back({{"key", s.key},
-                               {"kind", s.kind},
-                               {"instance", s.instance},
-                               {"mode", to_string(s.mode)},
-                               {"fields", std::move(fields)}});
-  }
-  Json user = Json::object();
-  for (const auto& [k, v] : meta.user_metadata) user[k] = v;
-  const Json j = {{"format_version", meta.format_version ? meta.format_version : kFormatVersion},
-                  {"fingerprint", hex64(meta.fingerprint)},
-                  {"seed", meta.seed},
-                  {"epoch", meta.epoch},
-                  {"layout",
-                   {{"rank", meta.layout.rank}, {"world_size", meta.layout.world_size}, {"num_workers", meta.layout.num_workers}}},
-                  {"elements_delivered", meta.elements_delivered},
-                  {"user_metadata", std::move(user)},
-                  {"graph", std::move(graph)},
-                  {"states", std::move(rendered_states)}};
-  return dump_json(j);
 }
 
 }  // namespace dpipe
