@@ -153,7 +153,12 @@ AtomicFileWriter::AtomicFileWriter(std::string path, AtomicWriteOptions options)
                       std::strerror(err));
     }
   }
-  if (exists && ::fchmod(fd_, st.st_mode & 07777) != 0) fail("cannot set the permissions of", errno);
+  if (exists && ::fchmod(fd_, st.st_mode & 07777) != 0) {
+    const int err = errno;
+    ::close(fd_);  // the destructor does not run when the constructor throws
+    ::unlink(temp_.c_str());
+    fail("cannot set the permissions of", err);
+  }
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
