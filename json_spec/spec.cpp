@@ -12,7 +12,6 @@
 
 #include "builtins.hpp"
 #include "dpipe/kinds.hpp"
-#include "../serialize/json_text.hpp"
 
 namespace dpipe {
 

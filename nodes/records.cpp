@@ -3,12 +3,9 @@
 
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
-#include <fcntl.h>
-#include <unistd.h>
 
+#include "dpipe/atomic_file.hpp"
 #include "dpipe/crc32c.hpp"
 
 namespace dpipe {
@@ -99,32 +96,16 @@ RecordsDef::RecordsDef(const std::vector<std::string>& files, RecordsOptions o)
 }
 
 void write_records(const std::string& path, const std::vector<std::string>& records) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw DataError("cannot create records file '" + tmp + "'");
-    for (const auto& r : records) {
-      const std::uint64_t len = r.size();
-      const std::uint32_t len_crc = masked_crc32c(&len, 8), data_crc = masked_crc32c(r.data(), r.size());
-      out.write(reinterpret_cast<const char*>(&len), 8);
-      out.write(reinterpret_cast<const char*>(&len_crc), 4);
-      out.write(r.data(), static_cast<std::streamsize>(r.size()));
-      out.write(reinterpret_cast<const char*>(&data_crc), 4);
-    }
-    out.flush();
-    if (!out) throw DataError("cannot write records file '" + tmp + "'");
+  AtomicFileWriter out(path);
+  for (const auto& r : records) {
+    const std::uint64_t len = r.size();
+    const std::uint32_t len_crc = masked_crc32c(&len, 8), data_crc = masked_crc32c(r.data(), r.size());
+    out.write({reinterpret_cast<const char*>(&len), 8});
+    out.write({reinterpret_cast<const char*>(&len_crc), 4});
+    out.write(r);
+    out.write({reinterpret_cast<const char*>(&data_crc), 4});
   }
-  const int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw DataError("cannot move records file into place at '" + path + "'");
-  }
+  out.commit();
 }
 
 }  // namespace dpipe

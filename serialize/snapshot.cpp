@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "dpipe/atomic_file.hpp"
 #include "dpipe/codec.hpp"
 #include "dpipe/crc32c.hpp"
 #include "json_text.hpp"
@@ -298,42 +299,7 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
   return s;
 }
 
-void Snapshot::write_file(const std::string& path) const {
-  const std::string bytes = to_bytes();
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw SnapshotError("cannot write snapshot '" + tmp + "': " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t k = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw SnapshotError("cannot write snapshot '" + tmp + "': " + std::strerror(e));
-    }
-    done += static_cast<std::size_t>(k);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw SnapshotError("cannot flush snapshot '" + tmp + "': " + std::strerror(e));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw SnapshotError("cannot move snapshot into place at '" + path + "': " + std::strerror(e));
-  }
-  // Make the rename itself durable.
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
+void Snapshot::write_file(const std::string& path) const { write_file_atomically(path, to_bytes()); }
 
 Snapshot Snapshot::read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -357,76 +323,6 @@ Snapshot Snapshot::read_file(const std::string& path) {
   } catch (const SnapshotError& e) {
     throw SnapshotError("'" + path + "': " + e.what());
   }
-}
-
-std::string Snapshot::to_json() const {
-  JsonText j;
-  j.begin_object();
-  j.key("format_version").number(meta.format_version ? meta.format_version : kFormatVersion);
-  j.key("fingerprint").string(hex64(meta.fingerprint));
-  j.key("seed").number(meta.seed);
-  j.key("epoch").number(meta.epoch);
-  j.key("layout").begin_object();
-  j.key("rank").number(meta.layout.rank);
-  j.key("world_size").number(meta.layout.world_size);
-  j.key("num_workers").number(meta.layout.num_workers);
-  j.end_object();
-  j.key("elements_delivered").number(meta.elements_delivered);
-  j.key("user_metadata").begin_object();
-  for (const auto& [k, v] : meta.user_metadata) j.key(k).string(v);
-  j.end_object();
-  j.key("graph").begin_array();
-  for (const auto& n : meta.graph) {
-    j.begin_object();
-    j.key("key").string(n.key);
-    j.key("kind").string(n.kind);
-    j.key("element_type").string(n.element_type);
-    if (!n.segment.empty()) j.key("segment").string(n.segment);
-    if (!n.params.empty()) {
-      j.key("params").begin_object();
-      for (const auto& [k, v] : n.params) j.key(k).string(v);
-      j.end_object();
-    }
-    j.end_object();
-  }
-  j.end_array();
-  j.key("states").begin_array();
-  for (const auto& s : states) {
-    j.begin_object();
-    j.key("key").string(s.key);
-    j.key("kind").string(s.kind);
-    j.key("instance").number(s.instance);
-    j.key("mode").string(to_string(s.mode));
-    j.key("fields").begin_object();
-    for (const auto& f : s.fields) {
-      j.key(f.name);
-      switch (f.type) {
-        case FieldType::u64: j.number(f.u); break;
-        case FieldType::i64: j.number(f.i); break;
-        case FieldType::str: j.string(f.s); break;
-        case FieldType::elements: {
-          j.begin_object();
-          j.key("type").string(f.elements.tag);
-          j.key("count").number(f.elements.size());
-          j.key("bytes").number(f.elements.data.size());
-          j.key("values").begin_array();
-          for (std::size_t i = 0; i < f.elements.size(); ++i) {
-            std::string v;
-            if (element_to_json(f.elements.tag, f.elements.at(i), v)) j.raw(v);
-            else j.string("0x" + hex_bytes(f.elements.at(i)));
-          }
-          j.end_array();
-          j.end_object();
-          break;
-        }
-      }
-    }
-    j.end_object();
-    j.end_object();
-  }
-  j.end_array();
-  j.end_object();
-  return j.take();
 }
 
 }  // namespace dpipe

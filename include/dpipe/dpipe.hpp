@@ -1,5 +1,6 @@
 #pragma once
 /// dpipe: typed dataflow pipelines for ML input, with exact snapshots. Include this for everything.
+#include "dpipe/atomic_file.hpp"
 #include "dpipe/engine.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/graph.hpp"

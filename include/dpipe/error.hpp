@@ -31,6 +31,13 @@ class DataError : public Error {
   using Error::Error;
 };
 
+/// A file cannot be written, or its path names what dpipe never replaces (a directory, a device, a
+/// FIFO); see atomic_file.hpp. The message names the path and the reason.
+class FileError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A user function threw. The original exception is nested (std::rethrow_if_nested).
 class NodeError : public Error, public std::nested_exception {
  public:

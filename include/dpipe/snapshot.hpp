@@ -87,7 +87,8 @@ class Snapshot {
   std::string to_bytes() const;
   /// Parses and verifies bytes (magic, version, lengths, checksums); throws SnapshotError.
   static Snapshot from_bytes(std::string_view bytes);
-  /// Writes atomically: temporary file in the same folder, fsync, rename, fsync of the folder.
+  /// Writes atomically (write_file_atomically: the old or the new file, never a mix; links followed,
+  /// devices and FIFOs refused); throws FileError.
   void write_file(const std::string& path) const;
   static Snapshot read_file(const std::string& path);
   /// A JSON rendering for people; native element types are decoded, others shown as hex.

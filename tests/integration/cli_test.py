@@ -137,7 +137,7 @@ def _():
     partial = lines(open(out + ".partial").read())
     assert partial == list(range(50000)), len(partial)
     assert "kept.jsonl.partial" in r.stderr, r.stderr
-    assert not glob.glob(out + ".tmp-*"), "a temporary file was left behind"
+    assert not glob.glob(os.path.join(TMP, ".kept.jsonl.dpipe-tmp.*")), "a temporary file was left behind"
     # Through a symbolic link, the file it names is replaced, keeping its permissions.
     os.chmod(out, 0o640)
     link = os.path.join(TMP, "kept-link.jsonl")
@@ -294,6 +294,53 @@ def _():
                  ["run", SPEC, "--rank", 1]):
         r = dpipe(*args, check=False)
         assert r.returncode == 2, (args, r.returncode, r.stderr)
+
+
+@case("help_describes_commands_spec_layout_and_rank")
+def _():
+    top = dpipe("--help").stdout
+    for word in ("run", "bench", "graph", "snapshot"):
+        assert word in top, top
+    run = dpipe("run", "--help").stdout
+    for text in ("SPEC", "standard input", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "{rank}", "--snapshot-out",
+                 "Excludes: --snapshot-dir", "--rescale Needs: --resume-dir"):
+        assert text in run, (text, run)
+    r = dpipe("frob", check=False)
+    assert r.returncode == 2 and "unknown command 'frob'" in r.stderr, r.stderr
+
+
+@case("files/two_outputs_links_fifos_and_stale_temporaries")
+def _():
+    small = json.dumps({"pipeline": [{"op": "range", "stop": 3}]})
+    same = os.path.join(TMP, "same.out")
+    for other in (same, os.path.join(TMP, ".", "same.out")):
+        r = dpipe("run", small, "--output", same, "--snapshot-out", other, check=False)
+        assert r.returncode == 2 and "same file" in r.stderr, r.stderr
+    open(same, "w").write("old")
+    link = os.path.join(TMP, "same-link.out")
+    os.symlink(same, link)
+    r = dpipe("run", small, "--output", same, "--snapshot-out", link, check=False)
+    assert r.returncode == 2 and "same file" in r.stderr and open(same).read() == "old", r.stderr
+    # --snapshot-out through a link replaces the file it names; a FIFO or a device is refused, unchanged.
+    snap, snap_link = os.path.join(TMP, "linked.bin"), os.path.join(TMP, "linked-link.bin")
+    open(snap, "w").write("old")
+    os.symlink(snap, snap_link)
+    dpipe("run", small, "--take", 1, "--snapshot-out", snap_link)
+    assert os.path.islink(snap_link) and "range" in dpipe("snapshot", "show", snap_link).stdout
+    fifo = os.path.join(TMP, "snap.fifo")
+    os.mkfifo(fifo)
+    r = dpipe("run", small, "--snapshot-out", fifo, check=False)
+    assert r.returncode == 1 and "FIFO" in r.stderr and fifo in r.stderr, r.stderr
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)
+    r = dpipe("run", small, "--snapshot-out", os.devnull, check=False)
+    assert r.returncode == 1 and "character device" in r.stderr, r.stderr
+    # A temporary that a killed writer left is removed by the next write to the same path.
+    child = subprocess.Popen(["true"])
+    child.wait()
+    stale = os.path.join(TMP, f".linked.bin.dpipe-tmp.{child.pid}.00ff")
+    open(stale, "w").write("half")
+    dpipe("run", small, "--take", 2, "--snapshot-out", snap)
+    assert not os.path.exists(stale), "a dead writer's temporary was left"
 
 
 @case("spec_errors_name_the_node")

@@ -28,7 +28,7 @@ struct RecordsOptions {
   std::string name{};
 };
 
-/// Writes `records` as a TFRecord file, atomically (temporary file, fsync, rename).
+/// Writes `records` as a TFRecord file through AtomicFileWriter (atomic_file.hpp); throws FileError.
 void write_records(const std::string& path, const std::vector<std::string>& records);
 
 /// The TFRecord checksum: CRC-32C rotated right by 15 bits plus a constant.

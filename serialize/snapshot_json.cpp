@@ -1,0 +1,167 @@
+// Snapshot renderings for people (`dpipe snapshot show`), built as nlohmann ordered_json: elements are
+// decoded from their type tag alone.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dpipe/codec.hpp"
+#include "dpipe/snapshot.hpp"
+#include "dpipe/text_block.hpp"
+#include "snapshot_json.hpp"
+#include "json_text.hpp"
+
+namespace dpipe {
+namespace {
+
+struct TagNode {
+  std::string name;  // i64, str, vec, tup, opt, ...
+  std::vector<TagNode> args;
+};
+
+// Parses "vec<tup<i64,str>>"; false on anything else.
+bool parse_tag(std::string_view& s, TagNode& node, int depth) {
+  if (depth > 64) return false;
+  std::size_t i = 0;
+  while (i < s.size() && s[i] != '<' && s[i] != ',' && s[i] != '>') ++i;
+  node.name = std::string(s.substr(0, i));
+  s.remove_prefix(i);
+  if (node.name.empty()) return false;
+  if (!s.empty() && s[0] == '<') {
+    s.remove_prefix(1);
+    while (true) {
+      TagNode arg;
+      if (!parse_tag(s, arg, depth + 1)) return false;
+      node.args.push_back(std::move(arg));
+      if (s.empty()) return false;
+      if (s[0] == ',') { s.remove_prefix(1); continue; }
+      if (s[0] == '>') { s.remove_prefix(1); break; }
+      return false;
+    }
+  }
+  return true;
+}
+
+using Json = nlohmann::ordered_json;
+
+bool decode(const TagNode& t, ByteReader& r, Json& j) {
+  const auto& n = t.name;
+  if (t.args.empty()) {
+    if (n == "i64") j = r.get<std::int64_t>();
+    else if (n == "u64") j = r.get<std::uint64_t>();
+    else if (n == "i32") j = r.get<std::int32_t>();
+    else if (n == "u32") j = r.get<std::uint32_t>();
+    else if (n == "i16") j = r.get<std::int16_t>();
+    else if (n == "u16") j = r.get<std::uint16_t>();
+    else if (n == "i8") j = static_cast<int>(r.get<std::int8_t>());
+    else if (n == "u8") j = static_cast<unsigned>(r.get<std::uint8_t>());
+    else if (n == "f32") j = r.get<float>();
+    else if (n == "f64") j = r.get<double>();
+    else if (n == "bool") j = r.get<std::uint8_t>() != 0;
+    else if (n == "str") j = std::string(r.str());
+    else if (n == "text_block") {  // a line_blocks element: the list of its lines
+      const TextBlock b = Codec<TextBlock>::decode(r);
+      j = Json::array();
+      for (std::string_view line : b) j.push_back(std::string(line));
+    } else return false;
+    return true;
+  }
+  if ((n == "vec" && t.args.size() == 1) || n == "tup") {
+    const std::size_t count = n == "vec" ? r.length(1) : t.args.size();
+    j = Json::array();
+    for (std::size_t i = 0; i < count; ++i) {
+      Json item;
+      if (!decode(n == "vec" ? t.args[0] : t.args[i], r, item)) return false;
+      j.push_back(std::move(item));
+    }
+    return true;
+  }
+  if (n == "opt" && t.args.size() == 1) {
+    const auto has = r.get<std::uint8_t>();
+    if (has == 0) { j = nullptr; return true; }
+    return has == 1 && decode(t.args[0], r, j);
+  }
+  return false;
+}
+
+}  // namespace
+
+bool element_to_ordered_json(std::string_view tag, std::string_view bytes, nlohmann::ordered_json& out) {
+  TagNode t;
+  std::string_view s = tag;
+  if (!parse_tag(s, t, 0) || !s.empty()) return false;
+  try {
+    ByteReader r(bytes, "element");
+    Json j;
+    if (!decode(t, r, j) || !r.done()) return false;
+    out = std::move(j);
+    return true;
+  } catch (const SnapshotError&) {
+    return false;
+  }
+}
+
+bool element_to_json(std::string_view tag, std::string_view bytes, std::string& out) {
+  Json j;
+  if (!element_to_ordered_json(tag, bytes, j)) return false;
+  out = dump_json(j);
+  return true;
+}
+
+std::string Snapshot::to_json() const {
+  using Json = nlohmann::ordered_json;
+  Json graph = Json::array();
+  for (const auto& n : meta.graph) {
+    Json node = {{"key", n.key}, {"kind", n.kind}, {"element_type", n.element_type}};
+    if (!n.segment.empty()) node["segment"] = n.segment;
+    if (!n.params.empty()) {
+      Json& params = node["params"] = Json::object();
+      for (const auto& [k, v] : n.params) params[k] = v;
+    }
+    graph.push_back(std::move(node));
+  }
+  Json rendered_states = Json::array();
+  for (const auto& s : states) {
+    Json fields = Json::object();
+    for (const auto& f : s.fields) {
+      switch (f.type) {
+        case FieldType::u64: fields[f.name] = f.u; break;
+        case FieldType::i64: fields[f.name] = f.i; break;
+        case FieldType::str: fields[f.name] = f.s; break;
+        case FieldType::elements: {
+          Json values = Json::array();
+          for (std::size_t i = 0; i < f.elements.size(); ++i) {
+            Json v;
+            if (!element_to_ordered_json(f.elements.tag, f.elements.at(i), v)) v = "0x" + hex_bytes(f.elements.at(i));
+            values.push_back(std::move(v));
+          }
+          fields[f.name] = {{"type", f.elements.tag},
+                            {"count", f.elements.size()},
+                            {"bytes", f.elements.data.size()},
+                            {"values", std::move(values)}};
+          break;
+        }
+      }
+    }
+    rendered_states.push_back({{"key", s.key},
+                               {"kind", s.kind},
+                               {"instance", s.instance},
+                               {"mode", to_string(s.mode)},
+                               {"fields", std::move(fields)}});
+  }
+  Json user = Json::object();
+  for (const auto& [k, v] : meta.user_metadata) user[k] = v;
+  const Json j = {{"format_version", meta.format_version ? meta.format_version : kFormatVersion},
+                  {"fingerprint", hex64(meta.fingerprint)},
+                  {"seed", meta.seed},
+                  {"epoch", meta.epoch},
+                  {"layout",
+                   {{"rank", meta.layout.rank}, {"world_size", meta.layout.world_size}, {"num_workers", meta.layout.num_workers}}},
+                  {"elements_delivered", meta.elements_delivered},
+                  {"user_metadata", std::move(user)},
+                  {"graph", std::move(graph)},
+                  {"states", std::move(rendered_states)}};
+  return dump_json(j);
+}
+
+}  // namespace dpipe
