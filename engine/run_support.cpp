@@ -3,6 +3,7 @@
 #include <string>
 
 #include "dpipe/engine.hpp"
+#include "dpipe/node_kind.hpp"
 #include "../serialize/json_text.hpp"
 
 namespace dpipe {
@@ -98,6 +99,14 @@ void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, cons
   if (!(m.layout == l))
     throw SnapshotError("snapshot was taken with layout " + m.layout.to_string() + ", this run has layout " +
                         l.to_string() + " (restoring on another layout is a rescale, which must be asked for)");
+  // The invariants each kind declares for its records, before any node is restored.
+  std::map<std::string_view, const GraphNodeRecord*> records;
+  for (const auto& n : m.graph) records.emplace(n.key, &n);
+  for (const auto& st : s.states) {
+    const KindInfo* kind = find_kind(st.kind);
+    const auto node = records.find(st.key);
+    if (kind && kind->check_state && node != records.end()) kind->check_state(st, *node->second);
+  }
 }
 
 void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out) {

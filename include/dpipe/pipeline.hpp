@@ -3,6 +3,7 @@
 /// Nothing runs until an Engine starts it. Node factories return closures, so pipelines compose
 /// left to right like the data flows: `range(0, n) | shuffle({.buffer = 1000}) | batch({.size = 32})`;
 /// `c1 | c2` composes two closures into one.
+#include <charconv>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -63,11 +64,16 @@ auto make_pipeline(Args&&... args) {
   return Pipeline<T>(std::make_shared<const Def>(std::forward<Args>(args)...));
 }
 
-/// Names and formats parameters for the fingerprint and DOT export.
+/// Formats a parameter for the fingerprint, snapshots and DOT export. Floating-point values are written in
+/// the shortest form that reads back to the same value, so two values that differ in any digit differ here.
 template <class V>
 std::string param_text(const V& v) {
   if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
-  else if constexpr (std::is_arithmetic_v<V>) return std::to_string(v);
+  else if constexpr (std::is_floating_point_v<V>) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, r.ptr);
+  } else if constexpr (std::is_arithmetic_v<V>) return std::to_string(v);
   else return std::string(v);
 }
 

@@ -9,6 +9,8 @@
 #include "builtins.hpp"
 #include "dpipe/crc32c.hpp"
 #include "dpipe/dpipe.hpp"
+#include "dpipe/kinds.hpp"
+#include "json_spec.hpp"
 #include "../test_util.hpp"
 
 namespace dpipe {
@@ -127,6 +129,76 @@ TEST(Graph, DuplicateOrMalformedNamesAreConfigErrors) {
   // "run" is the key of the engine's own snapshot record: a node of that name could never resume.
   EXPECT_THROW(Graph::build(*(range(0, 3) | batch({.size = 2, .name = "run"})).def()), ConfigError);
   EXPECT_NO_THROW(Graph::build(*(range(0, 3) | batch({.size = 2, .name = "runs"})).def()));
+}
+
+TEST(Graph, DoubleParametersAreWrittenShortestRoundTrip) {
+  EXPECT_EQ(param_text(0.1), "0.1");
+  EXPECT_EQ(param_text(1e-300), "1e-300");
+  // Values that differ in the 7th significant digit (and beyond) write differently, so fingerprints differ.
+  EXPECT_NE(param_text(0.30000001), param_text(0.30000002));
+  EXPECT_NE(param_text(1.0), param_text(1.0000000000000002));
+  EXPECT_EQ(std::stod(param_text(2.0 / 3.0)), 2.0 / 3.0);
+}
+
+TEST(Kinds, EveryKindOfTheListIsRegisteredOnceWithItsRule) {
+  const auto& kinds = registered_kinds();
+  std::set<std::string_view> names;
+  for (const auto& k : kinds) EXPECT_TRUE(names.insert(k.name).second) << k.name;
+  EXPECT_EQ(kinds.size(), 26u);
+  ASSERT_NE(find_kind("batch"), nullptr);
+  EXPECT_FALSE(find_kind("batch")->rescale.refuses());
+  ASSERT_NE(find_kind("sharding_filter"), nullptr);
+  EXPECT_NE(find_kind("sharding_filter")->rescale.reason().find("sampler()"), std::string::npos);
+  EXPECT_EQ(find_kind("run"), nullptr);  // the engine's consumer record is no node kind
+  // Every kind has a spec op of the same name, in the same order.
+  std::vector<std::string> kind_names;
+  for (const auto& k : kinds) kind_names.emplace_back(k.name);
+  EXPECT_EQ(spec_ops(), kind_names);
+}
+
+TEST(Kinds, TakeChecksItsRecordAgainstItsCountBeforeAnyNodeRuns) {
+  auto p = range(0, 100) | take(50, {.name = "head"});
+  Engine e;
+  auto run = e.start(p, {.layout = Layout{}});
+  for (int i = 0; i < 10; ++i) run.next();
+  Snapshot s = run.snapshot();
+  NodeState* head = nullptr;
+  for (auto& st : s.states)
+    if (st.key == "head") head = &st;
+  ASSERT_NE(head, nullptr);
+  const GraphNodeRecord* node = nullptr;
+  for (const auto& n : s.meta.graph)
+    if (n.key == "head") node = &n;
+  ASSERT_NE(node, nullptr);
+  EXPECT_NO_THROW(find_kind("take")->check_state(*head, *node));
+  head->fields.at(0).u = 60;
+  try {
+    find_kind("take")->check_state(*head, *node);
+    ADD_FAILURE() << "a take record past its count was accepted";
+  } catch (const SnapshotError& err) {
+    EXPECT_NE(std::string(err.what()).find("taken 60 exceeds count 50"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(e.resume(p, s, {.layout = Layout{}}), SnapshotError);
+}
+
+TEST(Spec, ANodesOwnConfigErrorIsWrappedWithItsPosition) {
+  auto message = [](const char* spec) {
+    try {
+      parse_spec(spec);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message(R"({"pipeline": [{"op": "range", "stop": 5}, {"op": "batch", "size": 0}]})"),
+            "pipeline[1] (batch): size must be positive, got 0");
+  EXPECT_EQ(message(R"({"pipeline": [{"op": "range", "stop": 5}, {"op": "shuffle", "buffer": 0, "name": "s"}]})"),
+            "pipeline[1] (shuffle 's'): buffer must be positive, got 0");
+  EXPECT_EQ(message(R"({"pipeline": [{"op": "range", "stop": 5},
+                                     {"op": "concat", "with": [[{"op": "range", "stop": 2}, {"op": "take", "count": -1}]]}]})"),
+            "pipeline[1].with[0][1] (take): count must not be negative, got -1");
+  EXPECT_EQ(message(R"({"pipeline": [{"op": "range", "stop": 5}, {"op": "unbatch"}]})"),
+            "pipeline[1] (unbatch): unbatch takes batches, but its input yields integers");
 }
 
 TEST(Options, BadValuesAreConfigErrorsNamingTheNode) {

@@ -1,6 +1,7 @@
 #pragma once
 /// The first `count` elements (torch's header); pulls no element past them. In: T → Out: T.
 /// State: how many were taken.
+#include <charconv>
 #include <string>
 
 #include "dpipe/pipeline.hpp"
@@ -8,6 +9,15 @@
 #include "dpipe/spec.hpp"
 
 namespace dpipe {
+
+/// A take's saved state: how many elements it has taken.
+struct TakeState {
+  std::uint64_t taken = 0;
+  template <class A>
+  void fields(A& a) {
+    a("taken", taken);
+  }
+};
 
 struct TakeOptions {
   std::string name{};
@@ -51,14 +61,9 @@ class TakeIter final : public Hooked<T> {
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
-  struct State {
-    std::uint64_t taken = 0;
-    template <class A>
-    void fields(A& a) { a("taken", taken); }
-  };
   std::unique_ptr<Iter<T>> input_;
   std::uint64_t count_;
-  State st_;
+  TakeState st_;
 };
 
 template <class T>
@@ -76,6 +81,16 @@ inline auto take(std::int64_t count, TakeOptions o = {}) {
 struct TakeKind {
   static constexpr std::string_view name = "take";
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// Invariant: no more taken than its count.
+  static void check_state(const NodeState& record, const GraphNodeRecord& node) {
+    TakeState st;
+    StateReader r(record);
+    r.read(st);
+    const std::string_view text = param_of(node, "count");
+    std::uint64_t count = 0;
+    if (std::from_chars(text.data(), text.data() + text.size(), count).ec != std::errc{}) return;  // not recorded
+    if (st.taken > count) r.fail("taken " + std::to_string(st.taken) + " exceeds count " + std::to_string(count));
+  }
   /// `{"op": "take", "count": N}`
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
