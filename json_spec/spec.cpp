@@ -1,28 +1,313 @@
 // The JSON spec front end: reads a spec, and for each node the op's parameters, which it hands to the
 // node kind's own builder (`XKind::from_spec`, in the kind's header). The op table is made from the list
-// of kinds (dpipe/kinds.hpp, in parts: ops.cpp); the functions a spec names by "fn" are this front end's
-// builtins (json_node.hpp).
-#include <algorithm>
-#include <iterator>
-#include <utility>
+// of kinds (dpipe/kinds.hpp); the functions a spec names by "fn" are this front end's builtins.
+#include "json_spec.hpp"
 
-#include "json_node.hpp"
+#include <nlohmann/json.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <set>
+
+#include "builtins.hpp"
+#include "dpipe/kinds.hpp"
 
 namespace dpipe {
-namespace json_spec_detail {
+
 namespace {
 
+using json = nlohmann::json;
+
+/// A ConfigError that already names the node's position: passed through nested pipelines unchanged.
+class PositionedError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+template <class T>
+constexpr bool is_optional_int = std::is_same_v<T, std::optional<std::int64_t>>;
+
+/// Whether a JSON value, if an integer, is one a std::int64_t holds.
+bool fits_int64(const json& v) {
+  return !v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX);
+}
+
+std::string list_type_name(const std::string& t) { return t == "string" ? "strings" : t + "s"; }
+
+class JsonNode;
+SpecPipeline build_chain(const json& chain, const std::string& where);
+
+/// The front end's description of one op of the kind list.
+struct OpEntry {
+  std::string_view name;
+  bool source;          // starts a pipeline
+  bool reads_by_index;  // reads its input by index (a sampler), so the input keeps its raw elements
+  SpecPipeline (*build)(JsonNode&);
+};
+
+/// One node object of a spec: the parameter reader a kind's `from_spec` uses. Every parameter read is
+/// marked; finish() refuses the ones nobody read (a typo must not pass silently). JSON null is absent.
+class JsonNode {
+ public:
+  JsonNode(const json& j, std::string where, const SpecPipeline* input) : j_(j), where_(std::move(where)), input_(input) {
+    if (!j_.is_object()) throw PositionedError(where_ + ": a node must be a JSON object");
+    const auto it = j_.find("op");
+    if (it == j_.end() || !it->is_string()) throw PositionedError(where_ + ": the node has no \"op\" string");
+    op_ = it->get<std::string>();
+    used_.insert("op");
+    std::string name;
+    param("name", name);
+    name_ = name;
+  }
+
+  const std::string& op() const { return op_; }
+  const std::string& name() const { return name_; }
+  const std::string& where() const { return where_; }
+  bool bytes_marked() const { return bytes_; }
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw PositionedError(where_ + " (" + node_label(op_, name_) + "): " + msg);
+  }
+
+  /// Reads parameter `key` into `v` when it is given; leaves the default otherwise.
+  template <class T>
+  void param(const std::string& key, T& v) {
+    if (const json* x = get(key)) read(key, *x, v);
+  }
+  template <class T>
+  void required(const std::string& key, T& v) {
+    const json* x = get(key);
+    if (!x) fail("missing parameter '" + key + "'");
+    read(key, *x, v);
+  }
+  /// A string parameter naming one of `options`.
+  template <class E>
+  void choice(const std::string& key, E& v, std::initializer_list<std::pair<const char*, E>> options) {
+    std::string s;
+    param(key, s);
+    if (!get(key)) return;
+    std::string known;
+    for (const auto& [text, value] : options) {
+      if (s == text) {
+        v = value;
+        return;
+      }
+      known += (known.empty() ? "" : " or ") + std::string(text);
+    }
+    fail(key + " must be " + known + ", got '" + s + "'");
+  }
+  /// Whether `key` is a list whose first element is a T (lists of several types are refused when read).
+  template <class T>
+  bool holds_list_of(const std::string& key) const {
+    const auto it = j_.find(key);
+    if (it == j_.end() || !it->is_array() || it->empty()) return false;
+    if constexpr (std::is_same_v<T, std::string>) return (*it)[0].is_string();
+    else return (*it)[0].is_number_integer();
+  }
+
+  const SpecPipeline& input() const { return *input_; }
+  /// The pipelines of `key` (a list of pipelines), each of the input's element type T.
+  template <class T>
+  std::vector<Pipeline<T>> inputs(const std::string& key) {
+    const json* with = get(key);
+    if (!with) fail("missing parameter '" + key + "' (a list of pipelines)");
+    if (!with->is_array() || with->empty()) fail("'" + key + "' must be a non-empty list of pipelines");
+    std::vector<Pipeline<T>> out;
+    for (std::size_t i = 0; i < with->size(); ++i) {
+      SpecPipeline q = build_chain((*with)[i], where_ + "." + key + "[" + std::to_string(i) + "]");
+      if (!q.holds<T>())
+        fail("input " + std::to_string(i + 1) + " yields " + q.type_name() + "s, the first input yields " +
+             SpecElement<T>::name() + "s");
+      out.push_back(q.get<T>());
+    }
+    return out;
+  }
+  /// The elements of `p` are bytes: JSON shows them as base64 strings once a node that reads by index
+  /// (a sampler) is past.
+  SpecPipeline bytes(Pipeline<std::string> p) {
+    bytes_ = true;
+    return p;
+  }
+
+  // ---- the builtin functions a spec names with "fn" ----
+
+  /// A map function for `apply(pipeline, fn)`; `concurrent` when several calls run at once.
+  template <class Apply>
+  SpecPipeline map_function(bool concurrent, Apply apply) {
+    std::string fn;
+    required("fn", fn);
+    if (fn == "affine") {
+      builtins::Affine f;
+      param("mul", f.mul);
+      param("add", f.add);
+      return apply(integers("affine"), f);
+    }
+    if (fn == "identity") return input().apply([&](const auto& p) { return apply(p, builtins::Identity{}); });
+    if (fn == "spin") {
+      std::int64_t ns = 0;
+      required("ns", ns);
+      if (ns < 0 || ns > 1'000'000'000) fail("ns must be between 0 and 1e9, got " + std::to_string(ns));
+      return input().apply([&](const auto& p) { return apply(p, builtins::Spin(ns)); });
+    }
+    if (fn == "throw_at") {
+      if (concurrent) fail("throw_at counts positions, which a parallel_map does not have; use map");
+      builtins::ThrowAt f;
+      required("index", f.index);
+      if (f.index < 0) fail("index must not be negative, got " + std::to_string(f.index));
+      return input().apply([&](const auto& p) { return apply(p, f); });
+    }
+    fail("unknown map function '" + fn + "' (known: affine, identity, spin, throw_at)");
+  }
+  template <class Apply>
+  SpecPipeline filter_function(Apply apply) {
+    std::string fn;
+    required("fn", fn);
+    if (fn != "mod_eq") fail("unknown filter function '" + fn + "' (known: mod_eq)");
+    builtins::ModEq f;
+    required("mod", f.mod);
+    required("eq", f.eq);
+    if (f.mod <= 0) fail("mod must be positive, got " + std::to_string(f.mod));
+    if (f.eq < 0 || f.eq >= f.mod) fail("eq must be in [0, mod), got " + std::to_string(f.eq));
+    return apply(integers("mod_eq"), f);
+  }
+  template <class Apply>
+  SpecPipeline flat_map_function(Apply apply) {
+    std::string fn;
+    required("fn", fn);
+    if (fn == "replicate") {
+      builtins::Replicate f;
+      required("times", f.times);
+      if (f.times < 0) fail("times must not be negative");
+      return input().apply([&](const auto& p) { return apply(p, f); });
+    }
+    if (fn == "range") return apply(integers("range"), builtins::Iota{});
+    fail("unknown flat_map function '" + fn + "' (known: replicate, range)");
+  }
+  template <class Apply>
+  SpecPipeline generator_function(Apply apply) {
+    std::string fn;
+    required("fn", fn);
+    std::int64_t count = 0;
+    required("count", count);
+    if (count < 0) fail("count must not be negative, got " + std::to_string(count));
+    if (fn == "count") return apply(CountFactory{count});
+    if (fn == "random_ints") {
+      std::int64_t lo = 0, hi = 0;
+      param("lo", lo);
+      required("hi", hi);
+      if (hi <= lo) fail("hi must be above lo");
+      return apply(RandomIntsFactory{count, lo, hi});
+    }
+    fail("unknown generator function '" + fn + "' (known: count, random_ints)");
+  }
+
+  /// Throws on a parameter this op does not take.
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!used_.count(it.key())) fail("unknown parameter '" + it.key() + "'");
+  }
+
+ private:
+  struct CountFactory {  // generator "count": 0, 1, …, count−1
+    std::int64_t count;
+    auto operator()(const GeneratorContext&) const {
+      return [n = count, i = std::int64_t{0}]() mutable -> std::optional<SpecInt> {
+        if (i >= n) return std::nullopt;
+        return i++;
+      };
+    }
+  };
+  struct RandomIntsFactory {  // generator "random_ints": count draws from [lo, hi) by the node's generator
+    std::int64_t count, lo, hi;
+    auto operator()(const GeneratorContext& ctx) const {
+      return [n = count, lo = lo, span = static_cast<std::uint64_t>(hi - lo), rng = ctx.rng,
+              i = std::int64_t{0}]() mutable -> std::optional<SpecInt> {
+        if (i >= n) return std::nullopt;
+        ++i;
+        return lo + static_cast<std::int64_t>(rng.below(span));
+      };
+    }
+  };
+
+  /// The input as integers, for a builtin that takes only integers.
+  Pipeline<SpecInt> integers(const std::string& fn) const {
+    if (!input().holds<SpecInt>()) fail(fn + " takes integers, but its input yields " + input().type_name() + "s");
+    return input().get<SpecInt>();
+  }
+
+  const json* get(const std::string& key) {
+    used_.insert(key);
+    const auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  void read(const std::string& key, const json& x, std::int64_t& v) const {
+    // JSON integers from 2^63 up parse as unsigned (is_number_integer() holds for them too).
+    if (!fits_int64(x)) fail("parameter '" + key + "' does not fit in a 64-bit signed integer");
+    if (!x.is_number_integer()) fail("parameter '" + key + "' must be an integer, got " + std::string(x.type_name()));
+    v = x.get<std::int64_t>();
+  }
+  void read(const std::string& key, const json& x, std::optional<std::int64_t>& v) const {
+    std::int64_t i = 0;
+    read(key, x, i);
+    v = i;
+  }
+  void read(const std::string& key, const json& x, double& v) const {
+    if (!x.is_number()) fail("parameter '" + key + "' must be a number, got " + std::string(x.type_name()));
+    v = x.get<double>();
+  }
+  void read(const std::string& key, const json& x, bool& v) const {
+    if (!x.is_boolean()) fail("parameter '" + key + "' must be true or false");
+    v = x.get<bool>();
+  }
+  void read(const std::string& key, const json& x, std::string& v) const {
+    if (!x.is_string()) fail("parameter '" + key + "' must be a string");
+    v = x.get<std::string>();
+  }
+  template <class T>
+  void read(const std::string& key, const json& x, std::vector<T>& v) const {
+    const std::string what = list_type_name(SpecElement<T>::name());
+    if (!x.is_array()) fail("parameter '" + key + "' must be a list of " + what);
+    v.clear();
+    for (const auto& e : x) {
+      if constexpr (std::is_same_v<T, std::string>) {
+        if (!e.is_string()) fail("'" + key + "' must hold only " + what + ", found " + e.dump());
+        v.push_back(e.get<std::string>());
+      } else {
+        if (!e.is_number_integer()) fail("'" + key + "' must hold only " + what + ", found " + e.dump());
+        if (!fits_int64(e)) fail("'" + key + "' holds " + e.dump() + ", which does not fit in a 64-bit signed integer");
+        v.push_back(e.get<std::int64_t>());
+      }
+    }
+  }
+
+  const json& j_;
+  std::string where_;
+  const SpecPipeline* input_;  // null for a source
+  std::string op_, name_;
+  std::set<std::string> used_;
+  bool bytes_ = false;
+};
+
+template <class K>
+constexpr bool is_source() {
+  if constexpr (requires { K::source; }) return K::source;
+  else return false;
+}
+template <class K>
+constexpr bool reads_by_index() {
+  if constexpr (requires { K::reads_by_index; }) return K::reads_by_index;
+  else return false;
+}
+
+template <class... K>
+std::vector<OpEntry> make_ops(KindList<K...>) {
+  return {OpEntry{K::name, is_source<K>(), reads_by_index<K>(), [](JsonNode& n) { return K::from_spec(n); }}...};
+}
+
 const std::vector<OpEntry>& ops() {
-  static const std::vector<OpEntry> table = [] {
-    std::vector<std::pair<std::size_t, OpEntry>> all;
-    [&]<std::size_t... Part>(std::index_sequence<Part...>) {
-      (std::ranges::copy(op_part<Part>(), std::back_inserter(all)), ...);
-    }(std::make_index_sequence<kOpParts>{});
-    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<OpEntry> v;
-    for (auto& [index, e] : all) v.push_back(e);
-    return v;
-  }();
+  static const std::vector<OpEntry> table = make_ops(AllKinds{});
   return table;
 }
 
@@ -59,8 +344,6 @@ std::string reason_of(const ConfigError& e, const std::string& label) {
   const std::string prefix = label + ": ";
   return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
 }
-
-}  // namespace
 
 /// How deep pipelines may nest through 'with'. Building recurses once per level, so an unbounded depth
 /// would end in a stack overflow instead of an error.
@@ -114,12 +397,9 @@ SpecPipeline build_chain(const json& chain, const std::string& where) {
   return *p;
 }
 
-}  // namespace json_spec_detail
-
-using json_spec_detail::json;
+}  // namespace
 
 std::vector<std::string> spec_ops() {
-  using json_spec_detail::ops;
   std::vector<std::string> v;
   for (const auto& op : ops()) v.emplace_back(op.name);
   return v;
@@ -144,7 +424,7 @@ Spec parse_spec(std::string_view text) {
     seed = s.get<std::uint64_t>();
   }
   if (!j.contains("pipeline")) throw ConfigError("spec has no \"pipeline\" list");
-  return Spec{seed, json_spec_detail::build_chain(j["pipeline"], "pipeline")};
+  return Spec{seed, build_chain(j["pipeline"], "pipeline")};
 }
 
 }  // namespace dpipe
