@@ -6,7 +6,7 @@
 ///     static constexpr std::string_view name = "batch";             // the kind string everywhere
 ///     static RescaleRule rescale();                                  // dpipe/rescale.hpp
 ///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
-///     template <class Spec> static SpecPipeline from_spec(Spec&);   // optional: the spec builder
+///     template <class Spec> static SpecPipeline from_spec(Spec&);   // the spec builder
 ///     static constexpr bool source = false;                          // optional: starts a pipeline
 ///   };
 ///
