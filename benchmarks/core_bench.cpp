@@ -87,7 +87,7 @@ void BM_SpecPipeline(benchmark::State& state) {
   const auto spec = dpipe::parse_spec(R"({"seed": 42, "pipeline": [
       {"op": "range", "stop": 4194304}, {"op": "shuffle", "buffer": 10000}, {"op": "sharding_filter"},
       {"op": "map", "fn": "affine", "mul": 2}, {"op": "batch", "size": 256}]})");
-  consume(state, std::get<dpipe::Pipeline<std::vector<std::int64_t>>>(spec.pipeline));
+  consume(state, spec.pipeline.get<std::vector<std::int64_t>>());
 }
 
 /// A run of `p` that has delivered `position / kBatch` batches.
