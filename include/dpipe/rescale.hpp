@@ -4,7 +4,9 @@
 /// hands a rule the records of every old instance of one node together and places what it returns. The
 /// driver never names a kind or a field: rules read and write records through the kind's own `fields`
 /// visitor, instantiated on ElementBlobs so that elements stay encoded.
+#include <charconv>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,6 +73,16 @@ inline std::string_view param_of(const GraphNodeRecord& n, std::string_view key)
   for (const auto& [k, v] : n.params)
     if (k == key) return v;
   return {};
+}
+
+/// The integer value of parameter `key` of a graph record, or nullopt when it has none or another value
+/// ("forever"), for a kind's check_state.
+inline std::optional<std::int64_t> int_param_of(const GraphNodeRecord& n, std::string_view key) {
+  const std::string_view text = param_of(n, key);
+  std::int64_t v = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || r.ec != std::errc{} || r.ptr != text.data() + text.size()) return std::nullopt;
+  return v;
 }
 
 /// What a kind does with its records on a rescale: copy them to every new instance (nothing in them

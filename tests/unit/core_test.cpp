@@ -156,20 +156,25 @@ TEST(Kinds, EveryKindOfTheListIsRegisteredOnceWithItsRule) {
   EXPECT_EQ(spec_ops(), kind_names);
 }
 
+/// The record and the graph node of node `key` in a snapshot (the first instance's record).
+std::pair<NodeState*, const GraphNodeRecord*> record_of(Snapshot& s, const std::string& key) {
+  NodeState* record = nullptr;
+  const GraphNodeRecord* node = nullptr;
+  for (auto& st : s.states)
+    if (st.key == key && !record) record = &st;
+  for (const auto& n : s.meta.graph)
+    if (n.key == key) node = &n;
+  return {record, node};
+}
+
 TEST(Kinds, TakeChecksItsRecordAgainstItsCountBeforeAnyNodeRuns) {
   auto p = range(0, 100) | take(50, {.name = "head"});
   Engine e;
   auto run = e.start(p, {.layout = Layout{}});
   for (int i = 0; i < 10; ++i) run.next();
   Snapshot s = run.snapshot();
-  NodeState* head = nullptr;
-  for (auto& st : s.states)
-    if (st.key == "head") head = &st;
-  ASSERT_NE(head, nullptr);
-  const GraphNodeRecord* node = nullptr;
-  for (const auto& n : s.meta.graph)
-    if (n.key == "head") node = &n;
-  ASSERT_NE(node, nullptr);
+  auto [head, node] = record_of(s, "head");
+  ASSERT_TRUE(head && node);
   EXPECT_NO_THROW(find_kind("take")->check_state(*head, *node));
   head->fields.at(0).u = 60;
   try {
@@ -177,6 +182,26 @@ TEST(Kinds, TakeChecksItsRecordAgainstItsCountBeforeAnyNodeRuns) {
     ADD_FAILURE() << "a take record past its count was accepted";
   } catch (const SnapshotError& err) {
     EXPECT_NE(std::string(err.what()).find("taken 60 exceeds count 50"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(e.resume(p, s, {.layout = Layout{}}), SnapshotError);
+}
+
+TEST(Kinds, CycleChecksItsPassAgainstItsCountBeforeAnyNodeRuns) {
+  auto p = range(0, 10) | cycle({.count = 3, .name = "loop"});
+  Engine e;
+  auto run = e.start(p, {.layout = Layout{}});
+  for (int i = 0; i < 15; ++i) run.next();
+  Snapshot s = run.snapshot();
+  auto [loop, node] = record_of(s, "loop");
+  ASSERT_TRUE(loop && node);
+  EXPECT_NO_THROW(find_kind("cycle")->check_state(*loop, *node));
+  EXPECT_EQ(loop->fields.at(0).name, "pass");
+  loop->fields.at(0).u = 4;
+  try {
+    find_kind("cycle")->check_state(*loop, *node);
+    ADD_FAILURE() << "a cycle record past its count was accepted";
+  } catch (const SnapshotError& err) {
+    EXPECT_NE(std::string(err.what()).find("pass 4 is beyond count 3"), std::string::npos) << err.what();
   }
   EXPECT_THROW(e.resume(p, s, {.layout = Layout{}}), SnapshotError);
 }

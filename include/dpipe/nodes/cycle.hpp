@@ -11,6 +11,28 @@
 
 namespace dpipe {
 
+/// A cycle's saved state: its pass, the pass its upstream was built for, whether the pass yielded
+/// anything, and whether the cycle ended (a pass over an empty upstream ends it).
+struct CycleState {
+  std::uint64_t pass = 0;
+  std::uint64_t input_pass = 0;
+  bool yielded_in_pass = false;
+  bool ended = false;
+  template <class A>
+  void fields(A& a) {
+    a("pass", pass);
+    a("input_pass", input_pass);
+    a("yielded_in_pass", yielded_in_pass);
+    a("ended", ended);
+  }
+  /// Its invariants: no pass beyond the count (none: forever), the upstream's pass not ahead of its own.
+  void check(const StateReader& r, std::optional<std::int64_t> count) const {
+    if (count && pass > static_cast<std::uint64_t>(*count))
+      r.fail("pass " + std::to_string(pass) + " is beyond count " + std::to_string(*count));
+    if (input_pass > pass) r.fail("the upstream's pass is ahead of the cycle's");
+  }
+};
+
 struct CycleOptions {
   std::optional<std::int64_t> count{};  // nullopt: forever
   std::string name{};
@@ -71,9 +93,7 @@ class CycleIter final : public Hooked<T> {
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
     r.read(st_);
-    if (def_.count() && st_.pass > static_cast<std::uint64_t>(*def_.count()))
-      r.fail("pass " + std::to_string(st_.pass) + " is beyond count " + std::to_string(*def_.count()));
-    if (st_.input_pass > st_.pass) r.fail("the upstream's pass is ahead of the cycle's");
+    st_.check(r, def_.count());
     // Rebuild the upstream of the pass it was saved in (the last one after the final pass); the caller
     // then restores it.
     if (st_.input_pass > 0) rebuild();
@@ -89,23 +109,10 @@ class CycleIter final : public Hooked<T> {
     c.epoch = cycle_epoch(ctx_.epoch, st_.input_pass);
     input_ = def_.input().instantiate(c);
   }
-  struct State {
-    std::uint64_t pass = 0;
-    std::uint64_t input_pass = 0;  // the pass the current upstream was built for
-    bool yielded_in_pass = false;
-    bool ended = false;
-    template <class A>
-    void fields(A& a) {
-      a("pass", pass);
-      a("input_pass", input_pass);
-      a("yielded_in_pass", yielded_in_pass);
-      a("ended", ended);
-    }
-  };
   const CycleDef<T>& def_;
   BuildContext ctx_;
   std::unique_ptr<Iter<T>> input_;
-  State st_;
+  CycleState st_;
 };
 
 template <class T>
@@ -123,6 +130,13 @@ inline auto cycle(CycleOptions o = {}) {
 struct CycleKind {
   static constexpr std::string_view name = "cycle";
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
+  /// Invariants (CycleState::check), with the count from the graph record ("forever" without one).
+  static void check_state(const NodeState& record, const GraphNodeRecord& node) {
+    CycleState st;
+    StateReader r(record);
+    r.read(st);
+    st.check(r, int_param_of(node, "count"));
+  }
   /// `{"op": "cycle", "count": N}` (no count: forever)
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {

@@ -1,7 +1,6 @@
 #pragma once
 /// The first `count` elements (torch's header); pulls no element past them. In: T → Out: T.
 /// State: how many were taken.
-#include <charconv>
 #include <string>
 
 #include "dpipe/pipeline.hpp"
@@ -16,6 +15,10 @@ struct TakeState {
   template <class A>
   void fields(A& a) {
     a("taken", taken);
+  }
+  /// Its invariant: no more taken than the count.
+  void check(const StateReader& r, std::uint64_t count) const {
+    if (taken > count) r.fail("taken " + std::to_string(taken) + " exceeds count " + std::to_string(count));
   }
 };
 
@@ -56,7 +59,7 @@ class TakeIter final : public Hooked<T> {
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
     r.read(st_);
-    if (st_.taken > count_) r.fail("taken " + std::to_string(st_.taken) + " exceeds count " + std::to_string(count_));
+    st_.check(r, count_);
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
@@ -86,10 +89,7 @@ struct TakeKind {
     TakeState st;
     StateReader r(record);
     r.read(st);
-    const std::string_view text = param_of(node, "count");
-    std::uint64_t count = 0;
-    if (std::from_chars(text.data(), text.data() + text.size(), count).ec != std::errc{}) return;  // not recorded
-    if (st.taken > count) r.fail("taken " + std::to_string(st.taken) + " exceeds count " + std::to_string(count));
+    if (const auto count = int_param_of(node, "count")) st.check(r, static_cast<std::uint64_t>(*count));
   }
   /// `{"op": "take", "count": N}`
   template <class Spec>
