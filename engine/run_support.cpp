@@ -1,4 +1,5 @@
 // Non-template parts of a Run: layout resolution and snapshot checks.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -26,8 +27,12 @@ void validate_layout(const Layout& l) {
   if (l.world_size < 1) throw ConfigError("world_size must be at least 1, got " + std::to_string(l.world_size));
   if (l.rank < 0 || l.rank >= l.world_size)
     throw ConfigError("rank " + std::to_string(l.rank) + " is outside world_size " + std::to_string(l.world_size));
-  if (l.num_workers < 1 || l.num_workers > 4096)
-    throw ConfigError("num_workers must be between 1 and 4096, got " + std::to_string(l.num_workers));
+  if (l.num_workers < 1 || l.num_workers > kMaxWorkers)
+    throw ConfigError("num_workers must be between 1 and " + std::to_string(kMaxWorkers) + ", got " +
+                      std::to_string(l.num_workers));
+  if (!l.possible())
+    throw ConfigError("world_size " + std::to_string(l.world_size) + " × " + std::to_string(l.num_workers) +
+                      " workers is more instances than dpipe counts");
 }
 
 Layout layout_from_environment(int num_workers) {
@@ -68,27 +73,72 @@ SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std
   return m;
 }
 
-void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l) {
-  const auto& m = s.meta;
-  if (m.fingerprint != g.fingerprint()) {
-    std::string detail;
-    if (m.graph.size() != g.nodes().size()) {
-      detail = "the snapshot's graph has " + std::to_string(m.graph.size()) + " nodes, this pipeline's " +
-               std::to_string(g.nodes().size());
-    } else {
-      for (std::size_t i = 0; i < m.graph.size(); ++i) {
-        const auto& a = m.graph[i];
-        const auto& b = g.nodes()[i];
-        if (a.key != b.key || a.kind != b.kind || a.element_type != b.element_type) {
-          detail = "node " + std::to_string(i) + " is " + a.key + " (" + a.kind + ", " + a.element_type +
-                   ") in the snapshot and " + b.key + " (" + b.kind + ", " + b.element_type + ") here";
-          break;
-        }
-      }
-      if (detail.empty()) detail = "the nodes match by kind and key, so a parameter or an edge differs";
+namespace {
+
+[[noreturn]] void refuse_graph(const std::string& what) {
+  throw SnapshotError("snapshot was taken from a different pipeline: " + what);
+}
+
+/// Compares the snapshot's description of node `a` with this pipeline's node `b`: the first parameter that
+/// differs is named. Tuning parameters may differ (the saved values go into `saved` for the fingerprint);
+/// a data file whose modification time differs is listed in `changed`.
+void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, std::vector<std::string>& changed) {
+  if (a.segment != segment_name(b.segment))
+    refuse_graph(b.key + " runs in the " + segment_name(b.segment) + " segment here, in the " + a.segment +
+                 " segment in the snapshot");
+  const KindInfo* kind = find_kind(b.kind);
+  saved = b.params;
+  for (auto& [k, v] : saved) {
+    const auto stored = std::find_if(a.params.begin(), a.params.end(), [&](const auto& p) { return p.first == k; });
+    if (stored == a.params.end()) refuse_graph(b.key + ": " + k + " is " + v + ", the snapshot has no " + k);
+    if (stored->second == v) continue;
+    if (kind && kind->is_tuning(k)) {  // changes no element: restore into the new value
+      v = stored->second;
+      continue;
     }
-    throw SnapshotError("snapshot was taken from a different pipeline (graph fingerprint " + hex64(m.fingerprint) +
-                        ", this pipeline's is " + hex64(g.fingerprint()) + "): " + detail);
+    if (is_data_param(k) && without_mtime(stored->second) == without_mtime(v)) {
+      // Same path and size. A snapshot that recorded no modification time cannot tell: accepted.
+      if (without_mtime(stored->second) != stored->second)
+        changed.push_back(b.key + ": " + v + ", the snapshot has " + stored->second);
+      continue;
+    }
+    refuse_graph(b.key + ": " + k + " is " + v + ", the snapshot has " + stored->second);
+  }
+  for (const auto& [k, v] : a.params)
+    if (std::none_of(b.params.begin(), b.params.end(), [&](const auto& p) { return p.first == k; }))
+      refuse_graph(b.key + ": the snapshot has " + k + " = " + v + ", this pipeline has no " + k);
+}
+
+}  // namespace
+
+void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r) {
+  const auto& m = s.meta;
+  // The stored description first, node by node, so a refusal names what differs; then the fingerprint,
+  // which also covers the edges.
+  if (m.graph.size() != g.nodes().size())
+    refuse_graph("the snapshot's graph has " + std::to_string(m.graph.size()) + " nodes, this pipeline's " +
+                 std::to_string(g.nodes().size()));
+  const bool details = std::all_of(m.graph.begin(), m.graph.end(), [](const auto& n) { return !n.segment.empty(); });
+  std::vector<Params> saved(details ? m.graph.size() : 0);
+  std::vector<std::string> changed;
+  for (std::size_t i = 0; i < m.graph.size(); ++i) {
+    const auto& a = m.graph[i];
+    const auto& b = g.nodes()[i];
+    if (a.key != b.key || a.kind != b.kind || a.element_type != b.element_type)
+      refuse_graph("node " + std::to_string(i) + " is " + a.key + " (" + a.kind + ", " + a.element_type +
+                   ") in the snapshot and " + b.key + " (" + b.kind + ", " + b.element_type + ") here");
+    if (details) compare_node(a, b, saved[i], changed);
+  }
+  const std::uint64_t expected = details ? g.fingerprint_with(saved) : g.fingerprint();
+  if (m.fingerprint != expected)
+    refuse_graph(std::string(details ? "every node and parameter matches, so the nodes are connected otherwise"
+                                     : "the nodes match by kind and key, so a parameter or an edge differs") +
+                 " (graph fingerprint " + hex64(m.fingerprint) + ", this pipeline's is " + hex64(expected) + ")");
+  if (!changed.empty() && !r.allow_changed_data) {
+    std::string list;
+    for (const auto& c : changed) list += (list.empty() ? "" : "; ") + c;
+    throw SnapshotError("data changed since the snapshot (same path and size, another modification time): " + list +
+                        ". Resume with allow_changed_data (the tool's --allow-changed-data) if the data is the same");
   }
   if (m.seed != o.seed)
     throw SnapshotError("snapshot was taken with seed " + std::to_string(m.seed) + ", this run has seed " +

@@ -126,24 +126,30 @@ Graph Graph::build(const NodeDefBase& output) {
   }
   g.topo_.assign(order.rbegin(), order.rend());
 
+  g.fingerprint_ = g.fingerprint_with({});
+  return g;
+}
+
+std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
   std::uint64_t h = fnv1a("dpipe-graph-v1");
-  auto add = [&h](const std::string& s) {
+  auto add = [&h](std::string_view s) {
     h = mix64(h ^ fnv1a(s));
     h = mix64(h ^ s.size());
   };
-  for (const auto& n : g.nodes_) {
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const auto& n = nodes_[i];
     add(n.kind);
     add(n.name);
     add(n.element_type);
-    for (const auto& [k, v] : n.params) {
+    for (const auto& [k, v] : i < params.size() ? params[i] : n.params) {
       add(k);
-      add(v);
+      if (is_data_param(k)) add(without_mtime(v));
+      else add(v);
     }
     add("inputs");
     for (std::size_t in : n.inputs) h = mix64(h ^ in);
   }
-  g.fingerprint_ = h;
-  return g;
+  return h;
 }
 
 std::string Graph::to_dot() const {

@@ -90,7 +90,7 @@ RecordsDef::RecordsDef(const std::vector<std::string>& files, RecordsOptions o)
     auto m = std::make_shared<const detail::MappedFile>(f);
     detail::index_records(*m, static_cast<std::uint32_t>(maps_.size()), o.on_error, index_, skipped_);
     // The fingerprint covers every file and its size, so a snapshot of other data is refused.
-    add_param("file" + std::to_string(maps_.size()), f + " (" + std::to_string(m->size()) + " bytes)");
+    add_param("file" + std::to_string(maps_.size()), data_file_param(f, m->size()));
     maps_.push_back(std::move(m));
   }
 }

@@ -77,6 +77,12 @@ SnapshotMeta decode_meta(ByteReader& r) {
   m.layout.world_size = r.get<std::int32_t>();
   m.layout.num_workers = r.get<std::int32_t>();
   m.elements_delivered = r.get<std::uint64_t>();
+  // The layout is checked here, once, so no reader of a snapshot divides by a worker count of 0 or
+  // loops over a negative one.
+  const Layout& l = m.layout;
+  if (!l.possible())
+    r.fail("its layout " + l.to_string() + " is impossible (0 <= rank < world_size, 1 to " +
+           std::to_string(kMaxWorkers) + " workers)");
   const std::size_t nodes = r.length(24);
   m.graph.reserve(nodes);
   for (std::size_t i = 0; i < nodes; ++i) {

@@ -127,7 +127,7 @@ struct RunRecord {
 }  // namespace
 
 SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
-  if (world_size < 1 || num_workers < 1)
+  if (!Layout{0, world_size, num_workers}.possible())
     throw SnapshotError("cannot rescale to world size " + std::to_string(world_size) + " with " +
                         std::to_string(num_workers) + " workers");
   const SnapshotMeta& meta = ranks_.front().meta;

@@ -29,6 +29,17 @@ void property_trials(int trials, Trial trial) {
   }
 }
 
+/// Expects `f()` to throw an E whose message contains `part`.
+template <class E, class F>
+void expect_throw_with(F&& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an exception containing '" << part << "', nothing was thrown";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
 /// An integer in [0, n) drawn from `g`.
 inline int draw(std::mt19937_64& g, int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); }
 

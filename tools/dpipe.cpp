@@ -56,6 +56,7 @@ struct RunArgs {
   std::int64_t take = 0;
   std::optional<std::string> output, snapshot_out, snapshot_dir, resume, resume_dir;
   bool rescale = false;
+  bool allow_changed_data = false;
 };
 
 struct BenchArgs {
@@ -151,6 +152,8 @@ void build_cli(Cli& c) {
   auto* resume = c.run->add_option("--resume", r.resume, "resume from the snapshot file PATH")->type_name("PATH");
   auto* resume_dir = c.run->add_option("--resume-dir", r.resume_dir, "resume this rank from the snapshot set DIR")->type_name("DIR");
   resume->excludes(resume_dir);
+  c.run->add_flag("--allow-changed-data", r.allow_changed_data,
+                  "accept data files whose modification time changed since the snapshot (same path and size)");
   c.run->add_flag("--rescale", r.rescale, "allow resuming a set taken on another layout (redistributes its state)")
       ->needs(resume_dir)
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
@@ -323,9 +326,9 @@ int cmd_run(const RunArgs& a) {
         replayed = r.restore_report().replayed_elements();
         return r;
       };
-      if (a.resume) return resumed(engine.resume(pipeline, dpipe::Snapshot::read_file(*a.resume), options));
-      if (a.resume_dir)
-        return resumed(engine.resume(pipeline, dpipe::SnapshotSet::read_dir(*a.resume_dir), options, {.rescale = a.rescale}));
+      const dpipe::ResumeOptions how{.rescale = a.rescale, .allow_changed_data = a.allow_changed_data};
+      if (a.resume) return resumed(engine.resume(pipeline, dpipe::Snapshot::read_file(*a.resume), options, how));
+      if (a.resume_dir) return resumed(engine.resume(pipeline, dpipe::SnapshotSet::read_dir(*a.resume_dir), options, how));
       return engine.start(pipeline, options);
     }();
     Output out(output);

@@ -42,6 +42,9 @@ struct ResumeOptions {
   /// Restore a snapshot set taken on another {world_size, num_workers} by redistributing it. Without
   /// it, a layout change is refused: a wrong WORLD_SIZE must not turn into a silent rescale.
   bool rescale = false;
+  /// Accept data files that changed since the snapshot (same path and size, another modification time):
+  /// for data copied without its times. A changed file is refused without it.
+  bool allow_changed_data = false;
 };
 
 struct EngineOptions {
@@ -63,7 +66,7 @@ namespace detail {
 /// Snapshot metadata for a run (non-template, in engine/).
 SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std::uint64_t delivered);
 /// Refuses a snapshot that does not belong to this graph, seed, epoch and layout.
-void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l);
+void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r);
 Layout resolve_layout(const RunOptions& o);
 /// Walks an iterator tree for node_stats().
 void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out);
@@ -226,9 +229,9 @@ class Run {
     }
   }
 
-  void restore(const Snapshot& s) {
+  void restore(const Snapshot& s, const ResumeOptions& resume) {
     const auto t0 = std::chrono::steady_clock::now();
-    detail::check_snapshot(s, *graph_, options_, layout_);
+    detail::check_snapshot(s, *graph_, options_, layout_, resume);
     const StateIndex index(s.states);
     const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
     StateReader r(run);
@@ -268,9 +271,9 @@ class Engine {
   /// A fresh Run restored from `s`; refuses a snapshot of another graph, seed, epoch or layout.
   template <class T>
     requires Snapshottable<T>
-  Run<T> resume(const Pipeline<T>& p, const Snapshot& s, RunOptions o = {}) {
+  Run<T> resume(const Pipeline<T>& p, const Snapshot& s, RunOptions o = {}, ResumeOptions r = {}) {
     Run<T> run(p, std::move(o), executor_);
-    run.restore(s);
+    run.restore(s, r);
     return run;
   }
   /// A fresh Run restored from this rank's snapshot of a set; with `rescale`, a set taken on another
@@ -280,13 +283,13 @@ class Engine {
   Run<T> resume(const Pipeline<T>& p, const SnapshotSet& set, RunOptions o = {}, ResumeOptions r = {}) {
     const Layout l = detail::resolve_layout(o);
     o.layout = l;
-    if (set.world_size() == l.world_size && set.num_workers() == l.num_workers) return resume(p, set.rank(l.rank), o);
+    if (set.world_size() == l.world_size && set.num_workers() == l.num_workers) return resume(p, set.rank(l.rank), o, r);
     if (!r.rescale)
       throw SnapshotError("the snapshot set was taken with world_size " + std::to_string(set.world_size()) + " and " +
                           std::to_string(set.num_workers()) + " workers, this run has world_size " +
                           std::to_string(l.world_size) + " and " + std::to_string(l.num_workers) +
                           " workers; ask for a rescale to redistribute it");
-    return resume(p, set.rescaled(l.world_size, l.num_workers).rank(l.rank), o);
+    return resume(p, set.rescaled(l.world_size, l.num_workers).rank(l.rank), o, r);
   }
   int threads() const { return executor_->threads(); }
 

@@ -31,7 +31,11 @@ class Graph {
   /// Keys in pre-order, the order in which iterators take them when built.
   const std::vector<std::string>& keys() const { return keys_; }
   /// Hash of kinds, names, parameters, element types and edges.
+  /// (Of data files: path and size; their modification times are compared on restore, see is_data_param.)
   std::uint64_t fingerprint() const { return fingerprint_; }
+  /// The fingerprint the graph would have if node i had parameters `params[i]` (nodes past the end keep
+  /// theirs): a restore takes tuning parameters from the snapshot, which change no element.
+  std::uint64_t fingerprint_with(const std::vector<Params>& params) const;
   /// Node indices with every node after its inputs (sources first).
   const std::vector<std::size_t>& topological_order() const { return topo_; }
   /// Graphviz DOT text; edges point in the direction data flows.

@@ -4,6 +4,9 @@
 
 namespace dpipe {
 
+/// The most workers a rank runs; world_size × num_workers must also fit an int.
+inline constexpr int kMaxWorkers = 4096;
+
 struct Layout {
   int rank = 0;
   int world_size = 1;
@@ -16,6 +19,12 @@ struct Layout {
   std::string to_string() const {
     return "{rank " + std::to_string(rank) + ", world_size " + std::to_string(world_size) + ", num_workers " +
            std::to_string(num_workers) + "}";
+  }
+  /// Whether the numbers can be a layout: 0 <= rank < world_size, 1 to kMaxWorkers workers, and
+  /// world_size × num_workers instances countable in an int.
+  bool possible() const {
+    return world_size >= 1 && rank >= 0 && rank < world_size && num_workers >= 1 && num_workers <= kMaxWorkers &&
+           world_size <= 0x7fffffff / num_workers;
   }
   friend bool operator==(const Layout&, const Layout&) = default;
 };

@@ -8,11 +8,13 @@
 ///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
 ///     template <class Spec> static SpecPipeline from_spec(Spec&);   // the spec builder
 ///     static constexpr bool source = false;                          // optional: starts a pipeline
-///   };
+///     static constexpr std::string_view tuning[] = {"depth"};         // optional: parameters that
+///   };                                                               //   change no element
 ///
 /// `dpipe/kinds.hpp` lists every kind on one line each; the registry below (rescale rules and invariants,
 /// used by the rescale driver and by restore) and the spec front end's op table are both made from that
 /// list, so neither names a kind.
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,12 +30,22 @@ struct KindInfo {
   /// Throws SnapshotError when a saved record of the kind is impossible for the node's parameters; checked
   /// for every record of a snapshot before any node is restored. Null: the kind checks in restore only.
   void (*check_state)(const NodeState&, const GraphNodeRecord&) = nullptr;
+  /// Parameters that change no element (a queue depth, a window of work in flight): a resume may change
+  /// them, and the snapshot restores into the new values.
+  std::vector<std::string_view> tuning{};
+
+  bool is_tuning(std::string_view param) const {
+    for (auto t : tuning)
+      if (t == param) return true;
+    return false;
+  }
 };
 
 template <class K>
 KindInfo kind_info() {
   KindInfo k{K::name, K::rescale()};
   if constexpr (requires { &K::check_state; }) k.check_state = &K::check_state;
+  if constexpr (requires { K::tuning; }) k.tuning.assign(std::begin(K::tuning), std::end(K::tuning));
   return k;
 }
 

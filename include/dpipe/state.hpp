@@ -137,6 +137,8 @@ class StateReader {
       if (f.elements.tag != "u64" || f.elements.size() != 4) fail("field '" + f.name + "' is not a generator state");
       Rng::State s;
       for (std::size_t i = 0; i < 4; ++i) s[i] = decode_from_string<std::uint64_t>(f.elements.at(i), what());
+      // xoshiro's all-zero state is a fixed point: it draws 0 forever, and a bounded draw would never end.
+      if ((s[0] | s[1] | s[2] | s[3]) == 0) fail("field '" + f.name + "' is an all-zero generator state, which cannot draw");
       v.set_state(s);
     } else if constexpr (detail::is_vector_v<T> || detail::is_optional_v<T>) {
       using E = typename T::value_type;

@@ -88,7 +88,7 @@ TEST(PositionDeal, PeekShowsWhatNextTakesWithoutTakingIt) {
   }
   detail::PositionDeal deal(3, 1);
   StateReader r(saved);
-  deal.restore(r, "positions");
+  deal.restore(r, "positions", 22);
   std::vector<U64> taken;
   for (;;) {
     const auto peeked = deal.peek(22);
@@ -99,6 +99,49 @@ TEST(PositionDeal, PeekShowsWhatNextTakesWithoutTakingIt) {
     taken.push_back(*q);
   }
   EXPECT_EQ(taken, (std::vector<U64>{16, 19}));  // 7, 10, 13 were taken elsewhere; 22 is past the end
+}
+
+// A record with positions outside the sequence is refused on restore, naming the field and the value,
+// before any arithmetic on it can wrap (next near 2^63 times a stride).
+TEST(PositionDeal, RefusesPositionsOutsideTheSequence) {
+  using U64 = std::uint64_t;
+  auto restore = [](U64 base, U64 stride, U64 offset, U64 next, std::vector<U64> skip) {
+    NodeState saved;
+    saved.key = "sampler@0";
+    StateWriter w(saved);
+    w("base", base);
+    w("stride", stride);
+    w("offset", offset);
+    w("next", next);
+    w("skip", skip);
+    detail::PositionDeal deal(stride ? stride : 1, 0);
+    StateReader r(saved);
+    deal.restore(r, "positions", 100);
+  };
+  EXPECT_NO_THROW(restore(0, 2, 1, 50, {}));  // 1 + 50 × 2 = 101: one past the end, nothing left to take
+  testing::expect_throw_with<SnapshotError>([&] { restore(0, 2, 1, U64{1} << 62, {}); }, "next 4611686018427387904");
+  testing::expect_throw_with<SnapshotError>([&] { restore(0, 2, 1, 52, {}); }, "next 52 is past the 100 positions");
+  testing::expect_throw_with<SnapshotError>([&] { restore(200, 2, 1, 0, {}); }, "base 200");
+  testing::expect_throw_with<SnapshotError>([&] { restore(0, 0, 0, 0, {}); }, "stride 0");
+  testing::expect_throw_with<SnapshotError>([&] { restore(0, 2, 2, 0, {}); }, "offset 2");
+  testing::expect_throw_with<SnapshotError>([&] { restore(10, 2, 0, 0, {4}); }, "skipped position");
+  testing::expect_throw_with<SnapshotError>([&] { restore(0, 2, 0, 0, {5, 3}); }, "not in order");
+}
+
+// A rescale checks the records it deals before it lists positions: instances that claim to be 2^40
+// positions apart are refused instead of listing them all.
+TEST(SamplerRescale, RefusesInstancesFarApartInsteadOfListingThem) {
+  Engine engine;
+  const auto p = range(0, 1000) | sampler({.shuffle = SamplerShuffle::none});
+  auto run = engine.start(p, {.layout = Layout{0, 1, 2}, .inline_workers = true});
+  run.next();
+  SnapshotSet set({run.snapshot()});
+  Snapshot& s = const_cast<Snapshot&>(set.rank(0));
+  for (auto& st : s.states)
+    if (st.kind == "sampler" && st.instance == 1)
+      for (auto& f : st.fields)
+        if (f.name == "next") f.u = std::uint64_t{1} << 40;
+  testing::expect_throw_with<SnapshotError>([&] { set.rescaled(1, 3); }, "positions apart");
 }
 
 TEST(Sampler, FollowsOnlyRandomAccessSources) {

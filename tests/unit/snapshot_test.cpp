@@ -222,6 +222,75 @@ TEST(SnapshotRefusals, DifferentGraphSeedEpochOrLayout) {
   EXPECT_NE(msg([&] { e.resume(canonical(1000), s, other_epoch); }).find("epoch"), std::string::npos);
 }
 
+// A refusal names the first node and parameter that differ, and tuning parameters do not block.
+TEST(SnapshotRefusals, SayWhatDiffers) {
+  Engine e;
+  auto pipeline = [](std::int64_t size, std::int64_t depth) {
+    return range(0, 1000) | shuffle({.buffer = 100}) | batch({.size = size}) | prefetch({.depth = depth});
+  };
+  auto run = e.start(pipeline(16, 4), options(2, 7));
+  drain(run, 5);
+  const auto s = run.snapshot();
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(pipeline(32, 4), s, options(2, 7)); },
+                                            "batch@1: size is 32, the snapshot has 16");
+  // The prefetch depth changes no element: the resumed stream is the uninterrupted one.
+  auto resumed = e.resume(pipeline(16, 2), s, options(2, 7));
+  auto straight = e.start(pipeline(16, 4), options(2, 7));
+  drain(straight, 5);
+  EXPECT_EQ(drain(resumed, 1000), drain(straight, 1000));
+  // A forged fingerprint field does not make another pipeline's snapshot acceptable.
+  auto forged = s;
+  forged.meta.fingerprint = Graph::build(*(range(0, 1000) | shuffle({.buffer = 100}) | batch({.size = 32}) |
+                                           prefetch({.depth = 4})).def())
+                                .fingerprint();
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(pipeline(32, 4), forged, options(2, 7)); },
+                                            "batch@1: size is 32, the snapshot has 16");
+}
+
+// Impossible contents with valid checksums are SnapshotErrors naming the node, field and value.
+TEST(SnapshotRefusals, ImpossibleContentsAreRefusedBeforeAnyNodeRuns) {
+  Engine e;
+  auto run = e.start(canonical(1000), options(2, 7));
+  drain(run, 3);
+  const auto s = run.snapshot();
+  auto with_field = [&](std::string_view kind, std::string_view field, auto edit) {
+    auto t = s;
+    for (auto& st : t.states)
+      if (st.kind == kind)
+        for (auto& f : st.fields)
+          if (f.name == field) edit(f);
+    return Snapshot::from_bytes(t.to_bytes());  // checksums recomputed: only the contents are wrong
+  };
+  // An all-zero generator state would make every bounded draw loop forever.
+  const auto zero_rng = with_field("shuffle", "rng", [](Field& f) {
+    f.elements = ElementBlobs{};
+    f.elements.tag = "u64";
+    for (int i = 0; i < 4; ++i) f.elements.append(std::string(8, '\0'));
+  });
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(canonical(1000), zero_rng, options(2, 7)); },
+                                            "all-zero generator state");
+  // A layout with no workers is refused when the bytes are read, before anything divides by it.
+  auto no_workers = s;
+  no_workers.meta.layout.num_workers = 0;
+  testing::expect_throw_with<SnapshotError>([&] { Snapshot::from_bytes(no_workers.to_bytes()); }, "impossible");
+  auto negative = s;
+  negative.meta.layout.num_workers = -3;
+  testing::expect_throw_with<SnapshotError>([&] { Snapshot::from_bytes(negative.to_bytes()); }, "impossible");
+}
+
+// A shuffle's restore holds what the snapshot holds, not the buffer size it declares.
+TEST(SnapshotRestore, AHugeShuffleBufferSizeRestores) {
+  Engine e;
+  const auto p = range(0, 10) | shuffle({.buffer = std::int64_t{1} << 40});
+  auto run = e.start(p, options(1, 3));
+  drain(run, 4);
+  const auto s = run.snapshot();
+  auto resumed = e.resume(p, s, options(1, 3));
+  auto straight = e.start(p, options(1, 3));
+  drain(straight, 4);
+  EXPECT_EQ(drain(resumed, 100), drain(straight, 100));
+}
+
 TEST(SnapshotRestore, CostAndSizeDoNotGrowWithThePosition) {
   // The state is the shuffle buffer, positions and the partial batch: the same size at any point.
   // (Inline workers: with threads, how many finished batches wait in the queue depends on timing.)

@@ -82,7 +82,7 @@ class LineShardTable {
   std::vector<std::pair<std::string, std::string>> file_params() const {
     std::vector<std::pair<std::string, std::string>> out;
     for (std::size_t i = 0; i < files_.size(); ++i)
-      out.emplace_back("file" + std::to_string(i), files_[i] + " (" + std::to_string(sizes_[i]) + " bytes)");
+      out.emplace_back("file" + std::to_string(i), data_file_param(files_[i], sizes_[i]));
     return out;
   }
 
@@ -214,7 +214,7 @@ class LineShardIter : public Hooked<Out> {
   void restore_state(StateReader& r) override {
     LineShardsState st;
     r.read(st);
-    deal_.restore(r, "shards", std::move(st.deal));
+    deal_.restore(r, "shards", table_.shards() * table_.epochs(), std::move(st.deal));
     const auto& items = st.started_items;
     const auto& segments = st.started_segments;
     const auto& offsets = st.started_offsets;

@@ -37,6 +37,19 @@ struct DealState {
     a("next", next);
     a("skip", skip);
   }
+  /// Its invariants for a sequence of `total` positions (at most 2^62, see check_position_count): every
+  /// position it can name lies in [0, total] + one stride, so no arithmetic on it wraps; the skipped ones
+  /// are in order, at or after base and inside the sequence. `what` names the positions in messages.
+  void check(const StateReader& r, const std::string& what, std::uint64_t total) const {
+    if (stride < 1 || stride > (std::uint64_t{1} << 31)) r.fail("stride " + std::to_string(stride) + " is not an instance count");
+    if (offset >= stride) r.fail("offset " + std::to_string(offset) + " is not below the stride " + std::to_string(stride));
+    if (base > total) r.fail("base " + std::to_string(base) + " is past the " + std::to_string(total) + " " + what);
+    if (next > (total - base) / stride + 1)
+      r.fail("next " + std::to_string(next) + " is past the " + std::to_string(total) + " " + what);
+    if (!std::is_sorted(skip.begin(), skip.end())) r.fail("the skipped " + what + " are not in order");
+    if (!skip.empty() && (skip.front() < base || skip.back() >= total))
+      r.fail("a skipped position lies outside [base " + std::to_string(base) + ", " + std::to_string(total) + ")");
+  }
 };
 
 class PositionDeal {
@@ -71,13 +84,14 @@ class PositionDeal {
     return {base_, stride_, offset_, next_, {skip_.begin() + std::ptrdiff_t(skip_at_), skip_.end()}};
   }
   void save(StateWriter& w) const { w.write(state()); }
-  /// `what` names the dealt things in error messages ("positions", "shards").
-  void restore(StateReader& r, const std::string& what) {
+  /// `what` names the dealt things in error messages ("positions", "shards"); `total` is how many there are.
+  void restore(StateReader& r, const std::string& what, std::uint64_t total) {
     DealState st;
     r.read(st);
-    restore(r, what, std::move(st));
+    restore(r, what, total, std::move(st));
   }
-  void restore(StateReader& r, const std::string& what, DealState st) {
+  void restore(StateReader& r, const std::string& what, std::uint64_t total, DealState st) {
+    st.check(r, what, total);
     const std::uint64_t stride = stride_;
     base_ = st.base;
     stride_ = st.stride;
@@ -88,8 +102,6 @@ class PositionDeal {
     if (stride_ != stride)
       r.fail("the " + what + " are dealt to " + std::to_string(stride_) + " instances, this layout has " +
              std::to_string(stride));
-    if (offset_ >= stride_) r.fail("offset " + std::to_string(offset_) + " is not below the stride");
-    if (!std::is_sorted(skip_.begin(), skip_.end())) r.fail("the skipped " + what + " are not in order");
   }
 
  private:
@@ -113,17 +125,31 @@ class PositionDeal {
 /// The rescale rule of the nodes that deal positions of one global sequence (sampler, the line sources):
 /// re-slice from the slowest old instance's position. Every position below the frontier
 /// (base + slowest next × old stride) was taken by someone; above it, the ones faster instances took
-/// become each new instance's `skip` list. Returns one state per new slot.
+/// become each new instance's `skip` list. Returns one state per new slot. The inputs are checked before
+/// any arithmetic: positions below 2^62, and at most kMaxRedealt positions taken above the frontier (the
+/// lists this builds), so a crafted record cannot make it wrap or allocate without bound.
+inline constexpr std::uint64_t kMaxRedealt = std::uint64_t{1} << 24;
 inline std::vector<DealState> redeal_positions(const RescaleInput& in, const std::vector<DealState>& old) {
   const std::size_t n_old = old.size();
+  constexpr std::uint64_t kLimit = std::uint64_t{1} << 62;
   std::uint64_t min_next = ~std::uint64_t{0};
   std::vector<bool> offsets(n_old, false);
   for (const DealState& s : old) {
     if (s.base != old.front().base || s.stride != n_old || s.offset >= n_old || offsets[s.offset])
       in.refuse("its instances do not deal one position sequence between them");
+    if (s.base > kLimit || s.next > (kLimit - s.base) / s.stride || !std::is_sorted(s.skip.begin(), s.skip.end()) ||
+        (!s.skip.empty() && (s.skip.front() < s.base || s.skip.back() > kLimit)))
+      in.refuse("instance " + std::to_string(s.offset) + "'s positions (base " + std::to_string(s.base) + ", next " +
+                std::to_string(s.next) + ") are outside any sequence dpipe deals");
     offsets[s.offset] = true;
     min_next = std::min(min_next, s.next);
   }
+  std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
+  for (const DealState& s : old)
+    if (ahead <= kMaxRedealt) ahead += std::min(s.next - min_next, kMaxRedealt + 1) + s.skip.size();
+  if (ahead > kMaxRedealt)
+    in.refuse("its instances are " + std::to_string(ahead) + " positions apart, more than the " +
+              std::to_string(kMaxRedealt) + " a rescale lists");
   const std::uint64_t base = old.front().base;
   const std::uint64_t frontier = base + min_next * n_old;
   std::vector<std::uint64_t> taken;

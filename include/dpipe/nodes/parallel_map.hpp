@@ -110,6 +110,8 @@ auto parallel_map(Fn fn, ParallelMapOptions o = {}) {
 
 struct ParallelMapKind {
   static constexpr std::string_view name = "parallel_map";
+  /// The window of work in flight changes no element: a resume may change it.
+  static constexpr std::string_view tuning[] = {"max_in_flight"};
   /// Rescale: a parallel_map keeps no state between pulls, so every new instance gets the same record.
   static RescaleRule rescale() { return RescaleRule::replicated(); }
   /// `{"op": "parallel_map", "fn": NAME, "max_in_flight": 64, ...}`: a function the front end provides,

@@ -56,6 +56,8 @@ inline auto prefetch(PrefetchOptions o = {}) {
 
 struct PrefetchKind {
   static constexpr std::string_view name = "prefetch";
+  /// The queue depth changes no element: a resume may change it.
+  static constexpr std::string_view tuning[] = {"depth"};
   /// Rescale: prefetch sets a queue depth and keeps no state of its own (the queue is the merge's).
   static RescaleRule rescale() { return RescaleRule::replicated(); }
   /// `{"op": "prefetch", "depth": 8}`

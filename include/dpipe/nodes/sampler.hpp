@@ -87,7 +87,7 @@ class SamplerIter final : public Hooked<T> {
     return n;
   }
   void save_state(StateWriter& w) const override { deal_.save(w); }
-  void restore_state(StateReader& r) override { deal_.restore(r, "positions"); }
+  void restore_state(StateReader& r) override { deal_.restore(r, "positions", total_); }
   std::vector<IterBase*> inputs() const override { return {}; }
 
  private:

@@ -104,10 +104,8 @@ class ShuffleIter final : public Hooked<T> {
     return out.size() - before;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
-  void restore_state(StateReader& r) override {
-    r.read(st_);
-    st_.buffer.reserve(size_);
-  }
+  // No reserve to the buffer size: a restore holds what the snapshot holds, never a declared capacity.
+  void restore_state(StateReader& r) override { r.read(st_); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:

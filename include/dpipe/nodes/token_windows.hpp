@@ -88,14 +88,15 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
     const auto* p = reinterpret_cast<const Raw*>(bytes);
     return std::vector<Token>(p, p + count / sizeof(Raw));  // one pass: converts (or copies), no zero-fill
   }
-  // The fingerprint covers the file list, the files' sizes and the window shape, so a snapshot of
-  // other data is refused.
+  // The fingerprint covers the file list, the files' sizes and the window shape, and a restore compares
+  // the files' modification times, so a snapshot of other data is refused.
   static Params describe(const std::vector<std::string>& files, const TokenWindowsOptions& o) {
     Params p{{"dtype", o.dtype == TokenType::uint16 ? "uint16" : "uint32"}, {"seq_len", param_text(o.seq_len)}};
     for (std::size_t i = 0; i < files.size(); ++i) {
       std::error_code ec;
       const auto bytes = std::filesystem::file_size(files[i], ec);
-      p.emplace_back("file" + std::to_string(i), files[i] + " (" + (ec ? std::string("?") : std::to_string(bytes)) + " bytes)");
+      p.emplace_back("file" + std::to_string(i),
+                     ec ? files[i] + " (? bytes)" : data_file_param(files[i], static_cast<std::uint64_t>(bytes)));
     }
     return p;
   }
