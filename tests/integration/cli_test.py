@@ -288,6 +288,34 @@ def _():
     assert 0.25 < b["seconds"] < 5 and time.time() - t0 < 10 and b["elements"] > 0
 
 
+@case("resume/changed_data_refused_unless_allowed_and_tuning_free")
+def _():
+    data = os.path.join(TMP, "changing.txt")
+    with open(data, "w") as f:
+        f.write("aa\nbb\ncc\ndd\n")
+    spec = json.dumps({"pipeline": [{"op": "lines", "files": [data], "shuffle_shards": False},
+                                     {"op": "prefetch", "depth": 4}]})
+    snap = os.path.join(TMP, "changing.snap")
+    first = lines(dpipe("run", spec, "--take", 1, "--snapshot-out", snap).stdout)
+    assert first == ["aa"], first
+    with open(data, "w") as f:
+        f.write("xx\nyy\nzz\nww\n")
+    st = os.stat(data)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    r = dpipe("run", spec, "--resume", snap, check=False)
+    assert r.returncode != 0 and "data changed since the snapshot" in r.stderr and data in r.stderr, r.stderr
+    assert "--allow-changed-data" in r.stderr, r.stderr
+    # Lines read before the snapshot come from it, the others from the file as it is now.
+    accepted = lines(dpipe("run", spec, "--resume", snap, "--allow-changed-data").stdout)
+    assert len(accepted) == 3, accepted
+    # A changed prefetch depth changes no element, so it resumes; a changed parameter is named.
+    deeper = spec.replace('"depth": 4', '"depth": 9')
+    assert lines(dpipe("run", deeper, "--resume", snap, "--allow-changed-data").stdout) == accepted
+    other = spec.replace('"shuffle_shards": false', '"shuffle_shards": true')
+    r = dpipe("run", other, "--resume", snap, "--allow-changed-data", check=False)
+    assert r.returncode != 0 and "shuffle_shards is true, the snapshot has false" in r.stderr, r.stderr
+
+
 @case("usage_errors_exit_2")
 def _():
     for args in (["run"], ["run", SPEC, "--bogus"], ["run", SPEC, "--take", "-1"], ["frob"],

@@ -154,6 +154,34 @@ TEST(FileSources, FingerprintCoversTheFilesAndTheirSizes) {
   EXPECT_NE(Graph::build(*records({d.file("r.tfrecord")}).def()).fingerprint(), before);
 }
 
+// A data file rewritten in place at the same size is refused on resume, naming it, unless the resume
+// accepts changed data; the fingerprint (path and size) stays, so ranks whose copies differ only in
+// their times still form one set.
+TEST(FileSources, AFileRewrittenAtTheSameSizeIsRefusedUnlessAccepted) {
+  TempDir d;
+  const std::string path = d.file("lines.txt");
+  {
+    std::ofstream(path) << "aa\nbb\ncc\ndd\n";
+  }
+  const auto before = lines({path}, {.shuffle_shards = false});
+  Engine e;
+  auto run = e.start(before, {.layout = Layout{0, 1, 1}});
+  run.next();
+  const auto s = run.snapshot();
+  const auto fingerprint = run.graph().fingerprint();
+  {
+    std::ofstream(path) << "xx\nyy\nzz\nww\n";  // same size, other bytes
+  }
+  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) + std::chrono::seconds(5));
+  const auto p = lines({path}, {.shuffle_shards = false});  // as a restarted job builds it
+  EXPECT_EQ(Graph::build(*p.def()).fingerprint(), fingerprint);
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(p, s, {.layout = Layout{0, 1, 1}}); },
+                                            "data changed since the snapshot");
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(p, s, {.layout = Layout{0, 1, 1}}); }, path);
+  auto accepted = e.resume(p, s, {.layout = Layout{0, 1, 1}}, {.allow_changed_data = true});
+  EXPECT_EQ(testing::drain(accepted).size(), 3u);  // lines read before the snapshot come from it, the rest from the file
+}
+
 TEST(FileSources, SampledRecordsRescaleWithEveryRecordOnce) {
   TempDir d;
   std::vector<std::string> a, b;
