@@ -1,5 +1,6 @@
 // The only translation unit that includes Boost.Graph.
 #include "dpipe/graph.hpp"
+#include "dpipe/node_kind.hpp"
 
 #include <boost/config.hpp>
 #include <boost/graph/adjacency_list.hpp>
@@ -88,6 +89,86 @@ void check_segments(std::vector<GraphNode>& nodes) {
   }
 }
 
+/// How the stream out of a node is split between the instances: the levels it is dealt over (by a
+/// dealing source, a level-based sharding_filter, a round-robin dispatch) and the levels covered on
+/// purpose (dealt, broadcast by dispatch, or marked with replicate); whether a source every instance
+/// reads in full feeds it.
+struct Flow {
+  static constexpr unsigned kRank = 1, kWorker = 2;
+  unsigned dealt = 0, covered = 0;
+  std::size_t dealer = 0;       // the node that dealt it (for messages)
+  std::string full_source;      // label of a source read in full, if any
+};
+
+unsigned levels_of(const GraphNode& n, std::string_view level) {
+  if (level == "rank") return Flow::kRank;
+  if (level == "worker") return Flow::kWorker;
+  return n.segment == Segment::worker ? Flow::kRank | Flow::kWorker : Flow::kRank;  // all
+}
+
+std::string describe_levels(unsigned levels) {
+  return levels == (Flow::kRank | Flow::kWorker) ? "every rank and worker" : levels == Flow::kRank ? "the ranks" : "the workers";
+}
+
+/// Computes every node's Flow (inputs before the nodes that read them: the reverse of pre-order) and
+/// refuses a level-based sharding_filter after a node that already deals its stream over that level.
+std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes) {
+  std::vector<Flow> flows(nodes.size());
+  auto param = [](const GraphNode& n, std::string_view key) -> std::string_view {
+    for (const auto& [k, v] : n.params)
+      if (k == key) return v;
+    return {};
+  };
+  for (std::size_t i = nodes.size(); i-- > 0;) {
+    const GraphNode& n = nodes[i];
+    Flow& f = flows[i];
+    const KindInfo* kind = find_kind(n.kind);
+    const std::string label = n.key + " (" + n.kind + ")";
+    if (kind && kind->deals) {  // its input, if any, is read by index through it, never in full
+      f.dealt = f.covered = n.segment == Segment::worker ? Flow::kRank | Flow::kWorker : Flow::kRank;
+      f.dealer = i;
+      flows[i] = f;
+      continue;
+    }
+    if (n.inputs.empty()) {
+      if (kind && kind->source) f.full_source = label;
+      continue;
+    }
+    f = flows[n.inputs.front()];
+    for (std::size_t k = 1; k < n.inputs.size(); ++k) {  // several inputs: split only as far as all are
+      const Flow& g = flows[n.inputs[k]];
+      f.dealt &= g.dealt;
+      f.covered &= g.covered;
+      if (f.full_source.empty()) f.full_source = g.full_source;
+    }
+    if (n.kind == "sharding_filter") {
+      const std::string_view shards = param(n, "num_shards");
+      if (!shards.empty() && shards != "0") {  // explicit shards: the user splits the stream by hand
+        f.covered = Flow::kRank | Flow::kWorker;
+        continue;
+      }
+      const unsigned levels = levels_of(n, param(n, "level"));
+      if (f.dealt & levels)
+        throw ConfigError(label + " shards over " + describe_levels(levels) + ", but " + nodes[f.dealer].key + " (" +
+                          nodes[f.dealer].kind + ") already deals its stream to " + describe_levels(f.dealt) +
+                          ": each instance would keep a fraction of its own share and the rest would be lost. "
+                          "Remove the sharding_filter");
+      f.dealt |= levels;
+      f.covered |= levels;
+      f.dealer = i;
+    } else if (n.kind == "dispatch") {
+      if (param(n, "mode") == "round_robin") {
+        f.dealt |= Flow::kWorker;
+        f.dealer = i;
+      }
+      f.covered |= Flow::kWorker;  // broadcast hands every worker every element on purpose
+    } else if (n.kind == "replicate") {
+      f.covered = Flow::kRank | Flow::kWorker;
+    }
+  }
+  return flows;
+}
+
 }  // namespace
 
 Graph Graph::build(const NodeDefBase& output) {
@@ -113,6 +194,11 @@ Graph Graph::build(const NodeDefBase& output) {
   }
 
   check_segments(g.nodes_);
+  {
+    const std::vector<Flow> flows = sharding_flows(g.nodes_);
+    g.full_source_ = flows.front().full_source;
+    g.covered_levels_ = flows.front().covered;
+  }
   for (const auto& n : g.nodes_) g.has_merge_ = g.has_merge_ || n.kind == "merge";
 
   BoostGraph bg(g.nodes_.size());
@@ -182,6 +268,21 @@ std::string Graph::to_dot() const {
       boost::default_writer{},
       [](std::ostream& out) { out << "rankdir=LR;\n"; });
   return os.str();
+}
+
+std::vector<std::string> Graph::warnings(const Layout& layout) const {
+  std::vector<std::string> out;
+  if (full_source_.empty()) return out;
+  unsigned missing = 0;
+  if (layout.world_size > 1 && !(covered_levels_ & Flow::kRank)) missing |= Flow::kRank;
+  if (layout.num_workers > 1 && !(covered_levels_ & Flow::kWorker)) missing |= Flow::kWorker;
+  if (!missing) return out;
+  const int copies = (missing & Flow::kRank ? layout.world_size : 1) * (missing & Flow::kWorker ? layout.num_workers : 1);
+  out.push_back(full_source_ + " is read in full by " + describe_levels(missing) +
+                " (no sampler, sharding_filter or dispatch splits it), so each of its elements is delivered " +
+                std::to_string(copies) + " times. Add sharding_filter() to split it, or replicate() to say the copies "
+                "are on purpose");
+  return out;
 }
 
 void Graph::check_layout(const Layout& layout) const {

@@ -409,7 +409,7 @@ Spec parse_spec(std::string_view text) {
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers too large for a double
     throw ConfigError(std::string("spec is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ConfigError("spec must be a JSON object with a \"pipeline\" list");

@@ -331,6 +331,7 @@ int cmd_run(const RunArgs& a) {
       if (a.resume_dir) return resumed(engine.resume(pipeline, dpipe::SnapshotSet::read_dir(*a.resume_dir), options, how));
       return engine.start(pipeline, options);
     }();
+    for (const auto& w : run.warnings()) std::cerr << "dpipe: warning: " << w << "\n";
     Output out(output);
     const auto t0 = Clock::now();
     std::uint64_t n = 0;

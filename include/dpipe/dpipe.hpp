@@ -28,6 +28,7 @@
 #include "dpipe/nodes/range.hpp"
 #include "dpipe/nodes/records.hpp"
 #include "dpipe/nodes/repeat.hpp"
+#include "dpipe/nodes/replicate.hpp"
 #include "dpipe/nodes/sampler.hpp"
 #include "dpipe/nodes/sharding_filter.hpp"
 #include "dpipe/nodes/shuffle.hpp"

@@ -193,6 +193,9 @@ class Run {
   const Layout& layout() const { return layout_; }
   const Graph& graph() const { return *graph_; }
   std::uint64_t delivered() const { return delivered_; }
+  /// What this run delivers that the user may not mean (a source read in full by several instances with
+  /// nothing splitting it); empty when nothing looks wrong. The tool prints these on stderr.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   /// How the state was restored (empty for a fresh start).
   const RestoreReport& restore_report() const { return report_; }
 
@@ -215,6 +218,7 @@ class Run {
     layout_ = detail::resolve_layout(options_);
     graph_ = std::make_unique<Graph>(Graph::build(*pipeline_.def()));
     graph_->check_layout(layout_);
+    warnings_ = graph_->warnings(layout_);
     shared_ = std::make_unique<detail::RunShared>();
     BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_->keys(), 0};
     ctx.executor = executor_.get();
@@ -257,6 +261,7 @@ class Run {
   std::uint64_t delivered_ = 0;
   std::exception_ptr failed_;
   RestoreReport report_;
+  std::vector<std::string> warnings_;
 };
 
 /// Owns the engine threads (a oneTBB arena, kept out of this header) and starts Runs on them.

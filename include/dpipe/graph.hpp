@@ -49,6 +49,9 @@ class Graph {
     for (const auto* d : defs_) n += d->skipped();
     return n;
   }
+  /// What a run on `layout` delivers that the user may not mean: a source read in full by several
+  /// instances with nothing splitting it (silenced by replicate()).
+  std::vector<std::string> warnings(const Layout& layout) const;
   /// Checks every node against a layout (shard ids, …); throws ConfigError.
   void check_layout(const Layout& layout) const;
 
@@ -59,6 +62,8 @@ class Graph {
   std::vector<const NodeDefBase*> defs_;  // borrowed from the pipeline
   std::uint64_t fingerprint_ = 0;
   bool has_merge_ = false;
+  std::string full_source_;       // a source every instance reads in full that reaches the output, if any
+  unsigned covered_levels_ = 0;   // levels (rank 1, worker 2) the output is split over or replicated on purpose
 };
 
 }  // namespace dpipe

@@ -22,6 +22,7 @@
 #include "dpipe/nodes/range.hpp"
 #include "dpipe/nodes/records.hpp"
 #include "dpipe/nodes/repeat.hpp"
+#include "dpipe/nodes/replicate.hpp"
 #include "dpipe/nodes/sampler.hpp"
 #include "dpipe/nodes/sharding_filter.hpp"
 #include "dpipe/nodes/shuffle.hpp"
@@ -37,7 +38,7 @@ using AllKinds = KindList<
     RangeKind, FromVectorKind, GeneratorKind, LinesKind, LineBlocksKind, RecordsKind, TokenWindowsKind,
     // one input
     MapKind, ParallelMapKind, FilterKind, FlatMapKind, ShardingFilterKind, ShuffleKind, BatchKind, UnbatchKind,
-    TakeKind, RepeatKind, CycleKind, SamplerKind,
+    TakeKind, RepeatKind, CycleKind, SamplerKind, ReplicateKind,
     // segments
     DispatchKind, MergeKind, PrefetchKind,
     // several inputs

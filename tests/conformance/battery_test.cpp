@@ -169,6 +169,8 @@ DPIPE_CASE(MergeThenShuffleAndTake,
 DPIPE_CASE(PrefetchBeforeMerge,
            range(0, 300) | sharding_filter() | batch({.size = 5}) | prefetch({.depth = 2}) | merge() | unbatch());
 DPIPE_CASE(PrefetchAtTheEnd, range(0, 300) | sharding_filter() | map(times3) | prefetch({.depth = 3}));
+// replicate: every instance reads the source in full, on purpose.
+DPIPE_CASE(Replicate, range(0, 40) | replicate() | shuffle({.buffer = 8}) | map(times3));
 
 // parallel_map: alone, in the worker segment, and in a dispatch's prefix.
 DPIPE_CASE(ParallelMap, range(0, 400) | parallel_map(times3, {.max_in_flight = 16}));

@@ -124,12 +124,13 @@ SPECS = {
     "prefetch": [R(300), {"op": "sharding_filter"}, {"op": "batch", "size": 5}, {"op": "prefetch", "depth": 2},
                  {"op": "merge"}, {"op": "unbatch"}],
     "prefetch_at_the_end": [R(300), {"op": "sharding_filter"}, {"op": "prefetch", "depth": 3}],
+    "replicate": [R(40), {"op": "replicate"}, {"op": "shuffle", "buffer": 8}, {"op": "batch", "size": 3}],
 }
 
 # Every op the spec front end knows appears above (a new op needs a spec here).
 OPS = {"range", "from_vector", "generator", "lines", "line_blocks", "records", "token_windows", "map", "parallel_map",
        "filter", "flat_map", "sharding_filter", "shuffle", "batch", "unbatch", "take", "repeat", "cycle", "concat",
-       "mux", "mux_longest", "zip", "sampler", "dispatch", "merge", "prefetch"}
+       "mux", "mux_longest", "zip", "sampler", "dispatch", "merge", "prefetch", "replicate"}
 
 
 def ops_of(chain):

@@ -167,7 +167,7 @@ def _():
 
 @case("run/a_failure_recorded_in_a_snapshot_resumes_to_the_same_failure")
 def _():
-    spec = json.dumps({"pipeline": [{"op": "range", "stop": 1000},
+    spec = json.dumps({"pipeline": [{"op": "range", "stop": 1000}, {"op": "replicate"},
                                     {"op": "map", "fn": "throw_at", "index": 20, "name": "fragile"}]})
     full = dpipe("run", spec, "--workers", 2, check=False)
     assert full.returncode == 1
@@ -204,6 +204,8 @@ def _():
     assert r.returncode == 1 and "64-bit" in r.stderr, (r.returncode, r.stdout, r.stderr)
     r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 9223372036854775807}]}), "--take", 2)
     assert lines(r.stdout) == [0, 1]
+    r = dpipe("run", '{"pipeline": [{"op": "range", "stop": 9999999e9999}]}', check=False)  # beyond a double
+    assert r.returncode == 1 and "not valid JSON" in r.stderr, (r.returncode, r.stderr)
     r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 9},
                                               {"op": "batch", "size": 2, "name": "run"}]}), check=False)
     assert r.returncode == 1 and "reserved" in r.stderr, r.stderr
@@ -286,6 +288,22 @@ def _():
     t0 = time.time()
     b = json.loads(dpipe("bench", json.dumps(forever), "--seconds", "0.3").stdout)
     assert 0.25 < b["seconds"] < 5 and time.time() - t0 < 10 and b["elements"] > 0
+
+
+@case("misuse/unsplit_source_warns_replicate_silences_double_sharding_refused")
+def _():
+    unsplit = json.dumps({"pipeline": [{"op": "range", "stop": 4}]})
+    r = dpipe("run", unsplit, "--workers", 2)
+    assert len(lines(r.stdout)) == 8, r.stdout  # every worker delivers every element, as torch does
+    assert "dpipe: warning: range@0 (range) is read in full by the workers" in r.stderr, r.stderr
+    assert "replicate()" in r.stderr, r.stderr
+    marked = json.dumps({"pipeline": [{"op": "range", "stop": 4}, {"op": "replicate"}]})
+    r = dpipe("run", marked, "--workers", 2)
+    assert len(lines(r.stdout)) == 8 and r.stderr == "", r.stderr
+    twice = json.dumps({"pipeline": [{"op": "range", "stop": 4}, {"op": "sampler"}, {"op": "sharding_filter"}]})
+    r = dpipe("run", twice, "--workers", 2, check=False)
+    assert r.returncode == 2 or r.returncode == 1, r.returncode
+    assert "sampler@1 (sampler) already deals" in r.stderr and "Remove the sharding_filter" in r.stderr, r.stderr
 
 
 @case("resume/changed_data_refused_unless_allowed_and_tuning_free")

@@ -144,7 +144,7 @@ TEST(Kinds, EveryKindOfTheListIsRegisteredOnceWithItsRule) {
   const auto& kinds = registered_kinds();
   std::set<std::string_view> names;
   for (const auto& k : kinds) EXPECT_TRUE(names.insert(k.name).second) << k.name;
-  EXPECT_EQ(kinds.size(), 26u);
+  EXPECT_EQ(kinds.size(), 27u);
   ASSERT_NE(find_kind("batch"), nullptr);
   EXPECT_FALSE(find_kind("batch")->rescale.refuses());
   ASSERT_NE(find_kind("sharding_filter"), nullptr);
@@ -459,4 +459,51 @@ TEST(Run, ALoopRethrowsAWorkerFailure) {
 }
 
 }  // namespace
+}  // namespace dpipe
+
+namespace dpipe {
+
+// No silent misuse: a level-based sharding_filter after a node that already deals its stream over that
+// level is refused naming both nodes; a source read in full by several instances with nothing splitting
+// it is a warning, silenced by replicate().
+TEST(Sharding, ASecondShardingOfADealtStreamIsRefusedNamingBothNodes) {
+  Engine e;
+  const RunOptions two_workers{.layout = Layout{0, 1, 2}};
+  testing::expect_throw_with<ConfigError>(
+      [&] { e.start(range(0, 100) | sampler() | sharding_filter(), two_workers); },
+      "sharding_filter@0 (sharding_filter) shards over every rank and worker, but sampler@1 (sampler) already deals");
+  testing::expect_throw_with<ConfigError>(
+      [&] { e.start(range(0, 100) | sampler() | map([](std::int64_t x) { return x; }) | sharding_filter({.level = ShardLevel::worker}), two_workers); },
+      "Remove the sharding_filter");
+  // Dealt to the ranks before dispatch, then round-robin to the workers: sharding the workers again loses data.
+  testing::expect_throw_with<ConfigError>(
+      [&] { e.start(range(0, 100) | sharding_filter({.level = ShardLevel::rank}) | dispatch() | sharding_filter({.level = ShardLevel::worker}) | merge(), two_workers); },
+      "dispatch@");
+  // Legitimate: the ranks' share broadcast to every worker, then split by worker; explicit shards.
+  auto split = e.start(range(0, 100) | sharding_filter({.level = ShardLevel::rank}) | dispatch(broadcast) |
+                           sharding_filter({.level = ShardLevel::worker}) | merge(),
+                       two_workers);
+  EXPECT_EQ(testing::drain(split).size(), 100u);
+  EXPECT_NO_THROW(e.start(range(0, 100) | sampler() | sharding_filter({.num_shards = 2, .shard_id = 0}), two_workers));
+}
+
+TEST(Sharding, AReplicatedSourceWarnsUnlessMarked) {
+  Engine e;
+  const RunOptions two_workers{.layout = Layout{0, 1, 2}};
+  auto copied = e.start(range(0, 10) | map([](std::int64_t x) { return x; }), two_workers);
+  ASSERT_EQ(copied.warnings().size(), 1u);
+  EXPECT_NE(copied.warnings()[0].find("range@1 (range) is read in full by the workers"), std::string::npos)
+      << copied.warnings()[0];
+  EXPECT_NE(copied.warnings()[0].find("delivered 2 times"), std::string::npos) << copied.warnings()[0];
+  EXPECT_EQ(testing::drain(copied).size(), 20u);  // torch's semantics: every worker delivers every element
+  EXPECT_TRUE(e.start(range(0, 10) | replicate() | map([](std::int64_t x) { return x; }), two_workers).warnings().empty());
+  EXPECT_TRUE(e.start(range(0, 10) | sharding_filter(), two_workers).warnings().empty());
+  EXPECT_TRUE(e.start(range(0, 10) | sampler(), two_workers).warnings().empty());
+  EXPECT_TRUE(e.start(range(0, 10), RunOptions{.layout = Layout{0, 1, 1}}).warnings().empty());
+  // Two ranks: a zip of a split and an unsplit stream still copies the unsplit one.
+  auto zipped = e.start(zip(range(0, 10) | sharding_filter(), range(0, 10)), RunOptions{.layout = Layout{0, 2, 1}});
+  ASSERT_EQ(zipped.warnings().size(), 1u);
+  EXPECT_NE(zipped.warnings()[0].find("the ranks"), std::string::npos) << zipped.warnings()[0];
+}
+
 }  // namespace dpipe

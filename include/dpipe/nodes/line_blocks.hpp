@@ -216,6 +216,8 @@ inline Pipeline<TextBlock> line_blocks(std::vector<std::string> files, LineBlock
 struct LineBlocksKind {
   static constexpr std::string_view name = "line_blocks";
   static constexpr bool source = true;
+  /// It deals its shards to the instances: a level-based sharding_filter after it would shard again.
+  static constexpr bool deals = true;
   /// Rescale: the line sources' rule (detail/line_shards.hpp); a block in a later buffer is dealt whole.
   static RescaleRule rescale() { return detail::line_shards_rescale(); }
   /// `{"op": "line_blocks", "files": [...], "logical_shards": 64, "epochs": 1, "shuffle_shards": true,

@@ -91,6 +91,8 @@ inline Pipeline<std::string> lines(std::vector<std::string> files, LinesOptions 
 struct LinesKind {
   static constexpr std::string_view name = "lines";
   static constexpr bool source = true;
+  /// It deals its shards to the instances: a level-based sharding_filter after it would shard again.
+  static constexpr bool deals = true;
   /// Rescale: the line sources' rule (detail/line_shards.hpp): work items re-sliced, started shards dealt.
   static RescaleRule rescale() { return detail::line_shards_rescale(); }
   /// `{"op": "lines", "files": [...], "logical_shards": 64, "epochs": 1, "shuffle_shards": true}`
