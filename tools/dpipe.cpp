@@ -23,6 +23,7 @@
 
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/dpipe.hpp"
+#include "dpipe/regular_file.hpp"
 #include "json_spec.hpp"
 
 namespace {
@@ -103,7 +104,7 @@ CLI::Validator decimal(T lo, T hi) {
 }
 
 constexpr const char* kSpecHelp =
-    "the pipeline: a JSON file, '-' for standard input, or the JSON text itself "
+    "the pipeline: a JSON file (a regular file), '-' for standard input, or the JSON text itself "
     "({\"seed\": S, \"pipeline\": [{\"op\": KIND, ...parameters}, ...]})";
 
 constexpr const char* kLayoutFooter =
@@ -193,10 +194,8 @@ std::string read_text(const std::string& path_or_json) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream in(path_or_json, std::ios::binary);
-  if (!in) throw dpipe::ConfigError("cannot open spec '" + path_or_json + "': " + std::strerror(errno));
-  ss << in.rdbuf();
-  return ss.str();
+  // A regular file only (a FIFO or a device is refused, never waited on); '-' reads standard input.
+  return dpipe::read_regular_file(path_or_json, dpipe::FileRole::spec);
 }
 
 /// Calls `f(pipeline)` with the spec's typed pipeline: the one place the tool looks inside a Spec.

@@ -557,6 +557,39 @@ def _():
     assert sorted(flat) == sorted(expected), (len(flat), len(expected))
 
 
+@case("files/fifos_and_devices_are_refused_without_waiting")
+def _():
+    fifo = os.path.join(TMP, "input.fifo")
+    os.mkfifo(fifo)
+    range_spec = json.dumps({"pipeline": [{"op": "range", "stop": 3}]})
+    for args in (["run", fifo], ["run", range_spec, "--resume", fifo], ["snapshot", "show", fifo],
+                 ["run", json.dumps({"pipeline": [{"op": "records", "files": [fifo]}]})],
+                 ["run", json.dumps({"pipeline": [{"op": "lines", "files": [fifo]}]})],
+                 ["run", range_spec, "--resume", "/dev/zero"], ["snapshot", "show", "/dev/zero"]):
+        r = dpipe(*args, check=False, timeout=20)
+        what = "a character device" if "/dev/zero" in args else "a FIFO"
+        assert r.returncode == 1 and f"it is {what}, and dpipe reads only regular files" in r.stderr, (args, r.stderr)
+    d = os.path.join(TMP, "set-fifo")
+    os.makedirs(d)
+    os.mkfifo(os.path.join(d, "rank-0-of-1.dpipe"))
+    r = dpipe("snapshot", "show", d, check=False, timeout=20)
+    assert r.returncode == 1 and "a FIFO" in r.stderr, r.stderr
+    # Standard input stays a way to give the spec.
+    r = subprocess.run([DPIPE, "run", "-"], input=range_spec, capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0 and lines(r.stdout) == [0, 1, 2], r.stderr
+
+
+@case("files/a_set_named_like_rank_0_of_2_31_is_reported_from_its_files")
+def _():
+    d = os.path.join(TMP, "set-huge-world")
+    os.makedirs(d)
+    open(os.path.join(d, "rank-0-of-2147483647.dpipe"), "wb").close()
+    t0 = time.time()
+    r = dpipe("snapshot", "show", d, check=False, timeout=20)
+    assert r.returncode == 1 and "ranks present: 1 of 2147483647; first missing: 1, 2, 3, 4, 5, …" in r.stderr, r.stderr
+    assert len(r.stderr) < 500 and time.time() - t0 < 5, (len(r.stderr), time.time() - t0)
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))
