@@ -156,7 +156,8 @@ void build_cli(Cli& c) {
       ->needs(resume_dir)
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   c.run->footer(std::string(kLayoutFooter) +
-                "\n\nOutput: one JSON value per line (numbers, strings, arrays for batches). A file named by\n"
+                "\n\nOutput: one JSON value per line (numbers, strings, arrays for batches); text that is not\n"
+                "UTF-8 is written {\"base64\": \"...\"} (docs/files.md). A file named by\n"
                 "--output is replaced only when the run succeeds; if it fails, the elements delivered before\n"
                 "the failure are kept in PATH.partial. A character device or FIFO (/dev/null, a pipe) is\n"
                 "written in place. --output and --snapshot-out must name different files.\n"
@@ -229,7 +230,8 @@ Json node_stats_json(R& run) {
   return out;
 }
 
-/// Compact JSON; text that is not UTF-8 becomes U+FFFD, so the line stays valid JSON.
+/// Compact JSON. Text read from files is put in as dpipe::detail::json_text (UTF-8 as strings, other
+/// bytes as {"base64": ...}); the replacement handler only guards against what slipped past.
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 // ---------------------------------------------------------------------------------------------------
@@ -421,7 +423,7 @@ int cmd_graph(const std::string& spec_text) {
 Json set_summary(const dpipe::SnapshotSet& set) {
   const auto& m = set.rank(0).meta;
   Json nodes = Json::array();
-  for (const auto& g : m.graph) nodes.push_back(g.key + " (" + g.kind + ")");
+  for (const auto& g : m.graph) nodes.push_back(dpipe::detail::json_text<Json>(g.key + " (" + g.kind + ")"));
   Json ranks = Json::array();
   for (int r = 0; r < set.world_size(); ++r) {
     const auto& s = set.rank(r);

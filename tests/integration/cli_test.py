@@ -557,6 +557,71 @@ def _():
     assert sorted(flat) == sorted(expected), (len(flat), len(expected))
 
 
+def decode_text(v):
+    """Text as the tool writes it: a JSON string when it is UTF-8, else {"base64": ...} (docs/files.md)."""
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    assert isinstance(v, dict) and list(v) == ["base64"], v
+    import base64
+    return base64.b64decode(v["base64"], validate=True)
+
+
+def json_lines(raw):
+    """Every line of raw output bytes, each checked to be UTF-8 and one JSON value."""
+    assert raw.endswith(b"\n"), raw[-50:]
+    return [json.loads(line.decode("utf-8")) for line in raw.split(b"\n")[:-1]]
+
+
+NON_UTF8_LINES = [b"plain", b"caf\xc3\xa9", b"\xff\xfe not text", b"half \xc3", b"\xed\xa0\x80 a surrogate",
+                  b"overlong \xc0\xaf", b"", b'quote " backslash \\ tab \t bell \x07', b"\xf4\x90\x80\x80 too high",
+                  b"\xf0\x9f\x99\x82 emoji"]
+
+
+@case("output/text_that_is_not_utf8_is_written_as_lossless_json")
+def _():
+    path = os.path.join(TMP, "non-utf8.txt")
+    open(path, "wb").write(b"\n".join(NON_UTF8_LINES) + b"\n")
+    src = {"op": "lines", "files": [path], "logical_shards": 1, "shuffle_shards": False}
+    r = subprocess.run([DPIPE, "run", json.dumps({"pipeline": [src]})], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    values = json_lines(r.stdout)
+    assert [decode_text(v) for v in values] == NON_UTF8_LINES, values
+    assert values[0] == "plain" and values[1] == "caf\u00e9" and isinstance(values[2], dict), values
+    # Batches hold the same values; --output writes the same bytes.
+    out = os.path.join(TMP, "non-utf8.jsonl")
+    spec = json.dumps({"pipeline": [src, {"op": "batch", "size": 4}]})
+    r = subprocess.run([DPIPE, "run", spec, "--output", out], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    batches = json_lines(open(out, "rb").read())
+    assert [decode_text(v) for b in batches for v in b] == NON_UTF8_LINES, batches
+
+
+@case("output/snapshot_show_writes_text_that_is_not_utf8_losslessly")
+def _():
+    path = os.path.join(TMP, "non-utf8-show.txt")
+    open(path, "wb").write(b"\n".join(NON_UTF8_LINES) + b"\n")
+    snap = os.path.join(TMP, "non-utf8.snapshot")
+    # After one element, the shuffle's buffer holds the other lines.
+    spec = json.dumps({"pipeline": [{"op": "lines", "files": [path], "logical_shards": 1, "shuffle_shards": False},
+                                    {"op": "shuffle", "buffer": 64}]})
+    r = subprocess.run([DPIPE, "run", spec, "--take", "1", "--snapshot-out", snap], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([DPIPE, "snapshot", "show", snap], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    (shown,) = json_lines(r.stdout)
+    held = [decode_text(v) for st in shown["states"] for f in st["fields"].values()
+            if isinstance(f, dict) and f.get("type") == "str" for v in f["values"]]
+    delivered = decode_text(json_lines(subprocess.run([DPIPE, "run", spec, "--take", "1"], capture_output=True,
+                                                      timeout=60).stdout)[0])
+    assert sorted(held + [delivered]) == sorted(NON_UTF8_LINES), held
+    # The set summary too.
+    d = os.path.join(TMP, "set-non-utf8")
+    r = subprocess.run([DPIPE, "run", spec, "--take", "1", "--snapshot-dir", d], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([DPIPE, "snapshot", "show", d], capture_output=True, timeout=60)
+    assert r.returncode == 0 and json_lines(r.stdout)[0]["world_size"] == 1, r.stderr
+
+
 @case("files/fifos_and_devices_are_refused_without_waiting")
 def _():
     fifo = os.path.join(TMP, "input.fifo")
