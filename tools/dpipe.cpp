@@ -359,6 +359,7 @@ int cmd_run(const RunArgs& a) {
                           {"replayed_elements", replayed},
                           {"elements_total", run.delivered()},
                           {"skipped_records", run.graph().skipped_records()},
+                          {"skipped_bytes", run.graph().skipped_bytes()},
                           {"threads", engine.threads()},
                           {"nodes", node_stats_json(run)}};
       std::fprintf(stderr, "%s\n", dump(stats).c_str());

@@ -655,6 +655,20 @@ def _():
     assert len(r.stderr) < 500 and time.time() - t0 < 5, (len(r.stderr), time.time() - t0)
 
 
+@case("files/records_skip_resynchronises_after_a_bad_length_and_counts_the_bytes")
+def _():
+    import base64
+    path = os.path.join(TMP, "bad-length.tfrecord")
+    damaged = bytearray(tfrecord(b"lost record"))
+    damaged[9] ^= 0x40  # its length checksum
+    open(path, "wb").write(tfrecord(b"first") + bytes(damaged) + tfrecord(b"second") + tfrecord(b"third"))
+    spec = {"pipeline": [{"op": "records", "files": [path], "on_error": "skip"}, {"op": "sampler", "shuffle": "none"}]}
+    r = dpipe("run", json.dumps(spec), "--stats")
+    assert [base64.b64decode(x) for x in lines(r.stdout)] == [b"first", b"second", b"third"], r.stdout
+    stats = json.loads(r.stderr.strip().splitlines()[-1])
+    assert stats["skipped_records"] == 1 and stats["skipped_bytes"] == len(damaged), stats
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))
