@@ -669,6 +669,22 @@ def _():
     assert stats["skipped_records"] == 1 and stats["skipped_bytes"] == len(damaged), stats
 
 
+@case("flat_map/builtin_range_streams_a_huge_expansion_and_resumes_inside_it")
+def _():
+    huge = 1 << 62
+    spec = json.dumps({"pipeline": [{"op": "range", "stop": 2},
+                                    {"op": "map", "fn": "affine", "mul": 0, "add": huge},
+                                    {"op": "flat_map", "fn": "range"}]})
+    snap = os.path.join(TMP, "flat-map-range.snapshot")
+    t0 = time.time()
+    r = dpipe("run", spec, "--take", 1000, "--snapshot-out", snap, timeout=30)
+    assert lines(r.stdout) == list(range(1000)), r.stdout[-200:]
+    assert os.path.getsize(snap) < 1 << 20, os.path.getsize(snap)  # the queues' elements and (next, end), not 2^62
+    r = dpipe("run", spec, "--take", 5, "--resume", snap, timeout=30)
+    assert lines(r.stdout) == [1000, 1001, 1002, 1003, 1004], r.stdout
+    assert time.time() - t0 < 20, time.time() - t0
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))
