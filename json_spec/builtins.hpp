@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/codec.hpp"
 #include "dpipe/node.hpp"
 
 namespace dpipe::builtins {
@@ -83,14 +84,39 @@ struct Replicate {
   Params describe() const { return {{"fn", "replicate"}, {"times", std::to_string(times)}}; }
 };
 
-/// flat_map: x → 0, 1, …, x−1 (nothing for x ≤ 0).
+/// What remains of an Iota expansion: next, next + 1, …, end − 1. A flat_map Expansion (made one at a
+/// time; saved as the two integers), so `flat_map range` of 2^62 holds 16 bytes, never its outputs.
+struct IotaRest {
+  using value_type = std::int64_t;
+  std::int64_t next = 0, end = 0;
+  bool empty() const { return next >= end; }
+  std::int64_t front() const { return next; }
+  void pop_front() { ++next; }
+};
+
+/// flat_map: x → 0, 1, …, x−1 (nothing for x ≤ 0), streamed.
 struct Iota {
-  std::vector<std::int64_t> operator()(std::int64_t x) const {
-    std::vector<std::int64_t> v;
-    for (std::int64_t i = 0; i < x; ++i) v.push_back(i);
-    return v;
-  }
+  IotaRest operator()(std::int64_t x) const { return {0, x > 0 ? x : 0}; }
   Params describe() const { return {{"fn", "range"}}; }
 };
 
 }  // namespace dpipe::builtins
+
+namespace dpipe {
+/// An IotaRest in a snapshot: the pair (next, end), which `snapshot show` decodes.
+template <>
+struct Codec<builtins::IotaRest> {
+  static constexpr std::size_t kMinBytes = 16;
+  static void encode(ByteWriter& w, const builtins::IotaRest& v) {
+    w.put(v.next);
+    w.put(v.end);
+  }
+  static builtins::IotaRest decode(ByteReader& r) {
+    builtins::IotaRest v;
+    v.next = r.get<std::int64_t>();
+    v.end = r.get<std::int64_t>();
+    return v;
+  }
+  static std::string tag() { return "tup<i64,i64>"; }
+};
+}  // namespace dpipe

@@ -319,22 +319,7 @@ const OpEntry* find_op(std::string_view name) {
 
 /// Records are bytes; JSON shows them as base64 strings.
 struct ToBase64 {
-  std::string operator()(const std::string& bytes) const {
-    static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    out.reserve((bytes.size() + 2) / 3 * 4);
-    for (std::size_t i = 0; i < bytes.size(); i += 3) {
-      const std::uint32_t b0 = static_cast<unsigned char>(bytes[i]);
-      const std::uint32_t b1 = i + 1 < bytes.size() ? static_cast<unsigned char>(bytes[i + 1]) : 0;
-      const std::uint32_t b2 = i + 2 < bytes.size() ? static_cast<unsigned char>(bytes[i + 2]) : 0;
-      const std::uint32_t v = (b0 << 16) | (b1 << 8) | b2;
-      out += kAlphabet[(v >> 18) & 63];
-      out += kAlphabet[(v >> 12) & 63];
-      out += i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=';
-      out += i + 2 < bytes.size() ? kAlphabet[v & 63] : '=';
-    }
-    return out;
-  }
+  std::string operator()(const std::string& bytes) const { return detail::base64(bytes); }
   Params describe() const { return {{"fn", "base64"}}; }
 };
 

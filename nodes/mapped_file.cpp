@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "dpipe/error.hpp"
+#include "dpipe/regular_file.hpp"
 
 namespace dpipe::detail {
 
@@ -90,26 +91,14 @@ struct MappedFaultHandler {
 
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   MappedFaultHandler::install();
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError("cannot open data file '" + path_ + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int err = errno;
-    ::close(fd);
-    throw DataError("data file '" + path_ + "' is not a readable regular file" +
-                    (err ? std::string(": ") + std::strerror(err) : std::string()));
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  // A regular file only (never blocks on a FIFO); its descriptor is closed once the file is mapped.
+  const RegularFile file(path_, FileRole::data);
+  size_ = static_cast<std::size_t>(file.size());
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      throw DataError("cannot map data file '" + path_ + "': " + std::strerror(err));
-    }
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+    if (p == MAP_FAILED) throw DataError("cannot map data file '" + path_ + "': " + std::strerror(errno));
     data_ = static_cast<const char*>(p);
   }
-  ::close(fd);
 }
 
 void MappedFile::will_read(std::size_t begin, std::size_t end) const {

@@ -9,17 +9,16 @@
 #include <utility>
 
 #include "dpipe/error.hpp"
+#include "dpipe/regular_file.hpp"
 
 namespace dpipe::detail {
 
 ReadFile::ReadFile(std::string path, std::uint64_t expected_size) : path_(std::move(path)), size_(expected_size) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw DataError("cannot open data file '" + path_ + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < size_) {
-    ::close(fd_);
-    throw DataError("data file '" + path_ + "' changed size since the pipeline was built");
-  }
+  RegularFile file(path_, FileRole::data);  // a regular file only; never blocks on a FIFO
+  if (file.size() < size_)
+    throw DataError("data file '" + path_ + "' changed size since the pipeline was built: it was " +
+                    std::to_string(size_) + " bytes, it is " + std::to_string(file.size()) + " now");
+  fd_ = file.release();
 }
 
 ReadFile::~ReadFile() { ::close(fd_); }

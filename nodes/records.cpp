@@ -31,7 +31,7 @@ std::uint32_t load_u32(const char* p) {
 }  // namespace
 
 void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on_error, std::vector<RecordSpan>& out,
-                   std::uint64_t& skipped) {
+                   SkipCounts& skipped) {
   const char* p = file.data();
   const std::uint64_t size = file.size();
   std::uint64_t at = 0;
@@ -39,27 +39,55 @@ void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on
   auto bad = [&](const std::string& what) {
     guard.check_size();  // bad framing read from a file that shrank meanwhile: that is the error
     if (on_error == OnDataError::fail) throw DataError(where(file, at) + ": " + what);
-    ++skipped;
+    ++skipped.records;
+  };
+  auto length_ok = [&](std::uint64_t q) {  // a header at q whose length checksum holds
+    return size - q >= 12 && masked_crc32c(p + q, 8) == load_u32(p + q + 8);
+  };
+  auto length_at = [&](std::uint64_t q) {
+    std::uint64_t len;
+    std::memcpy(&len, p + q, 8);
+    return len;
+  };
+  // The next offset from `q` where records can be framed again: a header whose length checksum holds,
+  // whose record fits in the file, and after which the file ends or another header's length checksum
+  // holds. O(1) per offset, so a damaged stretch costs time linear in its bytes. The end if none.
+  auto resync = [&](std::uint64_t q) {
+    for (; size - q >= 16; ++q) {
+      if (!length_ok(q)) continue;
+      const std::uint64_t len = length_at(q);
+      if (len > size - q - 16) continue;
+      const std::uint64_t next = q + 16 + len;
+      if (next == size || length_ok(next)) return q;
+    }
+    return size;
+  };
+  auto give_up_to = [&](std::uint64_t to) {  // the bytes [at, to) cannot be framed
+    skipped.bytes += to - at;
+    at = to;
   };
   while (at < size) {
     if (size - at < 12) {
       bad("truncated record header (" + std::to_string(size - at) + " bytes left, 12 needed)");
-      return;  // nothing after a bad frame can be found again
+      give_up_to(size);
+      break;
     }
-    std::uint64_t len;
-    std::memcpy(&len, p + at, 8);
-    if (masked_crc32c(p + at, 8) != load_u32(p + at + 8)) {
+    const std::uint64_t len = length_at(at);
+    if (!length_ok(at)) {
       bad("length checksum mismatch");
-      return;
+      give_up_to(resync(at + 1));
+      continue;
     }
     if (len > size - at - 12 || size - at - 12 - len < 4) {
       bad("truncated record: " + std::to_string(len) + " data bytes announced, " +
           std::to_string(size - at - 12) + " bytes left with the data checksum");
-      return;
+      give_up_to(resync(at + 1));
+      continue;
     }
     const RecordSpan r{file_no, at, len};
     if (on_error == OnDataError::skip && masked_crc32c(p + at + 12, len) != load_u32(p + at + 12 + len)) {
       bad("data checksum mismatch");  // framing holds: go on with the next record
+      skipped.bytes += 12 + len + 4;
     } else {
       out.push_back(r);
     }

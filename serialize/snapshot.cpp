@@ -14,6 +14,7 @@
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/codec.hpp"
 #include "dpipe/crc32c.hpp"
+#include "dpipe/regular_file.hpp"
 #include "json_text.hpp"
 
 namespace dpipe {
@@ -308,22 +309,8 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
 void Snapshot::write_file(const std::string& path) const { write_file_atomically(path, to_bytes()); }
 
 Snapshot Snapshot::read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw SnapshotError("cannot open snapshot '" + path + "': " + std::strerror(errno));
-  std::string bytes;
-  char chunk[1 << 16];
-  while (true) {
-    const ssize_t k = ::read(fd, chunk, sizeof chunk);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) {
-      const int e = errno;
-      ::close(fd);
-      throw SnapshotError("cannot read snapshot '" + path + "': " + std::strerror(e));
-    }
-    if (k == 0) break;
-    bytes.append(chunk, static_cast<std::size_t>(k));
-  }
-  ::close(fd);
+  // A regular file only, read up to its size (FileError for a FIFO or a device: nothing blocks).
+  const std::string bytes = read_regular_file(path, FileRole::snapshot);
   try {
     return from_bytes(bytes);
   } catch (const SnapshotError& e) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dpipe/codec.hpp"
+#include "dpipe/detail/text_json.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/text_block.hpp"
 #include "snapshot_json.hpp"
@@ -58,11 +59,11 @@ bool decode(const TagNode& t, ByteReader& r, Json& j) {
     else if (n == "f32") j = r.get<float>();
     else if (n == "f64") j = r.get<double>();
     else if (n == "bool") j = r.get<std::uint8_t>() != 0;
-    else if (n == "str") j = std::string(r.str());
+    else if (n == "str") j = detail::json_text<Json>(r.str());
     else if (n == "text_block") {  // a line_blocks element: the list of its lines
       const TextBlock b = Codec<TextBlock>::decode(r);
       j = Json::array();
-      for (std::string_view line : b) j.push_back(std::string(line));
+      for (std::string_view line : b) j.push_back(detail::json_text<Json>(line));
     } else return false;
     return true;
   }
@@ -109,25 +110,29 @@ bool element_to_json(std::string_view tag, std::string_view bytes, std::string& 
 }
 
 std::string Snapshot::to_json() const {
+  // Text from the file is written as detail::json_text says (UTF-8 as strings, other bytes as
+  // {"base64": ...}), so the rendering is valid JSON and keeps every byte.
   using Json = nlohmann::ordered_json;
+  const auto text = [](std::string_view s) { return detail::json_text<Json>(s); };
   Json graph = Json::array();
   for (const auto& n : meta.graph) {
-    Json node = {{"key", n.key}, {"kind", n.kind}, {"element_type", n.element_type}};
-    if (!n.segment.empty()) node["segment"] = n.segment;
+    Json node = {{"key", text(n.key)}, {"kind", text(n.kind)}, {"element_type", text(n.element_type)}};
+    if (!n.segment.empty()) node["segment"] = text(n.segment);
     if (!n.params.empty()) {
-      Json& params = node["params"] = Json::object();
-      for (const auto& [k, v] : n.params) params[k] = v;
+      std::vector<std::pair<std::string, Json>> params;
+      for (const auto& [k, v] : n.params) params.emplace_back(k, text(v));
+      node["params"] = detail::json_object<Json>(std::move(params));
     }
     graph.push_back(std::move(node));
   }
   Json rendered_states = Json::array();
   for (const auto& s : states) {
-    Json fields = Json::object();
+    std::vector<std::pair<std::string, Json>> fields;
     for (const auto& f : s.fields) {
       switch (f.type) {
-        case FieldType::u64: fields[f.name] = f.u; break;
-        case FieldType::i64: fields[f.name] = f.i; break;
-        case FieldType::str: fields[f.name] = f.s; break;
+        case FieldType::u64: fields.emplace_back(f.name, f.u); break;
+        case FieldType::i64: fields.emplace_back(f.name, f.i); break;
+        case FieldType::str: fields.emplace_back(f.name, text(f.s)); break;
         case FieldType::elements: {
           Json values = Json::array();
           for (std::size_t i = 0; i < f.elements.size(); ++i) {
@@ -135,22 +140,22 @@ std::string Snapshot::to_json() const {
             if (!element_to_ordered_json(f.elements.tag, f.elements.at(i), v)) v = "0x" + hex_bytes(f.elements.at(i));
             values.push_back(std::move(v));
           }
-          fields[f.name] = {{"type", f.elements.tag},
-                            {"count", f.elements.size()},
-                            {"bytes", f.elements.data.size()},
-                            {"values", std::move(values)}};
+          fields.emplace_back(f.name, Json{{"type", text(f.elements.tag)},
+                                           {"count", f.elements.size()},
+                                           {"bytes", f.elements.data.size()},
+                                           {"values", std::move(values)}});
           break;
         }
       }
     }
-    rendered_states.push_back({{"key", s.key},
-                               {"kind", s.kind},
+    rendered_states.push_back({{"key", text(s.key)},
+                               {"kind", text(s.kind)},
                                {"instance", s.instance},
                                {"mode", to_string(s.mode)},
-                               {"fields", std::move(fields)}});
+                               {"fields", detail::json_object<Json>(std::move(fields))}});
   }
-  Json user = Json::object();
-  for (const auto& [k, v] : meta.user_metadata) user[k] = v;
+  std::vector<std::pair<std::string, Json>> user;
+  for (const auto& [k, v] : meta.user_metadata) user.emplace_back(k, text(v));
   const Json j = {{"format_version", meta.format_version ? meta.format_version : kFormatVersion},
                   {"fingerprint", hex64(meta.fingerprint)},
                   {"seed", meta.seed},
@@ -158,7 +163,7 @@ std::string Snapshot::to_json() const {
                   {"layout",
                    {{"rank", meta.layout.rank}, {"world_size", meta.layout.world_size}, {"num_workers", meta.layout.num_workers}}},
                   {"elements_delivered", meta.elements_delivered},
-                  {"user_metadata", std::move(user)},
+                  {"user_metadata", detail::json_object<Json>(std::move(user))},
                   {"graph", std::move(graph)},
                   {"states", std::move(rendered_states)}};
   return dump_json(j);

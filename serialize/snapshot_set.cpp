@@ -81,17 +81,31 @@ SnapshotSet SnapshotSet::read_dir(const std::string& dir) {
     throw SnapshotError("snapshot set '" + dir + "' holds " + odd +
                         ", which no rank of a set is named (rank-R-of-W.dpipe, 0 <= R < W)");
   if (by_world.empty()) throw SnapshotError("snapshot set '" + dir + "' holds no rank files (rank-R-of-W.dpipe)");
-  if (by_world.size() > 1)
+  if (by_world.size() > 1) {
+    // Named by two of their files: the world sizes the file names disagree on.
+    std::string sizes;
+    for (const auto& [w, rs] : by_world)
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(w) + " ('" + file_name(*rs.begin(), w) + "')";
     throw SnapshotError("snapshot set '" + dir + "' mixes files of " + std::to_string(by_world.size()) +
-                        " different world sizes; a set holds one run's ranks only");
+                        " different world sizes: " + sizes + "; a set holds one run's ranks only");
+  }
   const int world = by_world.begin()->first;
   const auto& found = by_world.begin()->second;
-  std::string missing;
-  for (int r = 0; r < world; ++r)
-    if (!found.count(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  if (!missing.empty())
-    throw SnapshotError("snapshot set '" + dir + "' is incomplete: rank(s) " + missing + " of " +
-                        std::to_string(world) + " have no file yet");
+  // The work is bounded by the files present, never by the world size a file name claims: the missing
+  // ranks are counted, and only the first few named.
+  if (found.size() != static_cast<std::size_t>(world)) {
+    constexpr int kNamed = 5;
+    std::string missing;
+    int named = 0, r = 0;
+    for (auto it = found.begin(); named < kNamed && r < world; ++r) {
+      if (it != found.end() && *it == r) ++it;
+      else missing += (named++ ? ", " : "") + std::to_string(r);
+    }
+    const std::size_t absent = static_cast<std::size_t>(world) - found.size();
+    if (absent > static_cast<std::size_t>(named)) missing += ", …";
+    throw SnapshotError("snapshot set '" + dir + "' is incomplete: ranks present: " + std::to_string(found.size()) +
+                        " of " + std::to_string(world) + "; first missing: " + missing);
+  }
   std::vector<Snapshot> ranks;
   for (int r = 0; r < world; ++r) {
     const std::string path = (fs::path(dir) / file_name(r, world)).string();

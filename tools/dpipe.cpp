@@ -23,6 +23,7 @@
 
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/dpipe.hpp"
+#include "dpipe/regular_file.hpp"
 #include "json_spec.hpp"
 
 namespace {
@@ -104,7 +105,7 @@ CLI::Validator decimal(T lo, T hi) {
 }
 
 constexpr const char* kSpecHelp =
-    "the pipeline: a JSON file, '-' for standard input, or the JSON text itself "
+    "the pipeline: a JSON file (a regular file), '-' for standard input, or the JSON text itself "
     "({\"seed\": S, \"pipeline\": [{\"op\": KIND, ...parameters}, ...]})";
 
 constexpr const char* kLayoutFooter =
@@ -158,7 +159,8 @@ void build_cli(Cli& c) {
       ->needs(resume_dir)
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   c.run->footer(std::string(kLayoutFooter) +
-                "\n\nOutput: one JSON value per line (numbers, strings, arrays for batches). A file named by\n"
+                "\n\nOutput: one JSON value per line (numbers, strings, arrays for batches); text that is not\n"
+                "UTF-8 is written {\"base64\": \"...\"} (docs/files.md). A file named by\n"
                 "--output is replaced only when the run succeeds; if it fails, the elements delivered before\n"
                 "the failure are kept in PATH.partial. A character device or FIFO (/dev/null, a pipe) is\n"
                 "written in place. --output and --snapshot-out must name different files.\n"
@@ -196,10 +198,8 @@ std::string read_text(const std::string& path_or_json) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream in(path_or_json, std::ios::binary);
-  if (!in) throw dpipe::ConfigError("cannot open spec '" + path_or_json + "': " + std::strerror(errno));
-  ss << in.rdbuf();
-  return ss.str();
+  // A regular file only (a FIFO or a device is refused, never waited on); '-' reads standard input.
+  return dpipe::read_regular_file(path_or_json, dpipe::FileRole::spec);
 }
 
 /// Calls `f(pipeline)` with the spec's typed pipeline: the one place the tool looks inside a Spec.
@@ -233,7 +233,8 @@ Json node_stats_json(R& run) {
   return out;
 }
 
-/// Compact JSON; text that is not UTF-8 becomes U+FFFD, so the line stays valid JSON.
+/// Compact JSON. Text read from files is put in as dpipe::detail::json_text (UTF-8 as strings, other
+/// bytes as {"base64": ...}); the replacement handler only guards against what slipped past.
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 // ---------------------------------------------------------------------------------------------------
@@ -362,6 +363,7 @@ int cmd_run(const RunArgs& a) {
                           {"replayed_elements", replayed},
                           {"elements_total", run.delivered()},
                           {"skipped_records", run.graph().skipped_records()},
+                          {"skipped_bytes", run.graph().skipped_bytes()},
                           {"threads", engine.threads()},
                           {"nodes", node_stats_json(run)}};
       std::fprintf(stderr, "%s\n", dump(stats).c_str());
@@ -426,7 +428,7 @@ int cmd_graph(const std::string& spec_text) {
 Json set_summary(const dpipe::SnapshotSet& set) {
   const auto& m = set.rank(0).meta;
   Json nodes = Json::array();
-  for (const auto& g : m.graph) nodes.push_back(g.key + " (" + g.kind + ")");
+  for (const auto& g : m.graph) nodes.push_back(dpipe::detail::json_text<Json>(g.key + " (" + g.kind + ")"));
   Json ranks = Json::array();
   for (int r = 0; r < set.world_size(); ++r) {
     const auto& s = set.rank(r);

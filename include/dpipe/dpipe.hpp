@@ -6,6 +6,7 @@
 #include "dpipe/graph.hpp"
 #include "dpipe/layout.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/regular_file.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/snapshot_set.hpp"
 

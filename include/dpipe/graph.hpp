@@ -52,6 +52,12 @@ class Graph {
   /// What a run on `layout` delivers that the user may not mean: a source read in full by several
   /// instances with nothing splitting it (silenced by replicate()).
   std::vector<std::string> warnings(const Layout& layout) const;
+  /// Bytes of data files the pipeline's sources did not deliver for being bad (`on_error = skip`).
+  std::uint64_t skipped_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto* d : defs_) n += d->skipped_bytes();
+    return n;
+  }
   /// Checks every node against a layout (shard ids, …); throws ConfigError.
   void check_layout(const Layout& layout) const;
 

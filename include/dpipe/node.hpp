@@ -103,6 +103,8 @@ class NodeDefBase {
   virtual void check_layout(const Layout&) const {}
   /// Bad data records a source skipped (`on_error = skip`).
   virtual std::uint64_t skipped() const { return 0; }
+  /// Bytes of its files a source did not deliver for being bad (`on_error = skip`).
+  virtual std::uint64_t skipped_bytes() const { return 0; }
 
  protected:
   /// For sources that learn a parameter while they are built (a file's size).

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "dpipe/detail/text_json.hpp"
 #include "dpipe/pipeline.hpp"
 
 namespace dpipe {
@@ -65,8 +66,16 @@ struct SpecElement<SpecInt> {
 template <>
 struct SpecElement<SpecStr> {
   static std::string name() { return "string"; }
-  /// A JSON string: quotes, backslashes and control characters escaped; other bytes as they are.
+  /// Valid UTF-8: a JSON string, quotes, backslashes and control characters escaped, other bytes as
+  /// they are. Any other bytes: `{"base64": "..."}` (detail/text_json.hpp), so the line stays JSON and
+  /// the bytes are kept exactly.
   static void append_json(std::string& out, const SpecStr& v) {
+    if (!detail::is_utf8(v)) {
+      out += "{\"base64\": \"";
+      detail::append_base64(out, v);
+      out += "\"}";
+      return;
+    }
     out += '"';
     for (const char ch : v) {
       const auto c = static_cast<unsigned char>(ch);

@@ -603,6 +603,134 @@ def _():
     assert sorted(flat) == sorted(expected), (len(flat), len(expected))
 
 
+def decode_text(v):
+    """Text as the tool writes it: a JSON string when it is UTF-8, else {"base64": ...} (docs/files.md)."""
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    assert isinstance(v, dict) and list(v) == ["base64"], v
+    import base64
+    return base64.b64decode(v["base64"], validate=True)
+
+
+def json_lines(raw):
+    """Every line of raw output bytes, each checked to be UTF-8 and one JSON value."""
+    assert raw.endswith(b"\n"), raw[-50:]
+    return [json.loads(line.decode("utf-8")) for line in raw.split(b"\n")[:-1]]
+
+
+NON_UTF8_LINES = [b"plain", b"caf\xc3\xa9", b"\xff\xfe not text", b"half \xc3", b"\xed\xa0\x80 a surrogate",
+                  b"overlong \xc0\xaf", b"", b'quote " backslash \\ tab \t bell \x07', b"\xf4\x90\x80\x80 too high",
+                  b"\xf0\x9f\x99\x82 emoji"]
+
+
+@case("output/text_that_is_not_utf8_is_written_as_lossless_json")
+def _():
+    path = os.path.join(TMP, "non-utf8.txt")
+    open(path, "wb").write(b"\n".join(NON_UTF8_LINES) + b"\n")
+    src = {"op": "lines", "files": [path], "logical_shards": 1, "shuffle_shards": False}
+    r = subprocess.run([DPIPE, "run", json.dumps({"pipeline": [src]})], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    values = json_lines(r.stdout)
+    assert [decode_text(v) for v in values] == NON_UTF8_LINES, values
+    assert values[0] == "plain" and values[1] == "caf\u00e9" and isinstance(values[2], dict), values
+    # Batches hold the same values; --output writes the same bytes.
+    out = os.path.join(TMP, "non-utf8.jsonl")
+    spec = json.dumps({"pipeline": [src, {"op": "batch", "size": 4}]})
+    r = subprocess.run([DPIPE, "run", spec, "--output", out], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    batches = json_lines(open(out, "rb").read())
+    assert [decode_text(v) for b in batches for v in b] == NON_UTF8_LINES, batches
+
+
+@case("output/snapshot_show_writes_text_that_is_not_utf8_losslessly")
+def _():
+    path = os.path.join(TMP, "non-utf8-show.txt")
+    open(path, "wb").write(b"\n".join(NON_UTF8_LINES) + b"\n")
+    snap = os.path.join(TMP, "non-utf8.snapshot")
+    # After one element, the shuffle's buffer holds the other lines.
+    spec = json.dumps({"pipeline": [{"op": "lines", "files": [path], "logical_shards": 1, "shuffle_shards": False},
+                                    {"op": "shuffle", "buffer": 64}]})
+    r = subprocess.run([DPIPE, "run", spec, "--take", "1", "--snapshot-out", snap], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([DPIPE, "snapshot", "show", snap], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    (shown,) = json_lines(r.stdout)
+    held = [decode_text(v) for st in shown["states"] for f in st["fields"].values()
+            if isinstance(f, dict) and f.get("type") == "str" for v in f["values"]]
+    delivered = decode_text(json_lines(subprocess.run([DPIPE, "run", spec, "--take", "1"], capture_output=True,
+                                                      timeout=60).stdout)[0])
+    assert sorted(held + [delivered]) == sorted(NON_UTF8_LINES), held
+    # The set summary too.
+    d = os.path.join(TMP, "set-non-utf8")
+    r = subprocess.run([DPIPE, "run", spec, "--take", "1", "--snapshot-dir", d], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([DPIPE, "snapshot", "show", d], capture_output=True, timeout=60)
+    assert r.returncode == 0 and json_lines(r.stdout)[0]["world_size"] == 1, r.stderr
+
+
+@case("files/fifos_and_devices_are_refused_without_waiting")
+def _():
+    fifo = os.path.join(TMP, "input.fifo")
+    os.mkfifo(fifo)
+    range_spec = json.dumps({"pipeline": [{"op": "range", "stop": 3}]})
+    for args in (["run", fifo], ["run", range_spec, "--resume", fifo], ["snapshot", "show", fifo],
+                 ["run", json.dumps({"pipeline": [{"op": "records", "files": [fifo]}]})],
+                 ["run", json.dumps({"pipeline": [{"op": "lines", "files": [fifo]}]})],
+                 ["run", range_spec, "--resume", "/dev/zero"], ["snapshot", "show", "/dev/zero"]):
+        r = dpipe(*args, check=False, timeout=20)
+        what = "a character device" if "/dev/zero" in args else "a FIFO"
+        assert r.returncode == 1 and f"it is {what}, and dpipe reads only regular files" in r.stderr, (args, r.stderr)
+    d = os.path.join(TMP, "set-fifo")
+    os.makedirs(d)
+    os.mkfifo(os.path.join(d, "rank-0-of-1.dpipe"))
+    r = dpipe("snapshot", "show", d, check=False, timeout=20)
+    assert r.returncode == 1 and "a FIFO" in r.stderr, r.stderr
+    # Standard input stays a way to give the spec.
+    r = subprocess.run([DPIPE, "run", "-"], input=range_spec, capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0 and lines(r.stdout) == [0, 1, 2], r.stderr
+
+
+@case("files/a_set_named_like_rank_0_of_2_31_is_reported_from_its_files")
+def _():
+    d = os.path.join(TMP, "set-huge-world")
+    os.makedirs(d)
+    open(os.path.join(d, "rank-0-of-2147483647.dpipe"), "wb").close()
+    t0 = time.time()
+    r = dpipe("snapshot", "show", d, check=False, timeout=20)
+    assert r.returncode == 1 and "ranks present: 1 of 2147483647; first missing: 1, 2, 3, 4, 5, …" in r.stderr, r.stderr
+    assert len(r.stderr) < 500 and time.time() - t0 < 5, (len(r.stderr), time.time() - t0)
+
+
+@case("files/records_skip_resynchronises_after_a_bad_length_and_counts_the_bytes")
+def _():
+    import base64
+    path = os.path.join(TMP, "bad-length.tfrecord")
+    damaged = bytearray(tfrecord(b"lost record"))
+    damaged[9] ^= 0x40  # its length checksum
+    open(path, "wb").write(tfrecord(b"first") + bytes(damaged) + tfrecord(b"second") + tfrecord(b"third"))
+    spec = {"pipeline": [{"op": "records", "files": [path], "on_error": "skip"}, {"op": "sampler", "shuffle": "none"}]}
+    r = dpipe("run", json.dumps(spec), "--stats")
+    assert [base64.b64decode(x) for x in lines(r.stdout)] == [b"first", b"second", b"third"], r.stdout
+    stats = json.loads(r.stderr.strip().splitlines()[-1])
+    assert stats["skipped_records"] == 1 and stats["skipped_bytes"] == len(damaged), stats
+
+
+@case("flat_map/builtin_range_streams_a_huge_expansion_and_resumes_inside_it")
+def _():
+    huge = 1 << 62
+    spec = json.dumps({"pipeline": [{"op": "range", "stop": 2},
+                                    {"op": "map", "fn": "affine", "mul": 0, "add": huge},
+                                    {"op": "flat_map", "fn": "range"}]})
+    snap = os.path.join(TMP, "flat-map-range.snapshot")
+    t0 = time.time()
+    r = dpipe("run", spec, "--take", 1000, "--snapshot-out", snap, timeout=30)
+    assert lines(r.stdout) == list(range(1000)), r.stdout[-200:]
+    assert os.path.getsize(snap) < 1 << 20, os.path.getsize(snap)  # the queues' elements and (next, end), not 2^62
+    r = dpipe("run", spec, "--take", 5, "--resume", snap, timeout=30)
+    assert lines(r.stdout) == [1000, 1001, 1002, 1003, 1004], r.stdout
+    assert time.time() - t0 < 20, time.time() - t0
+
+
 def write_junit(path):
     suite = ET.Element("testsuite", name="cli", tests=str(len(results)),
                        failures=str(sum(1 for _, e in results if e)))

@@ -83,7 +83,68 @@ TEST(Records, BadDataIsADataErrorNamingFileAndOffsetOrIsSkippedAndCounted) {
   auto p = records({d.file("bad.tfrecord")}, {.on_error = OnDataError::skip});
   EXPECT_EQ(testing::collect(p, testing::options()), (std::vector<std::string>{"alpha", "beta", "delta"}));
   EXPECT_EQ(Graph::build(*p.def()).skipped_records(), 1u);
+  EXPECT_EQ(Graph::build(*p.def()).skipped_bytes(), corrupt.size());
   EXPECT_THROW(records({d.file("missing.tfrecord")}), DataError);
+}
+
+/// Reads `bytes` as a records file with on_error = skip: the records, and what was given up.
+struct Skipped {
+  std::vector<std::string> records;
+  std::uint64_t skipped_records, skipped_bytes;
+};
+Skipped read_skipping(const TempDir& d, const std::string& bytes) {
+  write_bytes(d.file("damaged.tfrecord"), bytes);
+  auto p = records({d.file("damaged.tfrecord")}, {.on_error = OnDataError::skip});
+  const auto g = Graph::build(*p.def());
+  return {testing::collect(p, testing::options()), g.skipped_records(), g.skipped_bytes()};
+}
+
+TEST(Records, AfterABadLengthChecksumTheGoodRecordsThatFollowAreReadAndTheLossCounted) {
+  TempDir d;
+  const std::string before = frame("alpha") + frame("beta");
+  std::string damaged = frame("gamma, whose length checksum breaks");
+  damaged[9] ^= 0x20;  // the length checksum
+  const std::string after = frame("delta") + frame(std::string(500, 'e')) + frame("") + frame("zeta");
+  const auto s = read_skipping(d, before + damaged + after);
+  EXPECT_EQ(s.records, (std::vector<std::string>{"alpha", "beta", "delta", std::string(500, 'e'), "", "zeta"}));
+  EXPECT_EQ(s.skipped_records, 1u);
+  EXPECT_EQ(s.skipped_bytes, damaged.size());
+  // A damaged length field (its checksum intact) reads the same way.
+  damaged = frame("gamma, whose length breaks");
+  damaged[0] ^= 0x01;
+  const auto t = read_skipping(d, before + damaged + after);
+  EXPECT_EQ(t.records.size(), 6u);
+  EXPECT_EQ(t.skipped_records, 1u);
+  EXPECT_EQ(t.skipped_bytes, damaged.size());
+  // Without skip it is still a DataError at the damaged header.
+  EXPECT_THROW(records({d.file("damaged.tfrecord")}), DataError);
+}
+
+TEST(Records, GarbageBetweenRecordsAndATruncatedTailAreSkippedByteForByte) {
+  TempDir d;
+  std::mt19937_64 g(99);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string junk(1 + g() % 300, '\0');
+    for (auto& c : junk) c = static_cast<char>(g());
+    const std::string one = frame("one"), two = frame(std::string(g() % 100, 't')), three = frame("three");
+    const std::string tail = frame("cut off").substr(0, 1 + g() % 20);
+    const auto s = read_skipping(d, one + junk + two + three + tail);
+    ASSERT_EQ(s.records.size(), 3u) << "trial " << trial;
+    EXPECT_EQ(s.records[0], "one");
+    EXPECT_EQ(s.records[2], "three");
+    EXPECT_EQ(s.skipped_bytes, junk.size() + tail.size()) << "trial " << trial;
+    EXPECT_EQ(s.skipped_records, 2u) << "trial " << trial;  // one per damaged stretch
+  }
+}
+
+TEST(Records, ADataChecksumMismatchCountsItsBytes) {
+  TempDir d;
+  std::string bad = frame("payload");
+  bad[13] ^= 1;
+  const auto s = read_skipping(d, frame("a") + bad + bad + frame("b"));
+  EXPECT_EQ(s.records, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(s.skipped_records, 2u);
+  EXPECT_EQ(s.skipped_bytes, 2 * bad.size());
 }
 
 TEST(Records, EveryTruncationIsRefusedOrSkipped) {

@@ -227,7 +227,7 @@ TEST(SnapshotSetFiles, RoundTripAndRefuseIncompleteOrMixedSets) {
         SnapshotSet::read_dir(dir);
         FAIL() << "an incomplete set was accepted";
       } catch (const SnapshotError& err) {
-        EXPECT_NE(std::string(err.what()).find("rank(s) 2 of 3"), std::string::npos) << err.what();
+        EXPECT_NE(std::string(err.what()).find("ranks present: 2 of 3; first missing: 2"), std::string::npos) << err.what();
       }
     }
   }

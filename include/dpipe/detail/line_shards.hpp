@@ -26,6 +26,7 @@
 #include "dpipe/detail/position_deal.hpp"
 #include "dpipe/permutation.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/regular_file.hpp"
 
 namespace dpipe::detail {
 
@@ -48,9 +49,7 @@ class LineShardTable {
     check_position_count(static_cast<std::uint64_t>(logical_shards), epochs_, who, "logical shards", "work items");
     std::uint64_t total = 0;
     for (const auto& f : files_) {
-      std::error_code ec;
-      const auto size = std::filesystem::file_size(f, ec);
-      if (ec) throw DataError("cannot read data file '" + f + "': " + ec.message());
+      const auto size = RegularFile(f, FileRole::data).size();  // a regular file only (FileError)
       sizes_.push_back(size);
       total += size;
     }

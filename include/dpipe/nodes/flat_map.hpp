@@ -1,6 +1,9 @@
 #pragma once
 /// Replaces each element by the elements of the range fn returns (a vector, say), in order.
-/// In: T → Out: the range's value type. State: the outputs of the current input not yet yielded.
+/// In: T → Out: the range's value type. State: the outputs of the current input not yet yielded; for an
+/// `Expansion` (outputs made one at a time, builtins::Iota's), the remainder of the expansion instead.
+#include <algorithm>
+#include <deque>
 #include <iterator>
 #include <ranges>
 #include <string>
@@ -25,8 +28,43 @@ struct FlatMapOptions {
   std::string name{};
 };
 
+/// A function result that flat_map streams instead of collecting: its outputs are made one at a time
+/// (`front()`, `pop_front()` until `empty()`), and what remains of it is a small Snapshottable value, so
+/// a snapshot in the middle of an expansion of 2^62 outputs holds that value, and a resume continues it
+/// exactly. Any other result (a vector, a range) is collected in full before its first output.
+template <class R>
+concept Expansion = Snapshottable<R> && requires(R r, const R& c) {
+  typename R::value_type;
+  { c.empty() } -> std::convertible_to<bool>;
+  { c.front() } -> std::convertible_to<typename R::value_type>;
+  r.pop_front();
+};
+
+/// A streaming flat_map's saved state: the remainders of its unfinished expansions, in order (one in a
+/// node; more after a rescale pooled several old instances'). `Rests` is std::vector<R> in the node,
+/// ElementBlobs in its rescale rule.
+template <class Rests>
+struct FlatMapRestState {
+  Rests rests{};
+  template <class A>
+  void fields(A& a) {
+    a("rests", rests);
+  }
+};
+
+namespace detail {
+template <class R>
+struct flat_map_value {
+  using type = std::ranges::range_value_t<R>;
+};
+template <Expansion R>
+struct flat_map_value<R> {
+  using type = typename R::value_type;
+};
+}  // namespace detail
+
 template <class In, class Fn>
-using flat_map_result_t = std::ranges::range_value_t<map_result_t<In, Fn>>;
+using flat_map_result_t = typename detail::flat_map_value<map_result_t<In, Fn>>::type;
 
 template <class In, class Fn>
 class FlatMapDef final : public NodeDef<flat_map_result_t<In, Fn>> {
@@ -52,6 +90,40 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
 
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    if constexpr (kStreams) return pull_streaming(out, max);
+    else return pull_collected(out, max);
+  }
+  void save_state(StateWriter& w) const override {
+    if constexpr (kStreams) {
+      FlatMapRestState<std::vector<Result>> st;
+      for (const auto& r : rests_)
+        if (!r.empty()) st.rests.push_back(r);
+      w.write(st);
+    } else {
+      w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
+    }
+  }
+  void restore_state(StateReader& r) override {
+    if constexpr (kStreams) {
+      FlatMapRestState<std::vector<Result>> st;
+      r.read(st);
+      rests_.assign(st.rests.begin(), st.rests.end());
+    } else {
+      FlatMapState<std::vector<Out>> st;
+      r.read(st);
+      pending_ = std::move(st.pending);
+      next_ = 0;
+    }
+  }
+  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+
+ private:
+  using Result = map_result_t<In, Fn>;
+  static constexpr bool kStreams = Expansion<Result>;
+  struct NoRests {};
+
+  /// The whole result of fn collected, then yielded from the pending list.
+  std::size_t pull_collected(std::vector<Out>& out, std::size_t max) {
     std::size_t n = 0;
     while (n < max) {
       if (next_ < pending_.size()) {
@@ -75,23 +147,39 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
     }
     return n;
   }
-  void save_state(StateWriter& w) const override {
-    w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
-  }
-  void restore_state(StateReader& r) override {
-    FlatMapState<std::vector<Out>> st;
-    r.read(st);
-    pending_ = std::move(st.pending);
-    next_ = 0;
-  }
-  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
- private:
+  /// One output at a time from the front expansion; the next input only when it is done.
+  std::size_t pull_streaming(std::vector<Out>& out, std::size_t max) {
+    std::size_t n = 0;
+    while (n < max) {
+      if (!rests_.empty()) {
+        auto& r = rests_.front();
+        if (r.empty()) {
+          rests_.pop_front();
+          continue;
+        }
+        out.push_back(r.front());
+        r.pop_front();
+        ++n;
+        continue;
+      }
+      scratch_.clear();
+      if (input_->pull(scratch_, 1) == 0) break;
+      try {
+        rests_.push_back(fn_(std::move(scratch_[0])));
+      } catch (...) {
+        return this->fail_after(n);
+      }
+    }
+    return n;
+  }
+
   std::unique_ptr<Iter<In>> input_;
   Fn fn_;
   std::vector<Out> pending_;
   std::size_t next_ = 0;
   std::vector<In> scratch_;
+  [[no_unique_address]] std::conditional_t<kStreams, std::deque<Result>, NoRests> rests_;
 };
 
 template <class In, class Fn>
@@ -110,9 +198,19 @@ auto flat_map(Fn fn, FlatMapOptions o = {}) {
 struct FlatMapKind {
   static constexpr std::string_view name = "flat_map";
 
-  /// Rescale: the pending outputs of every old instance are pooled and dealt round-robin to the new ones.
+  /// Rescale: the pending outputs of every old instance are pooled and dealt round-robin to the new ones;
+  /// for a streaming flat_map, the remainders of its expansions, each whole.
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {
+      const auto& fields = in.old.front()->fields;
+      if (std::any_of(fields.begin(), fields.end(), [](const auto& f) { return f.name == "rests"; })) {
+        using R = FlatMapRestState<ElementBlobs>;
+        const auto old = in.read<R>();
+        const auto dealt = rescale::deal(rescale::lists(old, &R::rests), in.new_slots());
+        std::vector<R> out(dealt.size());
+        for (std::size_t j = 0; j < out.size(); ++j) out[j].rests = dealt[j];
+        return in.write(out);
+      }
       using S = FlatMapState<ElementBlobs>;
       const auto old = in.read<S>();
       const auto dealt = rescale::deal(rescale::lists(old, &S::pending), in.new_slots());

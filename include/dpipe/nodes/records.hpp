@@ -7,8 +7,12 @@
 /// bytes). State: the next record.
 ///
 /// Bad data — a truncated record, a CRC mismatch, an unreadable file — is a DataError naming the file
-/// and byte offset; with `on_error = skip` bad records are skipped and counted instead (a bad length
-/// ends its file, since nothing after it can be framed).
+/// and byte offset; with `on_error = skip` bad records are skipped and counted instead. After a header
+/// whose length checksum fails (or whose record runs past the end), reading resynchronises on the next
+/// offset where a header's length checksum holds, its record fits, and the end of the file or another
+/// such header follows it (a false match in damaged bytes has odds of about 2^-64 per offset); the
+/// records from there on are read as usual. Counted: `skipped()` records (each bad data checksum, and
+/// one per damaged stretch), `skipped_bytes()` every byte not delivered in a good record.
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,10 +46,16 @@ struct RecordSpan {
   std::uint64_t length;  // of its data
 };
 
+/// What `on_error = skip` gave up: records, and bytes not delivered in a good record.
+struct SkipCounts {
+  std::uint64_t records = 0, bytes = 0;
+};
+
 /// Frames every record of `file`; appends them to `out`. With `skip`, bad records are counted in
-/// `skipped` (and their data CRC checked here); otherwise the first bad framing throws DataError.
+/// `skipped` (and their data CRC checked here), and a damaged header is passed by resynchronising on the
+/// next valid one; otherwise the first bad framing throws DataError.
 void index_records(const MappedFile& file, std::uint32_t file_no, OnDataError on_error, std::vector<RecordSpan>& out,
-                   std::uint64_t& skipped);
+                   SkipCounts& skipped);
 /// The data of one record, its CRC checked; DataError naming file and offset on a mismatch.
 std::string read_record(const MappedFile& file, const RecordSpan& r);
 
@@ -65,13 +75,15 @@ class RecordsDef final : public NodeDef<std::string>, public RandomAccess<std::s
     const auto& r = index_[i];
     detail::prefetch_bytes(maps_[r.file]->data() + r.offset, r.length + 16);
   }
-  /// Records skipped as bad (on_error = skip).
-  std::uint64_t skipped() const override { return skipped_; }
+  /// Records skipped as bad (on_error = skip): each bad data checksum, and one per damaged stretch.
+  std::uint64_t skipped() const override { return skipped_.records; }
+  /// Bytes of the files not delivered in a good record (on_error = skip).
+  std::uint64_t skipped_bytes() const override { return skipped_.bytes; }
 
  private:
   std::vector<std::shared_ptr<const detail::MappedFile>> maps_;
   std::vector<detail::RecordSpan> index_;
-  std::uint64_t skipped_ = 0;
+  detail::SkipCounts skipped_;
 };
 
 inline std::unique_ptr<Iter<std::string>> RecordsDef::instantiate(BuildContext& ctx) const {
