@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,7 @@ using namespace dpipe_fuzz;
 
 namespace {
 
+#if DPIPE_FUZZ_READER == 1
 /// Recomputes both checksums of every TFRecord frame that fits (u64 length, u32 masked CRC of it, the
 /// payload, u32 masked CRC of it).
 void fix_record_checksums(std::string& b) {
@@ -45,6 +47,7 @@ void fix_record_checksums(std::string& b) {
     pos += 16 + len;
   }
 }
+#endif
 
 std::string temp_path() {
   static const std::string dir = [] {
@@ -97,12 +100,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!f) finding("cannot write the temporary input " + path);
   }
   const dpipe::Layout layout{(sel & 1) ? (sel >> 1 & 1) : 0, (sel & 1) ? 2 : 1, (sel & 4) ? 2 : 1};
-  dpipe::Spec spec;
+  std::optional<dpipe::Spec> parsed;
   try {
-    spec = dpipe::parse_spec(spec_for(sel, path));
+    parsed.emplace(dpipe::parse_spec(spec_for(sel, path)));
   } catch (const dpipe::Error&) {
     return 0;  // a file the reader refuses when the pipeline is built (its index)
   }
+  const dpipe::Spec& spec = *parsed;
   spec.pipeline.visit([&](const auto& pipeline) {
     using T = typename std::decay_t<decltype(pipeline)>::element_type;
     std::vector<T> all;

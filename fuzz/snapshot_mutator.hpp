@@ -67,8 +67,8 @@ inline std::uint64_t interesting_u64(Rand& r, std::uint64_t old) {
 inline int interesting_int(Rand& r, int old) {
   static constexpr int kValues[] = {0, 1, 2, 3, 4, 5, 8, -1, -2, 1 << 16, 0x7fffffff, -0x7fffffff - 1};
   switch (r.below(3)) {
-    case 0: return old + 1;
-    case 1: return old - 1;
+    case 0: return static_cast<int>(static_cast<std::uint32_t>(old) + 1u);  // wraps, as the field would
+    case 1: return static_cast<int>(static_cast<std::uint32_t>(old) - 1u);
     default: return kValues[r.below(sizeof kValues / sizeof kValues[0])];
   }
 }

@@ -4,6 +4,7 @@
 // are left to the reader targets, which control the files' contents.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -40,13 +41,14 @@ bool small_enough(const nlohmann::json& j, int& cycles, int depth = 0) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   if (text.find("files") != std::string_view::npos) return 0;
-  dpipe::Spec spec;
+  std::optional<BuiltPipeline> built;
   try {
-    spec = dpipe::parse_spec(text);
+    built.emplace(BuiltPipeline{dpipe::parse_spec(text), 0, {}});
   } catch (const dpipe::Error&) {
     return 0;
   }
-  BuiltPipeline p{spec, 0, {}};
+  BuiltPipeline& p = *built;
+  const dpipe::Spec& spec = p.spec;
   try {
     spec.pipeline.visit([&](const auto& pl) {
       const auto g = dpipe::Graph::build(*pl.def());

@@ -4,8 +4,8 @@
 # corpus. Prints executions and finds per target; crashes, leaks, timeouts and out-of-memory inputs land in
 # build-fuzz/findings/<target>/. See docs/fuzzing.md.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
-#   scripts/fuzz.sh --seed-corpus   regenerate the seeds with the library and merge them into fuzz/corpus/
-#   scripts/fuzz.sh --merge         minimize fuzz/corpus/<target>/ with the working corpora (-merge=1)
+#   scripts/fuzz.sh --seed-corpus   regenerate fuzz/corpus/<target>/ from the library's seeds (keeps fuzzed-*)
+#   scripts/fuzz.sh --merge         the same, with up to 15 inputs from the working corpora (build-fuzz/work/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CXX_FUZZ=${CXX_FUZZ:-clang++-16}
@@ -27,16 +27,25 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 COMMON=(-rss_limit_mb=1024 -timeout=10 -max_len=65536 -print_final_stats=1)
 
 if [ "${1:-}" = "--seed-corpus" ] || [ "${1:-}" = "--merge" ]; then
+  # The committed corpus: the seeds that add coverage (-set_cover_merge=1), plus up to 15 inputs of the
+  # working corpus's own minimal cover, so the replay reaches past the seeds while staying a few dozen files.
   seeds=$BUILD/seeds
   rm -rf "$seeds"
-  [ "$1" = "--seed-corpus" ] && "$BUILD/fuzz/fuzz_make_corpus" "$seeds" "$PWD"
+  "$BUILD/fuzz/fuzz_make_corpus" "$seeds" "$PWD"
   for t in "${TARGETS_ALL[@]}"; do
-    mkdir -p "fuzz/corpus/$t" "$seeds/$t" "$BUILD/work/$t"
-    merged=$BUILD/merged/$t
-    rm -rf "$merged"; mkdir -p "$merged"
-    "$BUILD/fuzz/fuzz_$t" -merge=1 "${COMMON[@]}" "$merged" "fuzz/corpus/$t" "$seeds/$t" "$BUILD/work/$t" \
-      >"$BUILD/merge-$t.log" 2>&1 || { tail -30 "$BUILD/merge-$t.log"; exit 1; }
-    rm -rf "fuzz/corpus/$t"; mv "$merged" "fuzz/corpus/$t"
+    mkdir -p "$BUILD/work/$t"
+    cover=$BUILD/merged/$t new=$BUILD/corpus-new/$t
+    rm -rf "$cover" "$new"; mkdir -p "$cover" "$new"
+    "$BUILD/fuzz/fuzz_$t" -set_cover_merge=1 "${COMMON[@]}" "$new" "$seeds/$t" >"$BUILD/merge-$t.log" 2>&1 \
+      || { tail -30 "$BUILD/merge-$t.log"; exit 1; }
+    if [ "$1" = "--merge" ]; then
+      "$BUILD/fuzz/fuzz_$t" -set_cover_merge=1 "${COMMON[@]}" "$cover" "$BUILD/work/$t" >>"$BUILD/merge-$t.log" 2>&1 \
+        || { tail -30 "$BUILD/merge-$t.log"; exit 1; }
+      for f in $(ls "$cover" | head -15); do cp "$cover/$f" "$new/fuzzed-$f"; done
+    else
+      cp fuzz/corpus/$t/fuzzed-* "$new/" 2>/dev/null || true
+    fi
+    rm -rf "fuzz/corpus/$t"; mkdir -p fuzz/corpus; mv "$new" "fuzz/corpus/$t"
     echo "$t: $(ls "fuzz/corpus/$t" | wc -l) corpus files"
   done
   exit 0
