@@ -1,0 +1,98 @@
+// Fuzz target: a snapshot set (every rank's bytes, set_container.hpp) → SnapshotSet → rescaled onto
+// another layout; the result must be a consistent set that encodes and decodes, and each new rank is
+// restored into the representative pipeline it belongs to. The custom mutator mutates one rank's decoded
+// snapshot (sometimes carrying its identity and layout to every rank, so the set stays consistent and the
+// mutation reaches the rescale), the new layout, or the list of ranks; checksums are always valid.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "fuzz_common.hpp"
+#include "set_container.hpp"
+#include "snapshot_mutator.hpp"
+
+using namespace dpipe_fuzz;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  SetInput in;
+  if (!SetInput::parse(std::string_view(reinterpret_cast<const char*>(data), size), in) || in.ranks.empty()) return 0;
+  std::vector<dpipe::Snapshot> ranks;
+  try {
+    for (const auto& b : in.ranks) ranks.push_back(dpipe::Snapshot::from_bytes(b));
+  } catch (const dpipe::SnapshotError&) {
+    return 0;
+  }
+  std::optional<dpipe::SnapshotSet> out;
+  const int w = in.new_world_size(), k = in.new_workers();
+  try {
+    const dpipe::SnapshotSet set(std::move(ranks));
+    out.emplace(set.rescaled(w, k));
+  } catch (const dpipe::Error&) {
+    return 0;
+  }
+  if (out->world_size() != w || out->num_workers() != k)
+    finding("a rescale to " + std::to_string(w) + " ranks of " + std::to_string(k) + " workers gave " +
+            std::to_string(out->world_size()) + " ranks of " + std::to_string(out->num_workers()));
+  std::vector<dpipe::Snapshot> again;
+  try {
+    for (const auto& r : out->ranks()) again.push_back(dpipe::Snapshot::from_bytes(r.to_bytes()));
+    const dpipe::SnapshotSet check(std::move(again));
+  } catch (const dpipe::Error& e) {
+    finding(std::string("a rescaled set is not a consistent set: ") + e.what());
+  }
+  for (const auto& p : built_pipelines()) {
+    if (p.fingerprint != out->rank(0).meta.fingerprint) continue;
+    for (int r = 0; r < out->world_size(); ++r) resume_and_pull(p, out->rank(r), out->rank(r).meta.layout);
+  }
+  return 0;
+}
+
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  SetInput in;
+  if (!SetInput::parse(std::string_view(reinterpret_cast<const char*>(data), size), in) || in.ranks.empty())
+    return LLVMFuzzerMutate(data, size, max_size);
+  Rand r{seed};
+  switch (r.below(10)) {
+    case 0: in.world = static_cast<std::uint8_t>(r.next()); break;
+    case 1: in.workers = static_cast<std::uint8_t>(r.next()); break;
+    case 2: in.ranks.erase(in.ranks.begin() + std::ptrdiff_t(r.below(in.ranks.size()))); break;
+    case 3: in.ranks.push_back(in.ranks[r.below(in.ranks.size())]); break;
+    default: {
+      const std::size_t i = r.below(in.ranks.size());
+      try {
+        auto s = dpipe::Snapshot::from_bytes(in.ranks[i]);
+        if (r.one_in(6)) {
+          std::string b = in.ranks[i];
+          mutate_sections(b, r);
+          in.ranks[i] = b;
+          break;
+        }
+        mutate_snapshot(s, r);
+        in.ranks[i] = s.to_bytes();
+        if (r.one_in(2)) {  // the same identity and layout size on every rank
+          for (auto& other : in.ranks) {
+            try {
+              auto o = dpipe::Snapshot::from_bytes(other);
+              o.meta.fingerprint = s.meta.fingerprint;
+              o.meta.seed = s.meta.seed;
+              o.meta.epoch = s.meta.epoch;
+              o.meta.layout.world_size = s.meta.layout.world_size;
+              o.meta.layout.num_workers = s.meta.layout.num_workers;
+              other = o.to_bytes();
+            } catch (const dpipe::Error&) {
+            }
+          }
+        }
+      } catch (const dpipe::Error&) {
+        std::string b = in.ranks[i];
+        mutate_string(b, 32);
+        in.ranks[i] = b;
+      }
+    }
+  }
+  const std::string out = in.encode();
+  if (out.size() > max_size || out.empty()) return LLVMFuzzerMutate(data, size, max_size);
+  std::memcpy(data, out.data(), out.size());
+  return out.size();
+}

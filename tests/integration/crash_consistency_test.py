@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Crash consistency of every file dpipe writes (docs/files.md): writers are killed with SIGKILL at random
+moments, 200 times in all, and after each kill the path holds the old or the new complete file; after the
+next (complete) write no temporary `.NAME.dpipe-tmp.PID.HEX` is left beside it.
+
+Writers: `dpipe run --snapshot-out`, `dpipe run --snapshot-dir` (one rank's file of a set), `dpipe snapshot
+rescale` (a whole new set), `write_records` (tests/crash/records_writer.cpp, in a loop) and `dpipe run
+--output`. The kill moment is drawn uniformly over the writer's measured duration (seed printed, or set
+with DPIPE_CRASH_SEED); the assertions hold for any moment. Writes JUnit XML with one case per writer to
+$DPIPE_BUILD_ROOT/test-results/crash_consistency.xml."""
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from snapshot_reader import read_file as read_snapshot  # noqa: E402
+from tool_files import tfrecord  # noqa: E402
+
+BUILD = os.environ.get("DPIPE_BUILD_ROOT", "build")
+DPIPE = os.path.join(BUILD, "tools", "dpipe")
+RECORDS_WRITER = os.path.join(BUILD, "tests", "crash_records_writer")
+SEED = int(os.environ.get("DPIPE_CRASH_SEED", str(time.time_ns() % (1 << 32))))
+rng = random.Random(SEED)
+TMP = tempfile.mkdtemp(prefix="dpipe-crash-")
+TEMPORARY = re.compile(r"^\..+\.dpipe-tmp\.\d+\.[0-9a-f]+$")
+results = []  # (name, error or None, summary)
+
+
+def temporaries(directory):
+    return sorted(n for n in os.listdir(directory) if TEMPORARY.match(n))
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+
+
+def duration(cmd, times=3):
+    """The longest of a few complete runs: the window the kill moment is drawn from."""
+    longest = 0.0
+    for _ in range(times):
+        t0 = time.monotonic()
+        run(cmd)
+        longest = max(longest, time.monotonic() - t0)
+    return longest
+
+
+def kill_at_random(cmd, window):
+    """Starts `cmd`, sends SIGKILL after a random delay in [0, window]; True if it was still running."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(rng.uniform(0, window))
+    alive = p.poll() is None
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    return alive
+
+
+class Tally:
+    def __init__(self):
+        self.kills = self.alive = self.old = self.new = self.absent = 0
+
+    def __str__(self):
+        return (f"{self.kills} kills ({self.alive} while writing): {self.old} old, {self.new} new, "
+                f"{self.absent} absent")
+
+
+def check_old_or_new(tally, state, old, new):
+    """`state` is what the path holds (None: absent); `old` is what it held before the killed write."""
+    if state is None:
+        assert old is None, f"the path vanished: it held {old!r}"
+        tally.absent += 1
+    elif state == old:
+        tally.old += 1
+    elif state == new:
+        tally.new += 1
+    else:
+        raise AssertionError(f"the path holds {state!r}, neither the old {old!r} nor the new {new!r}")
+
+
+def snapshot_state(path):
+    """A snapshot file's elements_delivered after a full read with its checksums, or None if absent."""
+    if not os.path.exists(path):
+        return None
+    return read_snapshot(path)["meta"]["elements_delivered"]
+
+
+def bytes_state(path):
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+SNAPSHOT_SPEC = json.dumps({"seed": 3, "pipeline": [{"op": "range", "stop": 1000000},
+                                                    {"op": "shuffle", "buffer": 3000}, {"op": "batch", "size": 4}]})
+SET_SPEC = json.dumps({"seed": 11, "pipeline": [{"op": "range", "stop": 1000000}, {"op": "sampler", "shuffle": "global"},
+                                                {"op": "shuffle", "buffer": 2000}, {"op": "batch", "size": 4}]})
+
+
+def snapshot_writer(name, kills, path, command, takes=(200, 300)):
+    """Kills `command(take)` (a writer of the snapshot file `path`), alternating the take so that old and
+    new differ; after each kill, one complete write of the same command."""
+    tally = Tally()
+    window = 1.2 * duration(command(takes[1]))
+    old = snapshot_state(path)
+    for i in range(kills):
+        new = takes[i % 2]
+        tally.kills += 1
+        tally.alive += kill_at_random(command(new), window)
+        check_old_or_new(tally, snapshot_state(path), old, new)
+        run(command(new))
+        assert snapshot_state(path) == new
+        left = temporaries(os.path.dirname(path))
+        assert not left, f"temporaries left after a complete write: {left}"
+        old = new
+    return str(tally)
+
+
+def case(name, fn):
+    t0 = time.monotonic()
+    try:
+        summary = fn()
+        results.append((name, None, summary))
+        print(f"ok   {name}: {summary} ({time.monotonic() - t0:.1f} s)")
+    except Exception:  # noqa: BLE001 - every failure is reported, not raised
+        results.append((name, traceback.format_exc(), ""))
+        print(f"FAIL {name}\n{traceback.format_exc()}")
+
+
+def snapshot_out():
+    d = os.path.join(TMP, "snapshot-out")
+    os.makedirs(d)
+    path = os.path.join(d, "s.dpipe")
+    return snapshot_writer("snapshot_out", 50, path,
+                           lambda take: [DPIPE, "run", SNAPSHOT_SPEC, "--take", str(take), "--snapshot-out", path])
+
+
+def snapshot_dir_rank():
+    d = os.path.join(TMP, "set")
+    for r in (0, 1):
+        run([DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take", "100", "--snapshot-dir", d])
+    path = os.path.join(d, "rank-1-of-2.dpipe")
+    summary = snapshot_writer("snapshot_dir", 40, path,
+                              lambda take: [DPIPE, "run", SET_SPEC, "--rank", "1", "--world-size", "2", "--take",
+                                            str(take), "--snapshot-dir", d])
+    # The untouched rank is intact and the set reads as a whole.
+    assert snapshot_state(os.path.join(d, "rank-0-of-2.dpipe")) == 100
+    run([DPIPE, "snapshot", "show", d])
+    return summary
+
+
+def rescale():
+    """A killed rescale leaves each new rank file whole or absent. (Its temporaries stay in the new
+    directory: no later write goes to those names, so nothing removes them; see docs/files.md.)"""
+    src = os.path.join(TMP, "rescale-src")
+    for r in (0, 1):
+        run([DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take", "100", "--snapshot-dir", src])
+    tally = Tally()
+    cmd = lambda out: [DPIPE, "snapshot", "rescale", src, "--world-size", "6", "--workers", "2", "--out", out]  # noqa: E731
+    window = 1.2 * duration(cmd(os.path.join(TMP, "rescale-calibrate")), times=1)
+    expected = {f"rank-{r}-of-6.dpipe" for r in range(6)}
+    complete = partial = 0
+    for i in range(30):
+        out = os.path.join(TMP, f"rescale-{i}")
+        tally.kills += 1
+        tally.alive += kill_at_random(cmd(out), window)
+        names = set(os.listdir(out)) if os.path.isdir(out) else set()
+        ranks = {n for n in names if not TEMPORARY.match(n)}
+        assert ranks <= expected, f"unexpected files in a rescaled set: {sorted(ranks - expected)}"
+        for n in ranks:
+            meta = read_snapshot(os.path.join(out, n))["meta"]
+            assert meta["layout"]["world_size"] == 6 and meta["layout"]["num_workers"] == 2, meta["layout"]
+        tally.new += len(ranks)
+        tally.absent += len(expected - ranks)
+        complete += ranks == expected
+        partial += 0 < len(ranks) < len(expected)
+        shutil.rmtree(out, ignore_errors=True)
+    return f"{tally} (rank files); {complete} sets complete, {partial} partial"
+
+
+def records():
+    d = os.path.join(TMP, "records")
+    os.makedirs(d)
+    path = os.path.join(d, "data.tfrecord")
+
+    def variant(v):
+        return b"".join(tfrecord(f"v{v}-record-{i}-{'x' * (i % 50)}".encode()) for i in range(3000 + 1000 * v))
+
+    contents = [variant(0), variant(1)]
+    tally = Tally()
+    window = 3 * duration([RECORDS_WRITER, path, "1"])  # the loop writes again and again: any moment
+    old = bytes_state(path)
+    for i in range(40):
+        tally.kills += 1
+        tally.alive += kill_at_random([RECORDS_WRITER, path, str(i % 2), "loop"], window)
+        state = bytes_state(path)
+        # A loop writes both variants: the path holds one of them whole (or nothing before the first write).
+        assert state is None or state in contents, f"the records file holds {len(state)} bytes of neither variant"
+        check_old_or_new(tally, state, old, state if state in contents else None)
+        v = rng.randrange(2)
+        run([RECORDS_WRITER, path, str(v)])
+        assert bytes_state(path) == contents[v]
+        left = temporaries(d)
+        assert not left, f"temporaries left after a complete write: {left}"
+        old = contents[v]
+    return str(tally)
+
+
+def tool_output():
+    d = os.path.join(TMP, "output")
+    os.makedirs(d)
+    path = os.path.join(d, "out.jsonl")
+    specs = [json.dumps({"pipeline": [{"op": "range", "stop": 150000}]}),
+             json.dumps({"pipeline": [{"op": "range", "stop": 120000}, {"op": "map", "fn": "affine", "mul": 3}]})]
+    cmd = lambda v: [DPIPE, "run", specs[v], "--output", path]  # noqa: E731
+    contents = []
+    for v in (0, 1):
+        run(cmd(v))
+        contents.append(bytes_state(path))
+    assert contents[0] != contents[1]
+    window = 1.2 * max(duration(cmd(0)), duration(cmd(1)))
+    tally = Tally()
+    old_v = 1
+    for i in range(40):
+        new_v = 1 - old_v
+        tally.kills += 1
+        tally.alive += kill_at_random(cmd(new_v), window)
+        check_old_or_new(tally, bytes_state(path), contents[old_v], contents[new_v])
+        assert not os.path.exists(path + ".partial"), "a killed run left PATH.partial"
+        run(cmd(new_v))
+        assert bytes_state(path) == contents[new_v]
+        left = temporaries(d)
+        assert not left, f"temporaries left after a complete write: {left}"
+        old_v = new_v
+    return str(tally)
+
+
+def main():
+    print(f"crash consistency: seed {SEED} (DPIPE_CRASH_SEED), files in {TMP}")
+    t0 = time.monotonic()
+    case("crash/snapshot_out", snapshot_out)
+    case("crash/snapshot_dir_rank_file", snapshot_dir_rank)
+    case("crash/snapshot_rescale", rescale)
+    case("crash/records_file", records)
+    case("crash/tool_output", tool_output)
+    print(f"{time.monotonic() - t0:.1f} s")
+    out = os.path.join(BUILD, "test-results")
+    os.makedirs(out, exist_ok=True)
+    suite = ET.Element("testsuite", name="crash_consistency", tests=str(len(results)),
+                       failures=str(sum(1 for _, e, _ in results if e)))
+    for name, err, summary in results:
+        c = ET.SubElement(suite, "testcase", classname="crash_consistency", name=name)
+        if err:
+            ET.SubElement(c, "failure", message="failed").text = err
+        else:
+            ET.SubElement(c, "system-out").text = summary
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(os.path.join(out, "crash_consistency.xml"), encoding="utf-8", xml_declaration=True)
+    if not any(e for _, e, _ in results):
+        shutil.rmtree(TMP, ignore_errors=True)
+    return 1 if any(e for _, e, _ in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
