@@ -27,7 +27,9 @@ constexpr std::uint32_t kMaxSections = 64;
 // Sections a reader does not know are skipped, so a section added later keeps older files and
 // older readers working: kNodeDetails (each graph node's segment and parameters) came after format
 // version 1 shipped.
-enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kNodeDetails = 3 };
+// kIdentity (format 2) stands first after the table, so a reader finds a file's id and step in its
+// first bytes.
+enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kNodeDetails = 3, kIdentity = 4 };
 
 void put_u32(ByteWriter& w, std::uint32_t v) { w.put(v); }
 
@@ -85,7 +87,7 @@ SnapshotMeta decode_meta(ByteReader& r) {
     r.fail("its layout " + l.to_string() + " is impossible (0 <= rank < world_size, 1 to " +
            std::to_string(kMaxWorkers) + " workers)");
   const std::size_t nodes = r.length(24);
-  m.graph.reserve(nodes);
+  m.graph.reserve(std::min<std::size_t>(nodes, 1024));  // grows with the bytes parsed, not the declared count
   for (std::size_t i = 0; i < nodes; ++i) {
     GraphNodeRecord n;
     n.key = r.str();
@@ -96,6 +98,24 @@ SnapshotMeta decode_meta(ByteReader& r) {
   get_string_pairs(r, [&](std::string k, std::string v) { m.user_metadata[std::move(k)] = std::move(v); });
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the metadata");
   return m;
+}
+
+std::string encode_identity(const SnapshotMeta& m) {
+  ByteWriter w;
+  w.put<std::uint64_t>(m.id);
+  w.put<std::uint8_t>(m.step ? 1 : 0);
+  w.put<std::uint64_t>(m.step.value_or(0));
+  return w.take();
+}
+
+void decode_identity(ByteReader& r, std::uint64_t& id, std::optional<std::uint64_t>& step) {
+  id = r.get<std::uint64_t>();
+  const auto has_step = r.get<std::uint8_t>();
+  const auto value = r.get<std::uint64_t>();
+  if (has_step > 1) r.fail("its step flag is " + std::to_string(has_step));
+  step.reset();
+  if (has_step) step = value;
+  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the identity");
 }
 
 std::string encode_node_details(const SnapshotMeta& m) {
@@ -153,16 +173,24 @@ std::string encode_states(const std::vector<NodeState>& states) {
 }
 
 std::vector<NodeState> decode_states(ByteReader& r) {
-  std::vector<NodeState> states(r.length(29));
-  for (auto& s : states) {
+  // Counts are bounded by the bytes left over the smallest encoding of an item, and lists are reserved
+  // exactly to that count (no doubling growth): a record (96 bytes in memory) takes at least 29 bytes, a
+  // field (176 bytes) at least 17, so a section costs at most about 10.4 times its size.
+  const std::size_t records = r.length(29);
+  std::vector<NodeState> states;
+  states.reserve(records);
+  for (std::size_t k = 0; k < records; ++k) {
+    NodeState& s = states.emplace_back();
     s.key = r.str();
     s.kind = r.str();
     s.instance = r.get<std::uint32_t>();
     const auto mode = r.get<std::uint8_t>();
     if (mode < 1 || mode > 3) r.fail("node '" + s.key + "' has an unknown state mode " + std::to_string(mode));
     s.mode = static_cast<StateMode>(mode);
-    s.fields.resize(r.length(9));
-    for (auto& f : s.fields) {
+    const std::size_t field_count = r.length(17);  // name length, type, and at least 8 bytes of value
+    s.fields.reserve(field_count);
+    for (std::size_t fi = 0; fi < field_count; ++fi) {
+      Field& f = s.fields.emplace_back();
       f.name = r.str();
       const auto type = r.get<std::uint8_t>();
       switch (type) {
@@ -215,10 +243,13 @@ std::string Snapshot::to_bytes() const {
   // Node details only when every node has them: a snapshot read from an older file has none, and is
   // written back as it was.
   const bool details = std::all_of(meta.graph.begin(), meta.graph.end(), [](const auto& n) { return !n.segment.empty(); });
-  const std::string sections[] = {encode_meta(meta), encode_states(states),
-                                  details ? encode_node_details(meta) : std::string()};
-  const SectionId ids[] = {kMeta, kStates, kNodeDetails};
-  const std::uint32_t n = details ? 3 : 2;
+  std::vector<std::string> sections{encode_identity(meta), encode_meta(meta), encode_states(states)};
+  std::vector<SectionId> ids{kIdentity, kMeta, kStates};
+  if (details) {
+    sections.push_back(encode_node_details(meta));
+    ids.push_back(kNodeDetails);
+  }
+  const auto n = static_cast<std::uint32_t>(sections.size());
   ByteWriter table;
   std::uint64_t offset = kHeaderBytes + n * kSectionEntryBytes;
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -271,7 +302,9 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
 
   Snapshot s;
   s.meta.format_version = version;
-  bool have_meta = false, have_states = false;
+  bool have_meta = false, have_states = false, have_identity = false;
+  std::uint64_t id_value = 0;
+  std::optional<std::uint64_t> step;
   std::optional<std::string_view> details;  // read after the metadata, wherever it stands
   ByteReader t(table, "snapshot section table");
   for (std::uint32_t i = 0; i < count; ++i) {
@@ -293,12 +326,20 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
       ByteReader r(body, "snapshot node states");
       s.states = decode_states(r);
       have_states = true;
+    } else if (id == kIdentity) {
+      if (have_identity) throw SnapshotError("snapshot has two identity sections");
+      ByteReader r(body, "snapshot identity");
+      decode_identity(r, id_value, step);
+      have_identity = true;
     } else if (id == kNodeDetails) {
       if (details) throw SnapshotError("snapshot has two node-detail sections");
       details = body;
     }  // unknown sections of a readable version are skipped
   }
   if (!have_meta || !have_states) throw SnapshotError("snapshot lacks its metadata or node-state section");
+  if (version >= 2 && !have_identity) throw SnapshotError("snapshot lacks its identity section");
+  s.meta.id = id_value;
+  s.meta.step = step;
   if (details) {
     ByteReader r(*details, "snapshot node details");
     decode_node_details(r, s.meta);
@@ -307,6 +348,55 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
 }
 
 void Snapshot::write_file(const std::string& path) const { write_file_atomically(path, to_bytes()); }
+
+SnapshotIdentity Snapshot::read_identity(const std::string& path) {
+  const RegularFile file(path, FileRole::snapshot);
+  // The header, the table and the identity section (first after the table in files dpipe writes) fit
+  // in the first bytes; a file laid out otherwise is read whole.
+  std::string bytes(static_cast<std::size_t>(std::min<std::uint64_t>(file.size(), 4096)), '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t k = ::pread(file.fd(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) throw SnapshotError("cannot read snapshot '" + path + "': " + (k < 0 ? std::strerror(errno) : "it shrank"));
+    got += static_cast<std::size_t>(k);
+  }
+  auto fail = [&](const std::string& why) -> SnapshotError { return SnapshotError("'" + path + "': " + why); };
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    throw fail("not a dpipe snapshot (no header)");
+  if (crc32c_raw(bytes.data(), kHeaderBytes - 4) != ByteReader(std::string_view(bytes).substr(kHeaderBytes - 4, 4), "header").get<std::uint32_t>())
+    throw fail("snapshot header checksum mismatch: the header is corrupt");
+  ByteReader h(std::string_view(bytes).substr(8, kHeaderBytes - 8), "snapshot header");
+  SnapshotIdentity out;
+  out.format_version = h.get<std::uint32_t>();
+  const auto count = h.get<std::uint32_t>();
+  if (out.format_version > kFormatVersion) throw fail("snapshot format version " + std::to_string(out.format_version) + " is newer than this build of dpipe reads");
+  if (out.format_version < 2) return out;  // no identity before format 2
+  const std::size_t table_end = kHeaderBytes + static_cast<std::size_t>(count) * kSectionEntryBytes;
+  if (count > kMaxSections || table_end > bytes.size()) {
+    const Snapshot whole = read_file(path);
+    return {out.format_version, whole.meta.id, whole.meta.step};
+  }
+  const auto table = std::string_view(bytes).substr(kHeaderBytes, table_end - kHeaderBytes);
+  h.get<std::uint64_t>();  // total length
+  if (crc32c(table) != h.get<std::uint32_t>()) throw fail("snapshot section table checksum mismatch");
+  ByteReader t(table, "snapshot section table");
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto id = t.get<std::uint32_t>();
+    const auto crc = t.get<std::uint32_t>();
+    const auto off = t.get<std::uint64_t>();
+    const auto len = t.get<std::uint64_t>();
+    if (id != kIdentity) continue;
+    if (off > bytes.size() || len > bytes.size() - off) break;  // beyond the first bytes: read it whole
+    const auto body = std::string_view(bytes).substr(off, len);
+    if (crc32c(body) != crc) throw fail("snapshot section 4 checksum mismatch");
+    ByteReader r(body, "snapshot identity");
+    decode_identity(r, out.id, out.step);
+    return out;
+  }
+  const Snapshot whole = read_file(path);
+  return {out.format_version, whole.meta.id, whole.meta.step};
+}
 
 Snapshot Snapshot::read_file(const std::string& path) {
   // A regular file only, read up to its size (FileError for a FIFO or a device: nothing blocks).

@@ -1,5 +1,6 @@
 // Snapshot renderings for people (`dpipe snapshot show`), built as nlohmann ordered_json: elements are
 // decoded from their type tag alone.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -8,6 +9,7 @@
 #include "dpipe/codec.hpp"
 #include "dpipe/detail/text_json.hpp"
 #include "dpipe/snapshot.hpp"
+#include "dpipe/node_kind.hpp"
 #include "dpipe/text_block.hpp"
 #include "snapshot_json.hpp"
 #include "json_text.hpp"
@@ -148,15 +150,24 @@ std::string Snapshot::to_json() const {
         }
       }
     }
-    rendered_states.push_back({{"key", text(s.key)},
-                               {"kind", text(s.kind)},
-                               {"instance", s.instance},
-                               {"mode", to_string(s.mode)},
-                               {"fields", detail::json_object<Json>(std::move(fields))}});
+    Json record = {{"key", text(s.key)}, {"kind", text(s.kind)}, {"instance", s.instance}, {"mode", to_string(s.mode)}};
+    // A kind may say in words what its record means (XKind::summary); a record it cannot read says why.
+    if (const KindInfo* kind = find_kind(s.kind); kind && kind->summary) {
+      const auto node = std::find_if(meta.graph.begin(), meta.graph.end(), [&](const auto& n) { return n.key == s.key; });
+      try {
+        record["summary"] = text(kind->summary(s, node != meta.graph.end() ? *node : GraphNodeRecord{}));
+      } catch (const SnapshotError& e) {
+        record["summary"] = text(std::string("unreadable: ") + e.what());
+      }
+    }
+    record["fields"] = detail::json_object<Json>(std::move(fields));
+    rendered_states.push_back(std::move(record));
   }
   std::vector<std::pair<std::string, Json>> user;
   for (const auto& [k, v] : meta.user_metadata) user.emplace_back(k, text(v));
   const Json j = {{"format_version", meta.format_version ? meta.format_version : kFormatVersion},
+                  {"id", hex64(meta.id)},
+                  {"step", meta.step ? Json(*meta.step) : Json(nullptr)},
                   {"fingerprint", hex64(meta.fingerprint)},
                   {"seed", meta.seed},
                   {"epoch", meta.epoch},

@@ -2,6 +2,7 @@
 #include "dpipe/snapshot_set.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -14,6 +15,13 @@
 
 namespace dpipe {
 namespace fs = std::filesystem;
+namespace {
+std::string hex_id(std::uint64_t id) {
+  char b[19];
+  std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(id));
+  return b;
+}
+}  // namespace
 
 SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks)) {
   if (ranks_.empty()) throw SnapshotError("a snapshot set needs at least one rank's snapshot");
@@ -31,6 +39,12 @@ SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks))
     if (m.seed != m0.seed || m.epoch != m0.epoch)
       throw SnapshotError(who + " has seed " + std::to_string(m.seed) + " and epoch " + std::to_string(m.epoch) +
                           ", rank 0's has seed " + std::to_string(m0.seed) + " and epoch " + std::to_string(m0.epoch));
+    if (m.step != m0.step) {
+      auto step = [](const SnapshotMeta& x) { return x.step ? "step " + std::to_string(*x.step) : std::string("no step"); };
+      throw SnapshotError("snapshot set: rank " + std::to_string(r) + "'s snapshot (id " + hex_id(m.id) + ") names " + step(m) +
+                          ", rank 0's (id " + hex_id(m0.id) + ") " + step(m0) +
+                          "; a set holds the snapshots of one step, so these come from different snapshots");
+    }
     if (m.layout.num_workers != m0.layout.num_workers)
       throw SnapshotError(who + " has " + std::to_string(m.layout.num_workers) + " workers, rank 0's has " +
                           std::to_string(m0.layout.num_workers));
@@ -234,6 +248,8 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     s.meta.format_version = 0;
     s.meta.layout = Layout{r, world_size, num_workers};
     s.meta.elements_delivered = 0;
+    // One id for the whole new set, the same on every rank that computes it; the step stays.
+    s.meta.id = mix64(meta.id ^ mix64(static_cast<std::uint64_t>(world_size) << 32 | static_cast<std::uint32_t>(num_workers))) | 1;
     s.meta.user_metadata["rescaled_from"] =
         std::to_string(from.world_size) + " ranks x " + std::to_string(from.num_workers) + " workers";
     s.states = std::move(per_rank[static_cast<std::size_t>(r)]);

@@ -58,6 +58,7 @@ struct RunArgs {
   std::optional<std::string> output, snapshot_out, snapshot_dir, resume, resume_dir;
   bool rescale = false;
   bool allow_changed_data = false;
+  std::optional<std::uint64_t> step;
 };
 
 struct BenchArgs {
@@ -153,6 +154,8 @@ void build_cli(Cli& c) {
   auto* resume = c.run->add_option("--resume", r.resume, "resume from the snapshot file PATH")->type_name("PATH");
   auto* resume_dir = c.run->add_option("--resume-dir", r.resume_dir, "resume this rank from the snapshot set DIR")->type_name("DIR");
   resume->excludes(resume_dir);
+  c.run->add_option("--step", r.step, "record N as the snapshot's step (a set of mixed steps is refused)")
+      ->type_name("N");
   c.run->add_flag("--allow-changed-data", r.allow_changed_data,
                   "accept data files whose modification time changed since the snapshot (same path and size)");
   c.run->add_flag("--rescale", r.rescale, "allow resuming a set taken on another layout (redistributes its state)")
@@ -354,8 +357,8 @@ int cmd_run(const RunArgs& a) {
     out.commit();
     const double secs = seconds_since(t0);
     const std::map<std::string, std::string> meta{{"elements_delivered_by_this_run", std::to_string(n)}};
-    if (a.snapshot_out) run.snapshot(meta).write_file(*a.snapshot_out);
-    if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run.snapshot(meta));
+    if (a.snapshot_out) run.snapshot(meta, a.step).write_file(*a.snapshot_out);
+    if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run.snapshot(meta, a.step));
     if (a.common.stats) {
       const Json stats = {{"elements", n},
                           {"seconds", secs},

@@ -65,6 +65,9 @@ struct NodeStats {
 namespace detail {
 /// Snapshot metadata for a run (non-template, in engine/).
 SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std::uint64_t delivered);
+/// The id of a snapshot: a digest of what it is (pipeline, seed, epoch, layout, position, step), so two
+/// snapshots of one run at one element are the same bytes.
+std::uint64_t snapshot_id(const SnapshotMeta& m);
 /// Refuses a snapshot that does not belong to this graph, seed, epoch and layout.
 void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r);
 Layout resolve_layout(const RunOptions& o);
@@ -159,7 +162,9 @@ class Run {
   /// The complete state at the consumer's position: production pauses (each busy worker finishes the
   /// chunk it is on), every node on every worker is saved together with the elements produced but not
   /// yet delivered, and production goes on.
-  Snapshot snapshot(std::map<std::string, std::string> user_metadata = {})
+  /// `step` (the trainer's step, say) is recorded in the file's identity: a set whose ranks' snapshots
+  /// name different steps is refused.
+  Snapshot snapshot(std::map<std::string, std::string> user_metadata = {}, std::optional<std::uint64_t> step = {})
     requires Snapshottable<T>
   {
     if (failed_) throw SnapshotError("cannot snapshot a run that failed; use a snapshot taken before the failure");
@@ -167,6 +172,8 @@ class Run {
     Snapshot s;
     s.meta = detail::make_meta(*graph_, options_, layout_, delivered_);
     s.meta.user_metadata = std::move(user_metadata);
+    s.meta.step = step;
+    s.meta.id = detail::snapshot_id(s.meta);
     NodeState& run = s.states.emplace_back();
     run.key = "run";
     run.kind = "run";

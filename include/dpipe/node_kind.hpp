@@ -8,6 +8,7 @@
 ///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
 ///     template <class Spec> static SpecPipeline from_spec(Spec&);   // the spec builder
 ///     static constexpr bool source = false;                          // optional: starts a pipeline
+///     static std::string summary(const NodeState&, const GraphNodeRecord&);  // optional: for show
 ///     static constexpr bool deals = false;                           // optional: deals to instances
 ///     static constexpr std::string_view tuning[] = {"depth"};         // optional: parameters that
 ///   };                                                               //   change no element
@@ -34,6 +35,9 @@ struct KindInfo {
   /// Parameters that change no element (a queue depth, a window of work in flight): a resume may change
   /// them, and the snapshot restores into the new values.
   std::vector<std::string_view> tuning{};
+  /// One line for `snapshot show` saying what a record of the kind means ("12 of 100 buffered"); null:
+  /// the fields speak for themselves. May throw SnapshotError for a record it cannot read.
+  std::string (*summary)(const NodeState&, const GraphNodeRecord&) = nullptr;
   /// A source (it starts a pipeline); one that deals its stream to the instances (sampler, lines, …)
   /// rather than having every instance read it in full.
   bool source = false, deals = false;
@@ -49,6 +53,7 @@ template <class K>
 KindInfo kind_info() {
   KindInfo k{K::name, K::rescale()};
   if constexpr (requires { &K::check_state; }) k.check_state = &K::check_state;
+  if constexpr (requires { &K::summary; }) k.summary = &K::summary;
   if constexpr (requires { K::source; }) k.source = K::source;
   if constexpr (requires { K::deals; }) k.deals = K::deals;
   if constexpr (requires { K::tuning; }) k.tuning.assign(std::begin(K::tuning), std::end(K::tuning));

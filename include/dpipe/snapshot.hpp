@@ -5,6 +5,7 @@
 /// without knowing the element types. Converts to and from bytes and files; see docs/snapshot-format.md.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,11 +75,24 @@ struct SnapshotMeta {
   std::uint64_t elements_delivered = 0;  // by this Run before the snapshot
   std::vector<GraphNodeRecord> graph;
   std::map<std::string, std::string> user_metadata;
+  /// Which snapshot this is (format 2 on): a random id drawn when it was taken (0 in files of format 1),
+  /// and the user's step when one was given (`Run::snapshot(metadata, step)`, the tool's --step). A set
+  /// whose ranks name different steps is refused.
+  std::uint64_t id = 0;
+  std::optional<std::uint64_t> step{};
+};
+
+/// A snapshot's identity, read from the start of its file without parsing the rest.
+struct SnapshotIdentity {
+  std::uint32_t format_version = 0;
+  std::uint64_t id = 0;
+  std::optional<std::uint64_t> step{};
 };
 
 class Snapshot {
  public:
-  static constexpr std::uint32_t kFormatVersion = 1;
+  /// 2: an identity section (id, step) first after the section table. Files of version 1 stay readable.
+  static constexpr std::uint32_t kFormatVersion = 2;
 
   SnapshotMeta meta;
   std::vector<NodeState> states;
@@ -91,6 +105,9 @@ class Snapshot {
   /// devices and FIFOs refused); throws FileError.
   void write_file(const std::string& path) const;
   static Snapshot read_file(const std::string& path);
+  /// The id and step of the snapshot file at `path`, reading its header, section table and identity
+  /// section only (checksums verified); throws SnapshotError.
+  static SnapshotIdentity read_identity(const std::string& path);
   /// A JSON rendering for people; native element types are decoded, others shown as hex.
   std::string to_json() const;
 

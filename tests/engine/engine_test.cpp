@@ -197,7 +197,7 @@ Pipeline<I64> random_pipeline(std::mt19937_64& g, bool& sharded) {
       case 2: p = p | filter([m = 2 + pick(4)](I64 x) { return x % m != 0; }); break;
       case 3: p = p | batch({.size = 1 + pick(9), .drop_last = pick(2) == 0}) | unbatch(); break;
       case 4:
-        if (!dispatched) {
+        if (!dispatched && !sharded) {  // a second sharding of a sharded stream is refused (ConfigError)
           p = p | sharding_filter();
           sharded = true;
         }

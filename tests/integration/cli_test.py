@@ -248,6 +248,11 @@ def _():
     assert shown["seed"] == 3 and shown["layout"]["num_workers"] == 1
     shuffle = next(s for s in shown["states"] if s["kind"] == "shuffle")
     assert shuffle["fields"]["buffer"]["count"] == 1000
+    # Kinds that declare one say what their record means.
+    assert shuffle["summary"] == "1000 of 1000 buffered", shuffle.get("summary")
+    batch = next(s for s in shown["states"] if s["kind"] == "batch")
+    assert batch["summary"].endswith(" of " + str(CANONICAL["pipeline"][-1]["size"]) + " elements of the next batch"), batch
+    assert "summary" not in next(s for s in shown["states"] if s["kind"] == "map")
 
 
 @case("snapshot/refusals_are_one_clear_line")
@@ -304,6 +309,18 @@ def _():
     r = dpipe("run", twice, "--workers", 2, check=False)
     assert r.returncode == 2 or r.returncode == 1, r.returncode
     assert "sampler@1 (sampler) already deals" in r.stderr and "Remove the sharding_filter" in r.stderr, r.stderr
+
+
+@case("snapshot/step_and_id_and_a_set_of_mixed_steps_refused")
+def _():
+    spec = json.dumps({"pipeline": [{"op": "range", "stop": 100}, {"op": "sampler"}]})
+    d = os.path.join(TMP, "mixed-steps")
+    for rank, step in ((0, 1200), (1, 1300)):
+        dpipe("run", spec, "--rank", rank, "--world-size", 2, "--take", 3, "--snapshot-dir", d, "--step", step)
+    shown = json.loads(dpipe("snapshot", "show", os.path.join(d, "rank-1-of-2.dpipe")).stdout)
+    assert shown["step"] == 1300 and shown["format_version"] == 2 and shown["id"] != "0" * 16, shown
+    r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--resume-dir", d, check=False)
+    assert r.returncode == 1 and "names step 1300" in r.stderr and "step 1200" in r.stderr, r.stderr
 
 
 @case("resume/changed_data_refused_unless_allowed_and_tuning_free")

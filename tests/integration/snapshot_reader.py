@@ -13,8 +13,8 @@ MAGIC = b"DPIPESNP"
 HEADER_BYTES = 32
 SECTION_ENTRY_BYTES = 24
 MAX_SECTIONS = 64
-KNOWN_VERSIONS = (1,)
-SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS = 1, 2, 3
+KNOWN_VERSIONS = (1, 2)
+SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY = 1, 2, 3, 4
 STATE_MODES = {1: "hook", 2: "stateless", 3: "replay"}
 FIELD_TYPES = {1: "u64", 2: "i64", 3: "str", 4: "elements"}
 SEGMENTS = ("prefix", "worker", "suffix")
@@ -159,7 +159,7 @@ def read_snapshot(data):
         sections.append({"id": sid, "crc": crc, "offset": off, "length": length, "body": body})
 
     ids = [s["id"] for s in sections]
-    for sid in (SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS):
+    for sid in (SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY):
         if ids.count(sid) > 1:
             raise FormatError(f"section {sid} appears {ids.count(sid)} times")
     if SECTION_META not in ids or SECTION_STATES not in ids:
@@ -169,6 +169,9 @@ def read_snapshot(data):
     states = decode_states(body[SECTION_STATES])
     if SECTION_NODE_DETAILS in body:
         decode_node_details(body[SECTION_NODE_DETAILS], meta["graph"])
+    if h["format_version"] >= 2 and SECTION_IDENTITY not in body:
+        raise FormatError("the identity section is missing")
+    meta["id"], meta["step"] = decode_identity(body[SECTION_IDENTITY]) if SECTION_IDENTITY in body else (0, None)
     return {"header": h, "sections": [{k: v for k, v in s.items() if k != "body"} for s in sections],
             "meta": meta, "states": states}
 
@@ -193,6 +196,16 @@ def decode_meta(body):
     m["user_metadata"] = dict(_pairs(c))
     c.end()
     return m
+
+
+def decode_identity(body):
+    """Section 4 (format 2): the snapshot's id and the user's step, or None."""
+    c = Cursor(body, "identity section")
+    ident, has_step, step = c.u64(), c.u8(), c.u64()
+    if has_step > 1:
+        raise FormatError(f"step flag {has_step}")
+    c.end()
+    return ident, (step if has_step else None)
 
 
 def decode_node_details(body, graph):
@@ -400,11 +413,18 @@ def encode_states(states):
     return b"".join(out)
 
 
-def write_snapshot(snap, node_details=True, version=1):
-    """Bytes of `snap` (a read_snapshot dict) laid out as dpipe lays out its files: sections 1, 2 and,
-    when node_details and every graph node has a segment, 3, contiguous after the table."""
+def write_snapshot(snap, node_details=True, version=None):
+    """Bytes of `snap` (a read_snapshot dict) laid out as dpipe lays out its files: from version 2 the
+    identity section 4, then sections 1, 2 and, when node_details and every graph node has a segment, 3,
+    contiguous after the table. `version` defaults to the one `snap` was read with."""
     meta = snap["meta"]
+    if version is None:
+        version = snap["header"]["format_version"]
     bodies = [(SECTION_META, encode_meta(meta)), (SECTION_STATES, encode_states(snap["states"]))]
+    if version >= 2:
+        step = meta.get("step")
+        ident = struct.pack("<QBQ", meta.get("id", 0), 0 if step is None else 1, step or 0)
+        bodies.insert(0, (SECTION_IDENTITY, ident))
     if node_details and all("segment" in n for n in meta["graph"]):
         bodies.append((SECTION_NODE_DETAILS, encode_node_details(meta["graph"])))
     offset = HEADER_BYTES + SECTION_ENTRY_BYTES * len(bodies)

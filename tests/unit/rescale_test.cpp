@@ -293,3 +293,42 @@ TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
 
 }  // namespace
 }  // namespace dpipe
+
+namespace dpipe {
+
+// Every snapshot carries an id and the user's step, readable from the start of its file; a set whose
+// ranks come from different steps is refused naming the ranks, their ids and steps.
+TEST(SnapshotIdentity, ASetOfDifferentStepsIsRefusedNamingRanksIdsAndSteps) {
+  Engine e;
+  const auto p = range(0, 100) | sampler() | batch({.size = 4});
+  std::vector<Snapshot> at_1200, mixed;
+  for (int r = 0; r < 2; ++r) {
+    auto run = e.start(p, {.layout = Layout{r, 2, 1}});
+    run.next();
+    at_1200.push_back(run.snapshot({}, 1200));
+    mixed.push_back(run.snapshot({}, r == 0 ? 1200 : 1300));
+  }
+  EXPECT_NE(at_1200[0].meta.id, 0u);
+  EXPECT_NE(at_1200[0].meta.id, at_1200[1].meta.id);  // other ranks
+  EXPECT_NE(at_1200[1].meta.id, mixed[1].meta.id);     // another step
+  EXPECT_NO_THROW(SnapshotSet{at_1200});
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet{mixed}; }, "names step 1300, rank 0's (id 0x");
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet{mixed}; }, "step 1200; a set holds the snapshots of one step");
+
+  testing::TempDir dir;
+  const std::string path = dir.file("s.dpipe");
+  at_1200[1].write_file(path);
+  const SnapshotIdentity id = Snapshot::read_identity(path);
+  EXPECT_EQ(id.format_version, Snapshot::kFormatVersion);
+  EXPECT_EQ(id.id, at_1200[1].meta.id);
+  EXPECT_EQ(id.step, std::optional<std::uint64_t>(1200));
+  const Snapshot back = Snapshot::read_file(path);
+  EXPECT_EQ(back.meta.id, at_1200[1].meta.id);
+  EXPECT_EQ(back.meta.step, std::optional<std::uint64_t>(1200));
+  // A rescaled set keeps the step; every rank of it carries one id.
+  const SnapshotSet rescaled = SnapshotSet(at_1200).rescaled(3, 1);
+  EXPECT_EQ(rescaled.rank(2).meta.step, std::optional<std::uint64_t>(1200));
+  EXPECT_EQ(rescaled.rank(0).meta.id, rescaled.rank(2).meta.id);
+}
+
+}  // namespace dpipe

@@ -109,6 +109,14 @@ inline auto batch(BatchOptions o) {
 
 struct BatchKind {
   static constexpr std::string_view name = "batch";
+  /// `snapshot show`: the partial batch.
+  static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
+    BatchState<ElementBlobs> st;
+    StateReader r(record);
+    r.read(st);
+    return std::to_string(st.partial.size()) + " of " + std::string(param_of(node, "size")) +
+           " elements of the next batch" + (st.input_done ? ", its input ended" : "");
+  }
 
   /// Rescale: the partial batches of every old instance are pooled and dealt round-robin to the new ones,
   /// and each looks at its input again (a batch flushes its partial batch only when its input ends).

@@ -129,6 +129,15 @@ inline auto cycle(CycleOptions o = {}) {
 
 struct CycleKind {
   static constexpr std::string_view name = "cycle";
+  /// `snapshot show`: which pass.
+  static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
+    CycleState st;
+    StateReader r(record);
+    r.read(st);
+    if (st.ended) return "ended after pass " + std::to_string(st.pass);
+    const std::string count(param_of(node, "count"));
+    return "pass " + std::to_string(st.pass + 1) + (count == "forever" ? " (forever)" : " of " + count);
+  }
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// Invariants (CycleState::check), with the count from the graph record ("forever" without one).
   static void check_state(const NodeState& record, const GraphNodeRecord& node) {

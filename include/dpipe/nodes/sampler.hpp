@@ -127,6 +127,15 @@ inline auto sampler(SamplerOptions o = {}) {
 
 struct SamplerKind {
   static constexpr std::string_view name = "sampler";
+  /// `snapshot show`: where this instance is in the global sequence.
+  static std::string summary(const NodeState& record, const GraphNodeRecord&) {
+    detail::DealState st;
+    StateReader r(record);
+    r.read(st);
+    return "next position " + std::to_string(st.base + st.offset + st.next * st.stride) + " (every " +
+           std::to_string(st.stride) + "th from " + std::to_string(st.base + st.offset) + ")" +
+           (st.skip.empty() ? "" : ", " + std::to_string(st.skip.size()) + " later ones taken elsewhere");
+  }
   /// It deals its positions to the instances: a level-based sharding_filter after it would shard again.
   static constexpr bool deals = true;
   static constexpr bool reads_by_index = true;  // its input is a random-access source it reads by index

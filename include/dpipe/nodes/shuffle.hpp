@@ -129,6 +129,14 @@ inline auto shuffle(ShuffleOptions o = {}) {
 
 struct ShuffleKind {
   static constexpr std::string_view name = "shuffle";
+  /// `snapshot show`: how full the buffer is.
+  static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
+    ShuffleState<ElementBlobs> st;
+    StateReader r(record);
+    r.read(st);
+    return std::to_string(st.buffer.size()) + " of " + std::string(param_of(node, "buffer")) + " buffered" +
+           (st.input_done ? ", its input ended" : "");
+  }
 
   /// Rescale: the buffered elements of every old instance are pooled and dealt round-robin to the new
   /// ones. A new instance keeps the generator of the old one it takes the place of (slot j of the old

@@ -83,6 +83,13 @@ inline auto take(std::int64_t count, TakeOptions o = {}) {
 
 struct TakeKind {
   static constexpr std::string_view name = "take";
+  /// `snapshot show`: how many taken of how many.
+  static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
+    TakeState st;
+    StateReader r(record);
+    r.read(st);
+    return std::to_string(st.taken) + " of " + std::string(param_of(node, "count")) + " taken";
+  }
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// Invariant: no more taken than its count.
   static void check_state(const NodeState& record, const GraphNodeRecord& node) {
