@@ -162,6 +162,12 @@ void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, cons
   std::map<std::string_view, const GraphNodeRecord*> records;
   for (const auto& n : m.graph) records.emplace(n.key, &n);
   for (const auto& st : s.states) {
+    if (st.mode == StateMode::replay)
+      for (const auto& f : st.fields)
+        if (f.name == "count" && f.type == FieldType::u64 && f.u > r.max_replay)
+          throw SnapshotError("snapshot node '" + st.key + "' (instance " + std::to_string(st.instance) + ") would replay " +
+                              std::to_string(f.u) + " elements, more than max_replay " + std::to_string(r.max_replay) +
+                              " (ResumeOptions::max_replay, the tool's --max-replay)");
     const KindInfo* kind = find_kind(st.kind);
     const auto node = records.find(st.key);
     if (kind && kind->check_state && node != records.end()) kind->check_state(st, *node->second);

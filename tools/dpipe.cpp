@@ -59,6 +59,7 @@ struct RunArgs {
   bool rescale = false;
   bool allow_changed_data = false;
   std::optional<std::uint64_t> step;
+  std::uint64_t max_replay = dpipe::ResumeOptions{}.max_replay;
 };
 
 struct BenchArgs {
@@ -155,6 +156,9 @@ void build_cli(Cli& c) {
   auto* resume_dir = c.run->add_option("--resume-dir", r.resume_dir, "resume this rank from the snapshot set DIR")->type_name("DIR");
   resume->excludes(resume_dir);
   c.run->add_option("--step", r.step, "record N as the snapshot's step (a set of mixed steps is refused)")
+      ->type_name("N");
+  c.run->add_option("--max-replay", r.max_replay,
+                    "refuse a snapshot that asks a generator to replay more than N elements (default 2^30)")
       ->type_name("N");
   c.run->add_flag("--allow-changed-data", r.allow_changed_data,
                   "accept data files whose modification time changed since the snapshot (same path and size)");
@@ -330,7 +334,8 @@ int cmd_run(const RunArgs& a) {
         replayed = r.restore_report().replayed_elements();
         return r;
       };
-      const dpipe::ResumeOptions how{.rescale = a.rescale, .allow_changed_data = a.allow_changed_data};
+      const dpipe::ResumeOptions how{
+          .rescale = a.rescale, .allow_changed_data = a.allow_changed_data, .max_replay = a.max_replay};
       if (a.resume) return resumed(engine.resume(pipeline, dpipe::Snapshot::read_file(*a.resume), options, how));
       if (a.resume_dir) return resumed(engine.resume(pipeline, dpipe::SnapshotSet::read_dir(*a.resume_dir), options, how));
       return engine.start(pipeline, options);

@@ -45,6 +45,10 @@ struct ResumeOptions {
   /// Accept data files that changed since the snapshot (same path and size, another modification time):
   /// for data copied without its times. A changed file is refused without it.
   bool allow_changed_data = false;
+  /// The most elements a node restored by replay (a user generator) may be asked to replay: a snapshot
+  /// asking for more is refused before anything runs, rather than replaying for hours. Raise it for a
+  /// generator that legitimately ran that far.
+  std::uint64_t max_replay = std::uint64_t{1} << 30;
 };
 
 struct EngineOptions {

@@ -278,6 +278,23 @@ TEST(SnapshotRefusals, ImpossibleContentsAreRefusedBeforeAnyNodeRuns) {
   testing::expect_throw_with<SnapshotError>([&] { Snapshot::from_bytes(negative.to_bytes()); }, "impossible");
 }
 
+// A replay count beyond max_replay is refused before anything runs, instead of replaying for hours.
+TEST(Replay, ACountBeyondMaxReplayIsRefusedBeforeAnythingRuns) {
+  Engine e;
+  const auto p = generator([](const GeneratorContext&) {
+    return [i = std::int64_t{0}]() mutable -> std::optional<std::int64_t> { return i++; };
+  });
+  auto run = e.start(p, options(1, 3));
+  drain(run, 10);
+  auto s = run.snapshot();
+  for (auto& st : s.states)
+    if (st.mode == StateMode::replay)
+      for (auto& f : st.fields)
+        if (f.name == "count") f.u = std::uint64_t{1} << 40;
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(p, s, options(1, 3)); }, "would replay 1099511627776 elements");
+  EXPECT_NO_THROW(e.resume(p, run.snapshot(), options(1, 3), {.max_replay = 1'000'000}));
+}
+
 // A shuffle's restore holds what the snapshot holds, not the buffer size it declares.
 TEST(SnapshotRestore, AHugeShuffleBufferSizeRestores) {
   Engine e;
