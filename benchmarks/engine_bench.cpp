@@ -156,6 +156,23 @@ void BM_SnapshotPause(benchmark::State& state) {
   state.counters["snapshot_bytes"] = static_cast<double>(bytes);
 }
 
+// The pause of run.reproducible_snapshot() on the same pipeline, after 2000 batches, with `range(0)`
+// batches delivered between snapshots: the workers' queues are filled to 1.5 depths and one element
+// (13 batches per worker here), so the pause is the production the queues lacked.
+void BM_ReproduciblePause(benchmark::State& state) {
+  const auto between = static_cast<int>(state.range(0));
+  Engine engine({.threads = 2});
+  auto run = engine.start(pause_pipeline(), options(4));
+  for (std::size_t i = 0; i < 2000; ++i) run.next();
+  for (auto _ : state) {
+    for (int i = 0; i < between; ++i) run.next();
+    const auto t0 = Clock::now();
+    auto snap = run.reproducible_snapshot();
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - t0).count());
+    benchmark::DoNotOptimize(snap.states.size());
+  }
+}
+
 // The time to produce one such batch on one core: the unit the pause is compared with.
 void BM_OneBatch(benchmark::State& state) {
   Engine engine({.threads = 1});
@@ -172,6 +189,7 @@ BENCHMARK(BM_SpinRawTbb)->Unit(benchmark::kMillisecond)->Repetitions(3)->UseReal
 BENCHMARK(BM_SpinPrefetch)->RangeMultiplier(2)->Range(1, 32)->Unit(benchmark::kMillisecond)->Repetitions(3)->UseRealTime();
 BENCHMARK(BM_OneBatch)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_SnapshotPause)->Arg(10)->Arg(2000)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond)->Repetitions(3);
+BENCHMARK(BM_ReproduciblePause)->Arg(4)->Arg(64)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 
 }  // namespace
 
@@ -186,6 +204,9 @@ int main(int argc, char** argv) {
       {"snapshot pause late (2000 batches) / early (10)", "BM_SnapshotPause/2000", "BM_SnapshotPause/10", 1.2, true},
       {"snapshot pause early / time to produce one batch", "BM_SnapshotPause/10", "BM_OneBatch", 1.0, true},
       {"snapshot pause late / time to produce one batch", "BM_SnapshotPause/2000", "BM_OneBatch", 1.0, true},
+      {"reproducible pause, 4 batches between / one batch", "BM_ReproduciblePause/4", "BM_OneBatch", 0, true},
+      {"reproducible pause, 64 batches between / one batch", "BM_ReproduciblePause/64", "BM_OneBatch", 0, true},
+      {"reproducible pause, 64 batches between / plain pause", "BM_ReproduciblePause/64", "BM_SnapshotPause/2000", 0, true},
   });
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();

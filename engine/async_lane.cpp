@@ -213,6 +213,33 @@ std::exception_ptr AsyncLaneBase::producer_error() const {
   return error_;
 }
 
+std::size_t AsyncLaneBase::settled_pending() const {
+  // Threaded: the queue holds at most capacity_, the consumer's side at most half of it (or one); inline:
+  // the consumer's side holds at most one chunk. Restored elements come on top until they are taken.
+  const std::size_t timing_bound = std::max(capacity_ + std::max<std::size_t>(capacity_ / 2, 1), chunk_);
+  const std::size_t restored_left = taken_ < restored_ ? restored_ - static_cast<std::size_t>(taken_) : 0;
+  return timing_bound + 1 + restored_left;
+}
+
+bool AsyncLaneBase::chain_ended() const {
+  std::lock_guard lock(mu_);
+  return done_ || error_ != nullptr;
+}
+
+void AsyncLaneBase::settled_pull(std::size_t n, std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  if (error) {
+    error_ = std::move(error);
+    done_ = true;
+  } else if (n == 0) {
+    done_ = true;
+  } else if (!inline_) {
+    publish_staged();
+    buffered_ += n;  // may exceed capacity_: production resumes once the consumer has taken it back below
+  }
+  publishes_.fetch_add(1, std::memory_order_release);
+}
+
 void AsyncLaneBase::set_producer_done(bool done, std::exception_ptr error) {
   std::lock_guard lock(mu_);
   done_ = done || error;

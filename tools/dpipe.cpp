@@ -149,7 +149,8 @@ void build_cli(Cli& c) {
       ->type_name("PATH");
   auto* snap_out = c.run->add_option("--snapshot-out", r.snapshot_out, "at the end, write a snapshot file to PATH")->type_name("PATH");
   auto* snap_dir = c.run->add_option("--snapshot-dir", r.snapshot_dir,
-                                     "at the end, write this rank's snapshot into the set directory DIR")
+                                     "at the end, write this rank's snapshot into the set directory DIR (a reproducible snapshot: "
+                                     "rescaling the set gives the same streams every time)")
                          ->type_name("DIR");
   snap_out->excludes(snap_dir);
   auto* resume = c.run->add_option("--resume", r.resume, "resume from the snapshot file PATH")->type_name("PATH");
@@ -363,7 +364,7 @@ int cmd_run(const RunArgs& a) {
     const double secs = seconds_since(t0);
     const std::map<std::string, std::string> meta{{"elements_delivered_by_this_run", std::to_string(n)}};
     if (a.snapshot_out) run.snapshot(meta, a.step).write_file(*a.snapshot_out);
-    if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run.snapshot(meta, a.step));
+    if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run.reproducible_snapshot(meta, a.step));
     if (a.common.stats) {
       const Json stats = {{"elements", n},
                           {"seconds", secs},

@@ -171,8 +171,31 @@ class Run {
   Snapshot snapshot(std::map<std::string, std::string> user_metadata = {}, std::optional<std::uint64_t> step = {})
     requires Snapshottable<T>
   {
+    return take_snapshot(std::move(user_metadata), step, /*settle=*/false);
+  }
+
+  /// A snapshot whose state depends only on the consumer's position, never on how far the workers had
+  /// run ahead: each worker's queue is first filled to a fixed depth (1.5 queue depths and one element, on
+  /// the engine's threads) and each dispatch backlog to one refill and one element. Resuming it on the same
+  /// layout gives the same stream as snapshot() would; rescaling a set of them gives the same per-rank
+  /// streams on every run, whatever the timing — the snapshot to write into a set. The pause costs
+  /// producing what the queues lacked (docs/checks.md has the figures); the elements are not wasted, the
+  /// run delivers them next.
+  Snapshot reproducible_snapshot(std::map<std::string, std::string> user_metadata = {},
+                                 std::optional<std::uint64_t> step = {})
+    requires Snapshottable<T>
+  {
+    return take_snapshot(std::move(user_metadata), step, /*settle=*/true);
+  }
+
+ private:
+  Snapshot take_snapshot(std::map<std::string, std::string> user_metadata, std::optional<std::uint64_t> step,
+                         bool settle)
+    requires Snapshottable<T>
+  {
     if (failed_) throw SnapshotError("cannot snapshot a run that failed; use a snapshot taken before the failure");
     Paused paused(*root_);
+    if (settle) root_->settle();
     Snapshot s;
     s.meta = detail::make_meta(*graph_, options_, layout_, delivered_);
     s.meta.user_metadata = std::move(user_metadata);
@@ -191,6 +214,8 @@ class Run {
     root_->save(s.states);
     return s;
   }
+
+ public:
 
   /// Elements and time per node and instance, from the moment the run started (needs
   /// RunOptions::collect_stats for the times). Pauses production while it reads.

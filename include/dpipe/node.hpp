@@ -257,6 +257,12 @@ class IterBase {
   virtual void stop() {
     for (IterBase* in : inputs()) in->stop();
   }
+  /// Paused: brings production below this node to its settled point, where the state depends only on
+  /// what the consumer has taken, not on how far the workers ran ahead (Run::reproducible_snapshot()).
+  /// Only the nodes that buffer between threads (merge's worker queues, dispatch's backlogs) override it.
+  virtual void settle() {
+    for (IterBase* in : inputs()) in->settle();
+  }
 
   /// Nanoseconds spent in pull(), inputs included (only when the run collects statistics).
   std::uint64_t busy_ns() const { return busy_ns_; }

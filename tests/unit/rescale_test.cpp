@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -331,4 +334,109 @@ TEST(SnapshotIdentity, ASetOfDifferentStepsIsRefusedNamingRanksIdsAndSteps) {
   EXPECT_EQ(rescaled.rank(0).meta.id, rescaled.rank(2).meta.id);
 }
 
+}  // namespace dpipe
+
+namespace dpipe {
+namespace {
+
+// Sleeps up to 200 µs now and then on the thread that runs it: how far each worker runs ahead of the
+// consumer differs from run to run, the elements do not.
+I64 jitter(I64 x) {
+  thread_local std::mt19937 g(std::random_device{}());
+  if (g() % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(g() % 200));
+  return x;
+}
+
+struct Timing {
+  int threads;
+  bool inline_workers;
+  int consumer_sleep_ms;  // before the snapshot: lets the workers fill their queues
+};
+
+template <class T>
+std::vector<T> drain(Run<T>& run) {
+  std::vector<T> out;
+  while (auto x = run.next()) out.push_back(std::move(*x));
+  return out;
+}
+
+// Two ranks × 3 workers consume `before` elements each and take a reproducible snapshot (step 7); the
+// set is rescaled to 3 ranks × 2 workers, whose ranks consume `before / 2` and snapshot again; that set
+// is rescaled to 1 rank × 3 workers, which runs to the end. Returns every rank's stream, stage by stage.
+// Also checks that a snapshot resumes on its own layout into exactly what the run itself delivers next.
+template <class T>
+std::vector<std::vector<T>> rescaled_streams(const Pipeline<T>& p, Timing t, std::size_t before) {
+  Engine e({.threads = t.threads});
+  struct Stage {
+    int world, workers;
+    std::size_t take;
+  };
+  const Stage stages[] = {{2, 3, before}, {3, 2, before / 2}, {1, 3, std::numeric_limits<std::size_t>::max()}};
+  std::vector<std::vector<T>> out;
+  std::optional<SnapshotSet> set;
+  for (const Stage& st : stages) {
+    std::vector<Snapshot> ranks;
+    for (int r = 0; r < st.world; ++r) {
+      RunOptions o = at(r, st.world, st.workers);
+      o.inline_workers = t.inline_workers;
+      auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
+      auto& got = out.emplace_back();
+      for (std::size_t i = 0; i < st.take; ++i) {
+        auto x = run.next();
+        if (!x) break;
+        got.push_back(std::move(*x));
+      }
+      if (st.take == std::numeric_limits<std::size_t>::max()) continue;
+      if (t.consumer_sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(t.consumer_sleep_ms));
+      ranks.push_back(run.reproducible_snapshot({}, 7));
+      if (r == 0) {
+        auto resumed = e.resume(p, ranks.back(), o);
+        EXPECT_EQ(drain(resumed), drain(run)) << "the same layout resumed into another stream";
+      }
+    }
+    if (!ranks.empty()) set = SnapshotSet(ranks);
+  }
+  return out;
+}
+
+// Three runs with other thread counts and timing (one on the consumer's thread, one whose workers fill
+// their queues before each snapshot, one with jittered workers) snapshot at the same steps and rescale
+// to the same layouts, twice: every rank's stream is identical, and every element comes exactly once.
+TEST(ReproducibleRescale, TheSameSetRescaledGivesTheSameStreamsWhateverTheTiming) {
+  const std::vector<Timing> timings = {{1, true, 0}, {2, false, 30}, {4, false, 0}};
+  auto check = [&](const auto& p, std::size_t before, auto flatten, std::size_t n, const char* what) {
+    SCOPED_TRACE(what);
+    const auto first = rescaled_streams(p, timings[0], before);
+    std::vector<I64> all;
+    for (const auto& stream : first) flatten(stream, all);
+    const auto c = counts(all);
+    EXPECT_EQ(c.size(), n);
+    EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](const auto& kv) { return kv.second == 1; }));
+    EXPECT_GE(c.begin()->first, 0);
+    for (std::size_t i = 1; i < timings.size(); ++i) {
+      const auto again = rescaled_streams(p, timings[i], before);
+      ASSERT_EQ(again.size(), first.size());
+      for (std::size_t r = 0; r < first.size(); ++r)
+        EXPECT_EQ(again[r], first[r]) << "stream " << r << " (stages 2×3, 3×2, 1×3) differs with timing " << i;
+    }
+  };
+  auto scalars = [](const std::vector<I64>& s, std::vector<I64>& all) { all.insert(all.end(), s.begin(), s.end()); };
+  auto batches = [](const std::vector<std::vector<I64>>& s, std::vector<I64>& all) {
+    for (const auto& b : s) all.insert(all.end(), b.begin(), b.end());
+  };
+  const auto keep = [](I64 x) { return x % 3 != 0; };
+  // The worker segment reads the sampler itself: its positions, a filter, a shuffle buffer and the queues.
+  check(range(0, 6000) | sampler({.shuffle = SamplerShuffle::global}) | filter(keep) |
+            shuffle({.buffer = 50}) | map(jitter),
+        300, scalars, 4000, "sampler → filter → shuffle → map");
+  // A dispatch: the prefix runs once per rank; its backlogs and the batches in the queues are dealt.
+  check(range(0, 6000) | sampler() | filter(keep) | shuffle({.buffer = 40}) | dispatch() | map(jitter) |
+            batch({.size = 3}) | prefetch({.depth = 4}),
+        100, batches, 4000, "sampler → dispatch → map → batch → prefetch(4)");
+  // An explicit merge with a suffix in the consumer's thread.
+  check(range(0, 6000) | sampler() | map(jitter) | prefetch({.depth = 2}) | merge() | shuffle({.buffer = 30}),
+        500, scalars, 6000, "sampler → map → prefetch(2) → merge → shuffle");
+}
+
+}  // namespace
 }  // namespace dpipe

@@ -9,7 +9,8 @@
 /// kernel costs more than a chunk of cheap elements takes to produce.
 ///
 /// Snapshots: `pause()` stops production and waits until the running task (if any) has finished its
-/// chunk, so the chain is idle and the queue holds everything produced but not yet delivered.
+/// chunk, so the chain is idle and the queue holds everything produced but not yet delivered. How much
+/// that is depends on timing; `settle_paused()` then brings the lane to a point that does not (see there).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -52,6 +53,10 @@ class AsyncLaneBase {
   /// The chain's failure, if it failed (the consumer sees it after the elements before it).
   std::exception_ptr producer_error() const;
 
+  /// The pending count of the lane's settled point: more than timing can ever leave pending (1.5 queue
+  /// depths, or an inline chunk), plus what is left of the elements restored into it. See settle_paused().
+  std::size_t settled_pending() const;
+
  protected:
   /// Producer, on an engine thread without the lock: pulls at most `max` elements into the staging
   /// chunk and returns how many (0 at the end of the chain).
@@ -76,6 +81,15 @@ class AsyncLaneBase {
   void inline_result(std::size_t produced, std::exception_ptr error = nullptr);
   /// For restore, before the lane starts: the chain had already ended, or failed.
   void set_producer_done(bool done, std::exception_ptr error);
+  /// Settling (paused, on the caller's thread): whether the chain has ended or failed.
+  bool chain_ended() const;
+  /// Settling: records one pull of the chain — `n` elements in the staging chunk (published to the queue;
+  /// in inline mode the caller has handed them to the consumer's side), the end (0), or a failure.
+  void settled_pull(std::size_t n, std::exception_ptr error);
+
+  // Consumer side: elements restored into the lane, and elements taken since (settled_pending()).
+  std::size_t restored_ = 0;
+  std::uint64_t taken_ = 0;
 
  private:
   void schedule_locked();
@@ -122,7 +136,10 @@ class AsyncLane final : public AsyncLaneBase {
     return fetch();
   }
   /// Consumer: the next element; only after ready() returned true.
-  T take() { return std::move(current_[head_++]); }
+  T take() {
+    ++taken_;
+    return std::move(current_[head_++]);
+  }
   /// Consumer: appends up to `max` next elements to `out` (at least one unless the lane is exhausted)
   /// and returns how many. Inline, a chain with nothing pending pulls straight into `out`.
   std::size_t take_into(std::vector<T>& out, std::size_t max) {
@@ -141,11 +158,13 @@ class AsyncLane final : public AsyncLaneBase {
           throw;
         }
         inline_result(n);
+        taken_ += n;
         return n;
       }
       if (!fetch()) return 0;
     }
     const std::size_t n = std::min(max, current_.size() - head_);
+    taken_ += n;
     const auto from = current_.begin() + std::ptrdiff_t(head_);
     out.insert(out.end(), std::make_move_iterator(from), std::make_move_iterator(from + std::ptrdiff_t(n)));
     head_ += n;
@@ -159,10 +178,40 @@ class AsyncLane final : public AsyncLaneBase {
     out.insert(out.end(), queue_.begin(), queue_.end());
     return out;
   }
+
+  /// Paused, on the caller's thread: pulls the chain one element at a time until settled_pending()
+  /// elements are pending or the chain ends; a failure is recorded as the producer would record it.
+  /// Timing decides how far a worker has run ahead of the consumer (up to 1.5 queue depths) and in what
+  /// chunks; the settled point does not depend on either. The target is beyond anything timing leaves
+  /// pending, so at least one pull of one element happens, and a chain's state after a pull of one element
+  /// depends only on how many elements it has yielded: every node consumes its input greedily up to the
+  /// element it yields (a filter stops at the element that passes, not at the end of a chunk). Taken by
+  /// Run::reproducible_snapshot() so that a rescaled set gives the same streams on every run.
+  void settle_paused() {
+    const std::size_t target = settled_pending();
+    std::size_t have = (current_.size() - head_) + queue_.size();
+    while (have < target && !chain_ended()) {
+      staged_.clear();
+      std::size_t n = 0;
+      std::exception_ptr error;
+      try {
+        n = chain_->pull(staged_, 1);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (!error && inline_mode()) current_.insert(current_.end(), std::make_move_iterator(staged_.begin()),
+                                                   std::make_move_iterator(staged_.end()));
+      settled_pull(error ? 0 : n, error);
+      if (error || n == 0) break;
+      have += n;
+    }
+  }
   /// Before the lane starts: elements to deliver before anything the chain produces.
   void set_pending(std::vector<T> elements, bool chain_done, std::exception_ptr error = nullptr) {
     current_ = std::move(elements);
     head_ = 0;
+    restored_ = current_.size();
+    taken_ = 0;
     set_producer_done(chain_done, std::move(error));
   }
 

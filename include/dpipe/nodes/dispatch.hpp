@@ -5,7 +5,9 @@
 /// (`std::shared_ptr<const T>`), never copied, so each worker can take its own part of a large shard.
 /// In: T → Out: T (round_robin) or std::shared_ptr<const T> (broadcast).
 /// State: the prefix's states, whose turn it is, and each worker's elements not yet taken.
+#include <algorithm>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <string>
 
@@ -63,7 +65,10 @@ class Dispatcher {
   std::size_t take(int worker, std::vector<Out>& out, std::size_t max) {
     std::lock_guard lock(mu_);
     auto& q = backlog_[static_cast<std::size_t>(worker)];
-    while (q.empty() && !prefix_done_) refill();
+    while (q.empty() && !prefix_done_) {
+      if (settle_failure_) std::rethrow_exception(settle_failure_);  // where the refill would have failed
+      refill();
+    }
     const std::size_t n = std::min(max, q.size());
     for (std::size_t i = 0; i < n; ++i) {
       out.push_back(std::move(q.front()));
@@ -75,7 +80,46 @@ class Dispatcher {
   Iter<T>& prefix() { return *prefix_; }
 
   std::size_t workers() const { return backlog_.size(); }
+
+  /// Paused, after every worker's queue has settled: deals the prefix one element at a time until every
+  /// backlog holds more than one refill can give a worker (or the prefix ends). A refill happens only when
+  /// some backlog is empty and adds at most that much to each, so timing never leaves every backlog that
+  /// full: the settled point is the first one past anything timing reaches, the same on every run.
+  /// A failure of the prefix here is raised where the refill would have raised it (the next refill), and
+  /// the snapshot being taken is refused.
+  void settle() {
+    std::lock_guard lock(mu_);
+    const std::size_t per_refill = kBroadcast ? 1 : (refill_size() + backlog_.size() - 1) / backlog_.size();
+    auto short_of = [&] {
+      return std::any_of(backlog_.begin(), backlog_.end(), [&](const auto& q) { return q.size() <= per_refill; });
+    };
+    while (!prefix_done_ && !settle_failure_ && short_of()) {
+      scratch_.clear();
+      try {
+        if (prefix_->pull(scratch_, 1) == 0) {
+          prefix_done_ = true;
+          break;
+        }
+      } catch (...) {
+        settle_failure_ = std::current_exception();
+        throw;
+      }
+      deal(scratch_);
+    }
+  }
+
   void save(DispatchState<std::vector<Out>>& st) const {
+    if (settle_failure_) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(settle_failure_);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      throw SnapshotError("cannot snapshot: the prefix before dispatch failed while the snapshot settled it (" +
+                          what + "); the run raises it once the workers reach it");
+    }
     st.next_worker = next_;
     st.prefix_done = prefix_done_;
     for (std::size_t i = 0; i < backlog_.size(); ++i) st.backlogs[i].assign(backlog_[i].begin(), backlog_[i].end());
@@ -89,18 +133,21 @@ class Dispatcher {
   }
 
  private:
+  // Broadcast elements are large units (a whole shard): one at a time. Round-robin: a chunk, or one
+  // element per worker when the elements are bulky (batches, text blocks).
+  std::size_t refill_size() const {
+    return kBroadcast ? 1 : is_bulk_element_v<T> ? backlog_.size() : std::max<std::size_t>(backlog_.size(), dpipe::kChunk);
+  }
   void refill() {
-    // Broadcast elements are large units (a whole shard): one at a time. Round-robin: a chunk, or one
-    // element per worker when the elements are bulky (batches, text blocks).
-    const std::size_t want = kBroadcast            ? 1
-                             : is_bulk_element_v<T> ? backlog_.size()
-                                                    : std::max<std::size_t>(backlog_.size(), dpipe::kChunk);
     scratch_.clear();
-    if (prefix_->pull(scratch_, want) == 0) {
+    if (prefix_->pull(scratch_, refill_size()) == 0) {
       prefix_done_ = true;
       return;
     }
-    for (auto& x : scratch_) {
+    deal(scratch_);
+  }
+  void deal(std::vector<T>& elements) {
+    for (auto& x : elements) {
       if constexpr (kBroadcast) {
         auto shared = std::make_shared<const T>(std::move(x));
         for (auto& q : backlog_) q.push_back(shared);
@@ -116,6 +163,7 @@ class Dispatcher {
   std::vector<std::deque<Out>> backlog_;
   std::uint64_t next_ = 0;
   bool prefix_done_ = false;
+  std::exception_ptr settle_failure_;
   std::vector<T> scratch_;
 };
 
@@ -165,6 +213,12 @@ class DispatchIter final : public Hooked<Out> {
     r.read(st);
     if (st.owner != owner_) r.fail("the dispatcher's record is on another worker");
     if (owner_) dispatcher_->restore(r, st);
+  }
+  /// The owner settles the dispatcher (its workers' queues have settled by now), then the prefix.
+  void settle() override {
+    if (!owner_) return;
+    dispatcher_->settle();
+    dispatcher_->prefix().settle();
   }
   std::vector<IterBase*> inputs() const override {
     if (owner_) return {&dispatcher_->prefix()};

@@ -70,7 +70,7 @@ class MergeIter final : public Hooked<T> {
  public:
   /// Builds one chain of `segment` per worker of the layout; `key` empty takes the graph's next key.
   MergeIter(BuildContext& ctx, const NodeDef<T>& segment, std::string key = {})
-      : Hooked<T>(ctx, "merge", std::move(key)) {
+      : Hooked<T>(ctx, "merge", std::move(key)), executor_(ctx.executor), inline_(ctx.inline_workers) {
     std::size_t capacity = LaneDepth<T>::kDefaultCapacity;
     if (segment.kind() == kPrefetchKind) capacity = prefetch_depth(segment);
     const std::size_t first_key = ctx.cursor;
@@ -99,6 +99,14 @@ class MergeIter final : public Hooked<T> {
   }
   void stop() override {
     for (auto& l : lanes_) l->stop();
+  }
+  /// Every worker's queue to its settled depth (the workers in parallel on the engine's threads), then
+  /// the chains below: a dispatch settles after every worker has taken what its queue needed.
+  void settle() override {
+    auto fill = [&](std::size_t i) { lanes_[i]->settle_paused(); };
+    if (executor_ && !inline_ && lanes_.size() > 1) executor_->parallel_for(lanes_.size(), fill);
+    else for (std::size_t i = 0; i < lanes_.size(); ++i) fill(i);
+    for (auto& l : lanes_) l->chain().settle();
   }
   bool runs_inputs_inline() const override { return false; }
 
@@ -171,6 +179,8 @@ class MergeIter final : public Hooked<T> {
   };
   std::vector<std::unique_ptr<detail::AsyncLane<T>>> lanes_;
   std::vector<bool> finished_;  // consumer side: lane exhausted
+  detail::Executor* executor_ = nullptr;
+  bool inline_ = false;
   bool started_lanes_ = false;
   State st_;
 };
