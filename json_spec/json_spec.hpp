@@ -13,13 +13,23 @@ namespace dpipe {
 struct Spec {
   std::uint64_t seed = 0;
   SpecPipeline pipeline;
+  /// The pipeline's strings are bytes (records), left raw because SpecOptions::base64_bytes was off.
+  bool bytes = false;
+};
+
+struct SpecOptions {
+  /// Bytes (records) travel as base64 text, so that every element prints as JSON (the tool). Off, they
+  /// stay raw and Spec::bytes says so (the Python front end hands them out as `bytes`).
+  bool base64_bytes = true;
 };
 
 /// Parses and builds a JSON spec; a ConfigError names the node by its position and kind
 /// (`pipeline[2] (batch): size must be positive, got 0`).
-Spec parse_spec(std::string_view json_text);
+Spec parse_spec(std::string_view json_text, SpecOptions options = {});
 
 /// The op names the JSON front end knows, in registry order.
 std::vector<std::string> spec_ops();
+/// The op names of the sources (the nodes that start a pipeline).
+std::vector<std::string> spec_sources();
 
 }  // namespace dpipe

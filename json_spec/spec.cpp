@@ -36,7 +36,7 @@ bool fits_int64(const json& v) {
 std::string list_type_name(const std::string& t) { return t == "string" ? "strings" : t + "s"; }
 
 class JsonNode;
-SpecPipeline build_chain(const json& chain, const std::string& where);
+SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes = nullptr);
 
 /// The front end's description of one op of the kind list.
 struct OpEntry {
@@ -334,7 +334,10 @@ std::string reason_of(const ConfigError& e, const std::string& label) {
 /// would end in a stack overflow instead of an error.
 constexpr int kMaxNesting = 256;
 
-SpecPipeline build_chain(const json& chain, const std::string& where) {
+// How the spec being parsed on this thread treats bytes (set by parse_spec for its nested chains too).
+thread_local SpecOptions t_options{};
+
+SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes) {
   static thread_local int depth = 0;
   struct Level {
     Level() { ++depth; }
@@ -352,7 +355,7 @@ SpecPipeline build_chain(const json& chain, const std::string& where) {
       const OpEntry* next = node.is_object() && node.contains("op") && node["op"].is_string()
                                 ? find_op(node["op"].get<std::string>())
                                 : nullptr;
-      if (!next || !next->reads_by_index) {
+      if ((!next || !next->reads_by_index) && t_options.base64_bytes) {
         p = p->get<std::string>() | map(ToBase64{});
         bytes = false;
       }
@@ -378,7 +381,11 @@ SpecPipeline build_chain(const json& chain, const std::string& where) {
     n.finish();
     bytes = bytes || n.bytes_marked();
   }
-  if (bytes) p = p->get<std::string>() | map(ToBase64{});
+  if (bytes && t_options.base64_bytes) {
+    p = p->get<std::string>() | map(ToBase64{});
+    bytes = false;
+  }
+  if (ends_in_bytes) *ends_in_bytes = bytes;
   return *p;
 }
 
@@ -390,7 +397,19 @@ std::vector<std::string> spec_ops() {
   return v;
 }
 
-Spec parse_spec(std::string_view text) {
+std::vector<std::string> spec_sources() {
+  std::vector<std::string> v;
+  for (const auto& op : ops())
+    if (op.source) v.emplace_back(op.name);
+  return v;
+}
+
+Spec parse_spec(std::string_view text, SpecOptions options) {
+  struct Scope {
+    explicit Scope(SpecOptions o) : saved(t_options) { t_options = o; }
+    ~Scope() { t_options = saved; }
+    SpecOptions saved;
+  } scope(options);
   json j;
   try {
     j = json::parse(text.begin(), text.end());
@@ -409,7 +428,9 @@ Spec parse_spec(std::string_view text) {
     seed = s.get<std::uint64_t>();
   }
   if (!j.contains("pipeline")) throw ConfigError("spec has no \"pipeline\" list");
-  return Spec{seed, build_chain(j["pipeline"], "pipeline")};
+  bool bytes = false;
+  SpecPipeline p = build_chain(j["pipeline"], "pipeline", &bytes);
+  return Spec{seed, std::move(p), bytes};
 }
 
 }  // namespace dpipe

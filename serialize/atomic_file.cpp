@@ -90,9 +90,12 @@ void remove_stale_temporaries(const std::string& target) {
 }
 
 std::string random_hex() {
-  static thread_local std::mt19937_64 gen{std::random_device{}()};
+  // No thread_local generator: libdpipe's thread-local storage must stay a few bytes, because Python
+  // loads it with dlopen into the C library's small static TLS surplus (see t_innermost_guard).
+  std::random_device rd;
+  const std::uint64_t r = (std::uint64_t{rd()} << 32) | rd();
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(gen()));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
   return buf;
 }
 

@@ -123,4 +123,22 @@ check_resolves_in_stage "$tool"
 echo '{"seed": 1, "pipeline": [{"op": "range", "stop": 10}, {"op": "batch", "size": 4}]}' >"$WORK/spec.json"
 "$tool" run "$(cat "$WORK/spec.json")" >"$WORK/tool.out" 2>&1 || { cat "$WORK/tool.out"; fail "the installed tool did not run"; }
 [ "$(wc -l <"$WORK/tool.out")" -ge 3 ] || { cat "$WORK/tool.out"; fail "the installed tool printed too little"; }
+# 6. The Python package, where Debian's /usr/bin/python3 looks for a package of this prefix (for
+# /usr/local: /usr/local/lib/python3.X/dist-packages), and its extension finds the staged libdpipe
+# through its relative runpath.
+ext=$(find "$WORK/stage" -name '_dpipe.cpython-*.so' | head -n1)
+if [ -n "$ext" ]; then
+  pkgdir=$(dirname "$(dirname "$ext")")
+  site=${pkgdir#"$WORK/stage"}
+  /usr/bin/python3 -c "import sys; sys.exit(0 if '$site' in sys.path else 1)" ||
+    fail "the Python package went to $site, which /usr/bin/python3 does not search"
+  check_resolves_in_stage "$ext"
+  PYTHONPATH=$pkgdir /usr/bin/python3 -c "
+import dpipe, sys
+assert dpipe.__file__.startswith('$pkgdir'), dpipe.__file__
+assert 'torch' not in sys.modules
+assert [b.tolist() for b in dpipe.Loader(dpipe.range(0, 10) | dpipe.batch(size=4))] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+" || fail "the installed Python package does not import and run"
+  echo "python package: $site"
+fi
 echo "install test: ok"

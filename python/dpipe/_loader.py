@@ -1,0 +1,174 @@
+"""Loader: runs a pipeline for a training loop, on dpipe's own engine threads, and saves and restores
+its exact position with the StatefulDataLoader protocol (state_dict / load_state_dict)."""
+
+import os
+import sys
+
+from . import _dpipe
+from ._nodes import Pipeline, from_spec
+
+STATE_KEY = "dpipe_snapshot"
+
+
+def _layout_from_environment():
+    """(rank, world_size) from torch.distributed when it is initialized, else RANK/WORLD_SIZE, else Open
+    MPI's variables, else (0, 1). torch is looked at only if the program imported it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    for rank_var, size_var in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank_var in os.environ and size_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
+
+
+def _refuse_torch_workers():
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None and torch_data.get_worker_info() is not None:
+        raise _dpipe.ConfigError(
+            "a dpipe Loader runs its own workers: wrap it in torch.utils.data.DataLoader(loader, "
+            "batch_size=None) with num_workers=0, and set Loader(workers=...) instead")
+
+
+class LoaderBase:
+    """An iterable over a pipeline's elements for this rank.
+
+    Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0)
+
+    `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
+    rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
+    variables. `workers`: the pipeline's worker instances on this rank; `threads`: engine threads (0: one
+    per core). iter(loader) continues from a state loaded since the last iteration, else starts the
+    pipeline from its beginning (of epoch `loader.epoch`)."""
+
+    def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
+                 allow_changed_data=False):
+        spec_seed = None
+        if not isinstance(pipeline, Pipeline):
+            pipeline, spec_seed = from_spec(pipeline)
+        self.pipeline = pipeline
+        self._built = _dpipe.build(pipeline.to_json())
+        if (rank is None) != (world_size is None):
+            raise _dpipe.ConfigError("give both rank and world_size, or neither")
+        if rank is None:
+            rank, world_size = _layout_from_environment()
+        options = _dpipe.LoopOptions()
+        options.seed = int(seed if seed is not None else (spec_seed or 0))
+        options.epoch = int(epoch)
+        options.rank, options.world_size, options.workers = int(rank), int(world_size), int(workers)
+        options.threads = int(threads)
+        self._options = options
+        self._allow_changed_data = bool(allow_changed_data)
+        self._loop = None       # the run the last iterator drew from
+        self._restored = None   # a run restored by load_state_dict, not iterated yet
+
+    # ---- the layout and the epoch ----
+    @property
+    def seed(self):
+        return self._options.seed
+
+    @property
+    def rank(self):
+        return self._options.rank
+
+    @property
+    def world_size(self):
+        return self._options.world_size
+
+    @property
+    def workers(self):
+        return self._options.workers
+
+    @property
+    def epoch(self):
+        return self._options.epoch
+
+    def set_epoch(self, epoch):
+        """The epoch the next fresh iteration runs (every random node reshuffles per epoch)."""
+        self._options.epoch = int(epoch)
+
+    @property
+    def element_type(self):
+        """What the pipeline yields: "integer", "string", "batch of integer", ..."""
+        return self._built.element_type
+
+    @property
+    def warnings(self):
+        """What the run delivers that may not be meant (a source every worker reads in full, ...)."""
+        loop = self._restored or self._loop or self._start(None)
+        return list(loop.warnings)
+
+    # ---- iteration ----
+    def _start(self, state):
+        return _dpipe.start(self._built, self._options, state, self._allow_changed_data)
+
+    def __iter__(self):
+        _refuse_torch_workers()
+        loop, self._restored = self._restored, None
+        if loop is None:
+            loop = self._start(None)
+        self._loop = loop
+        return _Elements(loop)
+
+    # ---- the StatefulDataLoader protocol ----
+    def state_dict(self, step=None):
+        """The position after the last element delivered, as plain Python values (pickle and torch.save
+        keep it): the snapshot's bytes and what they hold, readable. A reproducible snapshot: rescaling
+        the states of every rank (dpipe.rescale) gives the same streams on every run."""
+        loop = self._restored or self._loop
+        if loop is None:
+            loop = self._restored = self._start(None)
+        data = loop.snapshot(True, step)
+        out = dict(_dpipe.describe(data))
+        out[STATE_KEY] = data
+        out["element_type"] = self.element_type
+        return out
+
+    def load_state_dict(self, state):
+        """Continue at the element after the one where `state` was taken, on the next iter(). The state
+        is checked now: another pipeline, seed, epoch or layout raises dpipe.SnapshotError, saying what
+        differs."""
+        data = _snapshot_bytes(state)
+        self._options.epoch = int(_dpipe.describe(data)["epoch"])
+        self._restored = self._start(data)
+
+
+class _Elements:
+    """One pass over a run: what iter(loader) returns."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop):
+        self._loop = loop
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x = self._loop.next()
+        if x is None:
+            raise StopIteration
+        return x
+
+
+def _snapshot_bytes(state):
+    if not isinstance(state, dict) or STATE_KEY not in state:
+        raise _dpipe.SnapshotError(f"not a dpipe loader state: a dict with '{STATE_KEY}' is expected")
+    data = state[STATE_KEY]
+    if not isinstance(data, (bytes, bytearray)):
+        raise _dpipe.SnapshotError(f"'{STATE_KEY}' must hold bytes, not {type(data).__name__}")
+    return bytes(data)
+
+
+def rescale(state_dicts, world_size, workers):
+    """Every rank's state dict of one step → the state dicts of a layout of `world_size` ranks ×
+    `workers` workers (like `dpipe snapshot rescale`); rank r of the new layout loads element r."""
+    blobs = [_snapshot_bytes(s) for s in state_dicts]
+    out = []
+    for data in _dpipe.rescale(blobs, int(world_size), int(workers)):
+        d = dict(_dpipe.describe(data))
+        d[STATE_KEY] = data
+        if state_dicts and "element_type" in state_dicts[0]:
+            d["element_type"] = state_dicts[0]["element_type"]
+        out.append(d)
+    return out

@@ -1,0 +1,139 @@
+"""Pipelines as Python values: each node function returns a Pipeline holding the tool's JSON spec of the
+chain, and `a | b` appends b's nodes to a's. Nothing runs here: a Loader builds the spec into a typed C++
+pipeline (the same node kinds, options and checks as C++ and the tool)."""
+
+import json as _json
+
+from . import _dpipe
+
+# Node functions whose first positional argument is a parameter: map("affine", mul=2), batch(256), ...
+_POSITIONAL = {
+    "map": ("fn",), "filter": ("fn",), "flat_map": ("fn",), "parallel_map": ("fn",),
+    "batch": ("size",), "shuffle": ("buffer",), "take": ("count",), "prefetch": ("depth",),
+    "from_vector": ("values",), "lines": ("files",), "line_blocks": ("files",), "records": ("files",),
+}
+
+
+# Nodes that take other pipelines besides their input: `p | dpipe.concat(q, r)`.
+_MULTI_INPUT = {"concat", "zip", "mux", "mux_longest"}
+
+
+class Pipeline:
+    """A chain of nodes: a list of the spec's node objects. Immutable; `|` makes a new one."""
+
+    __slots__ = ("_nodes",)
+
+    def __init__(self, nodes):
+        self._nodes = tuple(nodes)
+
+    def __or__(self, other):
+        if not isinstance(other, Pipeline):
+            return NotImplemented
+        if other._nodes and _is_source(other._nodes[0]["op"]):
+            raise _dpipe.ConfigError(
+                f"a source ({other._nodes[0]['op']}) can only start a pipeline; combine sources with "
+                "concat, zip or mux")
+        return Pipeline(self._nodes + other._nodes)
+
+    def spec(self, seed=None):
+        """The tool's spec for this pipeline, as a dict (`dpipe run` takes it as JSON)."""
+        out = {"pipeline": [_plain(n) for n in self._nodes]}
+        if seed is not None:
+            out["seed"] = seed
+        return out
+
+    def to_json(self, seed=None):
+        return _json.dumps(self.spec(seed))
+
+    def __repr__(self):
+        return " | ".join(_node_repr(n) for n in self._nodes) or "Pipeline()"
+
+    def __eq__(self, other):
+        return isinstance(other, Pipeline) and self.spec() == other.spec()
+
+    def __hash__(self):
+        return hash(self.to_json())
+
+
+def _plain(value):
+    """Pipelines inside parameters ("with") become their node lists."""
+    if isinstance(value, Pipeline):
+        return [_plain(n) for n in value._nodes]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _node_repr(node):
+    params = ", ".join(f"{k}={v!r}" for k, v in node.items() if k != "op")
+    return f"{node['op']}({params})"
+
+
+_SOURCES = None
+
+
+def _is_source(op):
+    global _SOURCES
+    if _SOURCES is None:
+        _SOURCES = set(_dpipe.spec_sources())
+    return op in _SOURCES
+
+
+def _node_function(op):
+    positional = _POSITIONAL.get(op, ())
+
+    def make(*args, **params):
+        if "with_" in params:  # `with` is a Python keyword
+            params["with"] = params.pop("with_")
+        if op in _MULTI_INPUT and args:  # concat(q, r): the other inputs
+            if "with" in params:
+                raise TypeError(f"{op}() takes its other inputs positionally or as with_=, not both")
+            params["with"] = list(args)
+            args = ()
+        if op == "range":
+            if not 1 <= len(args) <= 3:
+                raise TypeError("range(stop), range(start, stop) or range(start, stop, step)")
+            names = {1: ("stop",), 2: ("start", "stop"), 3: ("start", "stop", "step")}[len(args)]
+        else:
+            if len(args) > len(positional):
+                raise TypeError(f"{op}() takes keyword arguments" +
+                                (f" (and {', '.join(positional)} first)" if positional else ""))
+            names = positional[:len(args)]
+        for name, value in zip(names, args):
+            if name in params:
+                raise TypeError(f"{op}() got {name} twice")
+            params[name] = value
+        if callable(params.get("fn")):
+            raise TypeError(f"{op}(): Python callables are not supported yet; name a builtin function "
+                            "(docs/python.md lists them)")
+        if op == "lines" or op == "line_blocks" or op == "records":
+            files = params.get("files")
+            if isinstance(files, str):
+                params["files"] = [files]
+        node = {"op": op}
+        node.update(params)
+        return Pipeline([node])
+
+    make.__name__ = op
+    make.__qualname__ = op
+    make.__doc__ = (f"The {op} node; keyword arguments are its spec parameters "
+                    f"(docs/design.md#specs), with the same checks as C++.")
+    return make
+
+
+def from_spec(spec):
+    """A Pipeline from the tool's spec: a dict or JSON text ({"seed": S, "pipeline": [...]}). Returns
+    (pipeline, seed); seed is None when the spec has none."""
+    if isinstance(spec, (str, bytes)):
+        spec = _json.loads(spec)
+    if not isinstance(spec, dict) or not isinstance(spec.get("pipeline"), list):
+        raise _dpipe.ConfigError('spec must be an object with a "pipeline" list')
+    unknown = set(spec) - {"seed", "pipeline"}
+    if unknown:
+        raise _dpipe.ConfigError(f"spec has an unknown key '{sorted(unknown)[0]}' (expected seed and pipeline)")
+    return Pipeline(spec["pipeline"]), spec.get("seed")
+
+
+NODE_FUNCTIONS = {op: _node_function(op) for op in _dpipe.spec_ops()}

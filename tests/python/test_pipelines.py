@@ -1,0 +1,121 @@
+"""Pipelines from Python: the same node kinds, options and checks as C++, elements as Python sees them,
+and the same streams as the tool."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dpipe
+from conftest import plain, semantics_cases, tool_elements
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, dpipe; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_every_spec_op_has_a_node_function():
+    for op in dpipe._dpipe.spec_ops():
+        assert callable(getattr(dpipe, op)), op
+
+
+def test_pipeline_composes_into_the_tools_spec():
+    p = dpipe.range(0, 100) | dpipe.shuffle(buffer=10) | dpipe.sharding_filter() | dpipe.map("affine", mul=2) \
+        | dpipe.batch(size=8)
+    assert p.spec(seed=4) == {"seed": 4, "pipeline": [
+        {"op": "range", "start": 0, "stop": 100}, {"op": "shuffle", "buffer": 10}, {"op": "sharding_filter"},
+        {"op": "map", "fn": "affine", "mul": 2}, {"op": "batch", "size": 8}]}
+    assert dpipe.range(5).spec() == {"pipeline": [{"op": "range", "stop": 5}]}
+    q, seed = dpipe.from_spec(json.dumps(p.spec(seed=4)))
+    assert q == p and seed == 4
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_canonical_pipeline_matches_the_tool(workers):
+    p = dpipe.range(0, 5000) | dpipe.shuffle(buffer=100) | dpipe.sharding_filter() | dpipe.map("affine", mul=2) \
+        | dpipe.batch(size=32)
+    for rank in range(2):
+        got = [plain(b) for b in dpipe.Loader(p, seed=9, rank=rank, world_size=2, workers=workers)]
+        assert got == tool_elements(p.spec(seed=9), rank=rank, world_size=2, workers=workers)
+
+
+@pytest.mark.parametrize("case", semantics_cases(), ids=lambda c: c.name.split(".")[0])
+def test_semantics_cases(case):
+    c = json.loads(case.read_text())
+    layout = c.get("layout", {})
+    make = lambda: dpipe.Loader(c["spec"], rank=layout.get("rank", 0), world_size=layout.get("world_size", 1),
+                                workers=layout.get("num_workers", 1))
+    if "error" in c:
+        with pytest.raises(dpipe.ConfigError, match=None) as err:
+            list(make())
+        assert c["error"] in str(err.value)
+    else:
+        assert [plain(x) for x in make()] == c["expected"]
+
+
+def test_a_config_error_names_the_position_and_the_node():
+    with pytest.raises(dpipe.ConfigError, match=r"pipeline\[2\] \(batch\): size must be positive, got 0"):
+        dpipe.Loader(dpipe.range(10) | dpipe.map("affine", mul=1) | dpipe.batch(size=0))
+    with pytest.raises(dpipe.ConfigError, match="unknown op"):
+        dpipe.Loader({"pipeline": [{"op": "range", "stop": 3}, {"op": "nope"}]})
+    with pytest.raises(dpipe.ConfigError, match="a source"):
+        dpipe.range(3) | dpipe.range(4)
+    with pytest.raises(TypeError):
+        dpipe.batch(1, 2)
+    assert issubclass(dpipe.ConfigError, dpipe.Error) and issubclass(dpipe.SnapshotError, dpipe.Error)
+
+
+def test_scalars_are_ints_and_strings_are_str(tmp):
+    assert list(dpipe.Loader(dpipe.range(3))) == [0, 1, 2]
+    assert all(type(x) is int for x in dpipe.Loader(dpipe.range(3)))
+    f = tmp / "a.txt"
+    f.write_text("héllo\nworld\n")
+    got = list(dpipe.Loader(dpipe.lines(files=[str(f)])))  # logical shards in a shuffled order
+    assert sorted(got) == ["héllo", "world"] and all(type(x) is str for x in got)
+    batches = [plain(b) for b in dpipe.Loader(dpipe.lines(files=str(f)) | dpipe.batch(size=2))]
+    assert len(batches) == 1 and sorted(batches[0]) == ["héllo", "world"]
+
+
+def test_records_are_bytes(tmp):
+    path = tmp / "r.rec"
+    payloads = [b"\x00\xff binary", b"", b"text"]
+    dpipe.write_records(str(path), payloads)
+    got = list(dpipe.Loader(dpipe.records(files=[str(path)])))
+    assert got == payloads and all(type(x) is bytes for x in got)
+    # Through a sampler and in batches: lists of bytes.
+    got = list(dpipe.Loader(dpipe.records(str(path)) | dpipe.sampler() | dpipe.batch(size=3)))
+    assert len(got) == 1 and sorted(got[0]) == sorted(payloads)
+
+
+def test_batches_of_integers_are_int64_arrays_over_the_cpp_buffer():
+    batches = list(dpipe.Loader(dpipe.range(10) | dpipe.batch(size=4)))
+    assert [b.tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    for b in batches:
+        assert isinstance(b, np.ndarray) and b.dtype == np.int64 and b.ndim == 1
+        assert not b.flags["OWNDATA"] and b.flags["C_CONTIGUOUS"]  # a view of the C++ vector
+
+
+def test_token_windows_batch_into_one_contiguous_2d_array(tmp):
+    tokens = np.arange(1000, dtype=np.uint16)
+    path = tmp / "tokens.bin"
+    tokens.tofile(path)
+    windows = dpipe.token_windows(files=[str(path)], dtype="uint16", seq_len=8)
+    p = windows | dpipe.sampler() | dpipe.batch(size=4)
+    batches = list(dpipe.Loader(p, seed=1))
+    first = batches[0]
+    assert first.shape == (4, 9) and first.dtype == np.int64 and first.flags["C_CONTIGUOUS"]
+    for row in first:  # each window is L+1 consecutive tokens
+        assert (np.diff(row) == 1).all()
+    assert sum(len(b) for b in batches) == len(tool_elements(windows.spec()))
+
+
+def test_nodes_with_several_inputs_take_pipelines():
+    p = dpipe.range(0, 3) | dpipe.concat(dpipe.range(10, 12), dpipe.range(20, 21))
+    assert list(dpipe.Loader(p)) == [0, 1, 2, 10, 11, 20]
+    assert p.spec()["pipeline"][1] == {"op": "concat", "with": [[{"op": "range", "start": 10, "stop": 12}],
+                                                                [{"op": "range", "start": 20, "stop": 21}]]}
+    z = dpipe.range(0, 3) | dpipe.mux(with_=[dpipe.range(10, 13)])
+    assert list(dpipe.Loader(z)) == tool_elements(z.spec())
