@@ -8,6 +8,7 @@ from . import _dpipe
 from ._nodes import Pipeline, from_spec
 
 STATE_KEY = "dpipe_snapshot"
+_END = object()
 
 
 def _layout_from_environment():
@@ -42,7 +43,7 @@ class LoaderBase:
     pipeline from its beginning (of epoch `loader.epoch`)."""
 
     def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-                 allow_changed_data=False):
+                 allow_changed_data=False, equal_steps=False):
         spec_seed = None
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
@@ -59,6 +60,15 @@ class LoaderBase:
         options.threads = int(threads)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)
+        self._equal_steps = bool(equal_steps)
+        if self._equal_steps:
+            dist = sys.modules.get("torch.distributed")
+            if dist is None or not dist.is_initialized():
+                raise _dpipe.ConfigError("equal_steps needs torch.distributed initialized (the ranks agree "
+                                         "through it when to stop)")
+        #: With equal_steps: elements this rank held when another rank ran out, not delivered in the
+        #: last pass (they are what the pass's end cut off; the next epoch starts afresh).
+        self.undelivered = 0
         self._loop = None       # the run the last iterator drew from
         self._restored = None   # a run restored by load_state_dict, not iterated yet
 
@@ -108,7 +118,27 @@ class LoaderBase:
         if loop is None:
             loop = self._start(None)
         self._loop = loop
+        if self._equal_steps:
+            return self._equal_step_elements(_Elements(loop))
         return _Elements(loop)
+
+    def _equal_step_elements(self, elements):
+        """Every rank yields the same number of elements: before each, the ranks agree (an all-reduce of
+        one integer) whether all of them have one; when any has run out, all stop, and each counts in
+        `undelivered` what it still held. Uneven ranks would otherwise hang DDP's all-reduce."""
+        import torch
+        import torch.distributed as dist
+        self.undelivered = 0
+        flag = torch.zeros(1, dtype=torch.int64)
+        while True:
+            x = next(elements, _END)
+            flag[0] = 0 if x is _END else 1
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if flag[0] == 0:
+                if x is not _END:
+                    self.undelivered = 1 + sum(1 for _ in elements)
+                return
+            yield x
 
     # ---- the StatefulDataLoader protocol ----
     def state_dict(self, step=None):
