@@ -17,10 +17,29 @@ struct Spec {
   bool bytes = false;
 };
 
+/// Functions a front end provides besides the builtins (the Python package's callables), named in a spec
+/// as `{"op": "map", "fn": "external", "id": N, "out": TYPE}` (`out`: an element type name, "integer",
+/// "batch of string", …; absent: the input's type; filter and flat_map take no `out`). The provider builds
+/// the node itself, so its callables' types stay in its own translation unit.
+class ExternalFunctions {
+ public:
+  virtual ~ExternalFunctions() = default;
+  /// `input | map(function id)`, named `name`; `input_bytes`: the input's strings are bytes (records).
+  virtual SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const std::string& name,
+                           bool input_bytes) const = 0;
+  virtual SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const std::string& name,
+                              bool input_bytes) const = 0;
+  /// The function returns an iterable of the input's element type.
+  virtual SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const std::string& name,
+                                bool input_bytes) const = 0;
+};
+
 struct SpecOptions {
   /// Bytes (records) travel as base64 text, so that every element prints as JSON (the tool). Off, they
   /// stay raw and Spec::bytes says so (the Python front end hands them out as `bytes`).
   bool base64_bytes = true;
+  /// Resolves `"fn": "external"` (borrowed for the parse; none: such a spec is refused).
+  const ExternalFunctions* external = nullptr;
 };
 
 /// Parses and builds a JSON spec; a ConfigError names the node by its position and kind

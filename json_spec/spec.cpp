@@ -36,6 +36,9 @@ bool fits_int64(const json& v) {
 std::string list_type_name(const std::string& t) { return t == "string" ? "strings" : t + "s"; }
 
 class JsonNode;
+// How the spec being parsed on this thread treats bytes and external functions (set by parse_spec for its
+// nested chains too).
+thread_local SpecOptions t_options{};
 SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes = nullptr);
 
 /// The front end's description of one op of the kind list.
@@ -133,10 +136,19 @@ class JsonNode {
   // ---- the builtin functions a spec names with "fn" ----
 
   /// A map function for `apply(pipeline, fn)`; `concurrent` when several calls run at once.
+  /// Whether this node's input carries bytes (records) as strings.
+  void set_input_bytes(bool b) { input_bytes_ = b; }
+
   template <class Apply>
   SpecPipeline map_function(bool concurrent, Apply apply) {
     std::string fn;
     required("fn", fn);
+    if (fn == "external") {
+      if (concurrent) fail("an external function runs in map, not parallel_map");
+      std::string out;
+      param("out", out);
+      return external().map(input(), external_id(), out, name(), input_bytes_);
+    }
     if (fn == "affine") {
       builtins::Affine f;
       param("mul", f.mul);
@@ -163,6 +175,7 @@ class JsonNode {
   SpecPipeline filter_function(Apply apply) {
     std::string fn;
     required("fn", fn);
+    if (fn == "external") return external().filter(input(), external_id(), name(), input_bytes_);
     if (fn != "mod_eq") fail("unknown filter function '" + fn + "' (known: mod_eq)");
     builtins::ModEq f;
     required("mod", f.mod);
@@ -175,6 +188,7 @@ class JsonNode {
   SpecPipeline flat_map_function(Apply apply) {
     std::string fn;
     required("fn", fn);
+    if (fn == "external") return external().flat_map(input(), external_id(), name(), input_bytes_);
     if (fn == "replicate") {
       builtins::Replicate f;
       required("times", f.times);
@@ -200,6 +214,17 @@ class JsonNode {
       return apply(RandomIntsFactory{count, lo, hi});
     }
     fail("unknown generator function '" + fn + "' (known: count, random_ints)");
+  }
+
+  const ExternalFunctions& external() const {
+    if (!t_options.external)
+      fail("\"fn\": \"external\" names a function of a front end that provides them (the Python package)");
+    return *t_options.external;
+  }
+  std::int64_t external_id() {
+    std::int64_t id = 0;
+    required("id", id);
+    return id;
   }
 
   /// Throws on a parameter this op does not take.
@@ -288,6 +313,7 @@ class JsonNode {
   std::string op_, name_;
   std::set<std::string> used_;
   bool bytes_ = false;
+  bool input_bytes_ = false;
 };
 
 template <class K>
@@ -334,9 +360,6 @@ std::string reason_of(const ConfigError& e, const std::string& label) {
 /// would end in a stack overflow instead of an error.
 constexpr int kMaxNesting = 256;
 
-// How the spec being parsed on this thread treats bytes (set by parse_spec for its nested chains too).
-thread_local SpecOptions t_options{};
-
 SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes) {
   static thread_local int depth = 0;
   struct Level {
@@ -361,6 +384,7 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
       }
     }
     JsonNode n(chain[i], where + "[" + std::to_string(i) + "]", p ? &*p : nullptr);
+    n.set_input_bytes(bytes);
     const OpEntry* op = find_op(n.op());
     if (!op) n.fail("unknown op '" + n.op() + "'");
     if (i == 0 && !op->source) {

@@ -48,7 +48,7 @@ class LoaderBase:
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
         self.pipeline = pipeline
-        self._built = _dpipe.build(pipeline.to_json())
+        self._built = _dpipe.build(pipeline.to_json(), pipeline._callables)
         if (rank is None) != (world_size is None):
             raise _dpipe.ConfigError("give both rank and world_size, or neither")
         if rank is None:

@@ -2,6 +2,7 @@
 chain, and `a | b` appends b's nodes to a's. Nothing runs here: a Loader builds the spec into a typed C++
 pipeline (the same node kinds, options and checks as C++ and the tool)."""
 
+import itertools
 import json as _json
 
 from . import _dpipe
@@ -18,13 +19,22 @@ _POSITIONAL = {
 _MULTI_INPUT = {"concat", "zip", "mux", "mux_longest"}
 
 
+# map, filter and flat_map take a Python callable as `fn`; the spec names it {"fn": "external", "id": N}.
+_CALLABLE_OPS = {"map", "filter", "flat_map"}
+_ids = itertools.count(1)
+# `out=` of map: Python types, or the spec's element type names.
+_OUT_TYPES = {int: "integer", str: "string", bytes: "string"}
+
+
 class Pipeline:
-    """A chain of nodes: a list of the spec's node objects. Immutable; `|` makes a new one."""
+    """A chain of nodes: a list of the spec's node objects, and the Python callables they name by id.
+    Immutable; `|` makes a new one."""
 
-    __slots__ = ("_nodes",)
+    __slots__ = ("_nodes", "_callables")
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, callables=None):
         self._nodes = tuple(nodes)
+        self._callables = dict(callables or {})
 
     def __or__(self, other):
         if not isinstance(other, Pipeline):
@@ -33,7 +43,7 @@ class Pipeline:
             raise _dpipe.ConfigError(
                 f"a source ({other._nodes[0]['op']}) can only start a pipeline; combine sources with "
                 "concat, zip or mux")
-        return Pipeline(self._nodes + other._nodes)
+        return Pipeline(self._nodes + other._nodes, {**self._callables, **other._callables})
 
     def spec(self, seed=None):
         """The tool's spec for this pipeline, as a dict (`dpipe run` takes it as JSON)."""
@@ -105,16 +115,32 @@ def _node_function(op):
             if name in params:
                 raise TypeError(f"{op}() got {name} twice")
             params[name] = value
-        if callable(params.get("fn")):
-            raise TypeError(f"{op}(): Python callables are not supported yet; name a builtin function "
-                            "(docs/python.md lists them)")
+        callables = {}
+        for value in list(params.values()):  # pipelines given as other inputs bring their callables
+            for q in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(q, Pipeline):
+                    callables.update(q._callables)
+        fn = params.get("fn")
+        if callable(fn):
+            if op not in _CALLABLE_OPS:
+                raise TypeError(f"{op}(): Python callables run in map, filter and flat_map; name a builtin "
+                                "function here (docs/python.md)")
+            fid = next(_ids)
+            callables[fid] = fn
+            params["fn"] = "external"
+            params["id"] = fid
+        if "out" in params:
+            if op != "map" or not callable(fn):
+                raise TypeError("out= is for map with a Python callable")
+            out = params["out"]
+            params["out"] = _OUT_TYPES.get(out, out)
         if op == "lines" or op == "line_blocks" or op == "records":
             files = params.get("files")
             if isinstance(files, str):
                 params["files"] = [files]
         node = {"op": op}
         node.update(params)
-        return Pipeline([node])
+        return Pipeline([node], callables)
 
     make.__name__ = op
     make.__qualname__ = op
