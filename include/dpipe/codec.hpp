@@ -187,7 +187,7 @@ struct Codec<std::vector<T>> {
     if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
       v.resize(n);
       const auto bytes = r.bytes(n * sizeof(T));
-      std::memcpy(v.data(), bytes.data(), bytes.size());
+      if (n > 0) std::memcpy(v.data(), bytes.data(), bytes.size());  // an empty vector's data() may be null
     } else {
       v.reserve(n);
       for (std::size_t i = 0; i < n; ++i) v.push_back(Codec<T>::decode(r));

@@ -371,6 +371,20 @@ std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optio
   });
 }
 
+/// Runs the pipeline to its end in C++ without handing elements to Python (the benchmarks' baseline):
+/// the number of elements.
+std::uint64_t drain(const BuiltSpec& b, const LoopOptions& o) {
+  py::gil_scoped_release nogil;
+  Engine engine(EngineOptions{.threads = o.threads});
+  RunOptions ro{.seed = o.seed, .epoch = o.epoch, .layout = Layout{o.rank, o.world_size, o.workers}};
+  return b.spec.pipeline.visit([&]<class T>(const Pipeline<T>& p) -> std::uint64_t {
+    auto run = engine.start(p, ro);
+    std::uint64_t n = 0;
+    while (auto x = run.next()) ++n;
+    return n;
+  });
+}
+
 /// Every rank's snapshot bytes of one step → the bytes for each rank of another layout.
 std::vector<py::bytes> rescale(const std::vector<std::string>& ranks, int world_size, int workers) {
   std::vector<std::string> out;
@@ -461,6 +475,7 @@ PYBIND11_MODULE(_dpipe, m) {
       });
   m.def("start", &start, py::arg("spec"), py::arg("options"), py::arg("state") = py::none(),
         py::arg("allow_changed_data") = false, "Starts the pipeline, or resumes it from snapshot bytes.");
+  m.def("drain", &drain, py::arg("spec"), py::arg("options"), "Runs to the end in C++; returns the element count.");
   m.def("rescale", &rescale, py::arg("ranks"), py::arg("world_size"), py::arg("workers"));
   m.def("describe", &describe, py::arg("snapshot"));
   m.def(

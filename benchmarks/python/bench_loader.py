@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""The Python package's figures, each a ratio of two measurements taken in this one process (the machine
+is noisy; absolute rates drift). Run by hand, on an idle machine, from a build tree:
+
+    PYTHONPATH=build/python /usr/bin/python3 benchmarks/python/bench_loader.py
+
+1. The canonical pipeline (range(10^7) → shuffle(10000) → sharding_filter → map(x*2) → batch(256))
+   consumed in Python as numpy batches, against torch DataPipes on the same pipeline and against the C++
+   Run of the same spec (dpipe's own loop, no element handed to Python).
+2. nanoGPT's loader (np.memmap, random offsets, torch.stack of B windows) against token_windows |
+   sampler(global) | batch(B) → torch tensors.
+3. state_dict() on the canonical pipeline: the median time.
+4. A Python callable in map: cost per element against a plain Python loop calling the same function;
+   and 2 workers against 1 on a function that releases the GIL (numpy work)."""
+
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import dpipe
+
+
+def rate(fn, elements, repeats=3):
+    """Elements per second, the best of `repeats` runs of fn()."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return elements / best
+
+
+def canonical(n):
+    return (dpipe.range(0, n) | dpipe.shuffle(buffer=10_000) | dpipe.sharding_filter()
+            | dpipe.map("affine", mul=2) | dpipe.batch(size=256))
+
+
+def consume(loader):
+    for _ in loader:
+        pass
+
+
+def main():
+    figures = []
+    n = 10**7 if "--full" in sys.argv else 2 * 10**6
+
+    # 1. The canonical pipeline.
+    p = canonical(n)
+    py_rate = rate(lambda: consume(dpipe.Loader(p, seed=1)), n)
+    built = dpipe._dpipe.build(p.to_json(), {})
+    opts = dpipe._dpipe.LoopOptions()
+    opts.seed = 1
+    cpp_rate = rate(lambda: dpipe._dpipe.drain(built, opts), n)
+    figures.append(("canonical, Python numpy batches / C++ Run of the same spec", py_rate / cpp_rate, ">= 0.7"))
+    try:
+        from torch.utils.data.datapipes.iter import IterableWrapper
+        m = 200_000
+        dp = IterableWrapper(range(m)).shuffle(buffer_size=10_000).sharding_filter().map(lambda x: 2 * x).batch(256)
+        torch_rate = rate(lambda: consume(dp), m, repeats=2)
+        figures.append(("canonical, dpipe in Python / torch DataPipes", py_rate / torch_rate, ">= 100"))
+    except ImportError:
+        figures.append(("canonical, dpipe in Python / torch DataPipes", None, "torch not installed"))
+
+    # 2. nanoGPT's loader against token_windows | sampler | batch → tensors.
+    import torch
+    B, L = 32, 256
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/train.bin"
+        np.random.default_rng(0).integers(0, 50_000, size=20_000_000, dtype=np.uint16).tofile(path)
+        steps = 300
+
+        def nanogpt():
+            data = np.memmap(path, dtype=np.uint16, mode="r")
+            for _ in range(steps):
+                ix = torch.randint(len(data) - L, (B,))
+                x = torch.stack([torch.from_numpy(data[i:i + L].astype(np.int64)) for i in ix])
+                y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + L].astype(np.int64)) for i in ix])
+                del x, y
+
+        pipe = dpipe.token_windows(files=[path], seq_len=L, dtype="uint16") | dpipe.sampler(shuffle="global") \
+            | dpipe.batch(size=B)
+
+        def with_dpipe():
+            it = iter(dpipe.Loader(pipe, seed=0, workers=2))
+            for _ in range(steps):
+                w = torch.from_numpy(next(it))
+                x, y = w[:, :-1], w[:, 1:]
+                del x, y
+
+        figures.append(("token windows, dpipe → tensors / nanoGPT's get_batch",
+                        rate(with_dpipe, steps) / rate(nanogpt, steps), ">= 1.0"))
+
+    # 3. state_dict() on the canonical pipeline.
+    loader = dpipe.Loader(canonical(10**7), seed=1, workers=2)
+    it = iter(loader)
+    times = []
+    for _ in range(50):
+        for _ in range(20):
+            next(it)
+        t0 = time.perf_counter()
+        loader.state_dict()
+        times.append(time.perf_counter() - t0)
+    figures.append(("state_dict() median, ms", statistics.median(times) * 1e3, "<= 1"))
+
+    # 4. A Python callable in map.
+    def f(x):
+        return x + 1
+
+    m = 200_000
+    plain_rate = rate(lambda: [f(x) for x in range(m)], m)
+    mapped = dpipe.range(0, m) | dpipe.map(f)
+    map_rate = rate(lambda: consume(dpipe.Loader(mapped)), m)
+    figures.append(("map(python fn): time per element / a Python loop calling it", plain_rate / map_rate, "<= 1.5"))
+
+    def heavy(b):  # numpy releases the GIL inside the sort
+        return np.sort(np.random.default_rng(int(b[0])).random(200_000)).astype(np.int64)[:4]
+
+    k = 400
+    work = dpipe.range(0, k) | dpipe.sharding_filter() | dpipe.batch(size=1) | dpipe.map(heavy)
+    one = rate(lambda: consume(dpipe.Loader(work, workers=1, threads=2)), k, repeats=2)
+    two = rate(lambda: consume(dpipe.Loader(work, workers=2, threads=2)), k, repeats=2)
+    figures.append(("map(numpy fn), 2 workers / 1 worker", two / one, ">= 1.5"))
+
+    for label, value, goal in figures:
+        shown = "n/a" if value is None else f"{value:.3f}"
+        print(f"{label:<62} {shown:>9}  (goal {goal})")
+
+
+if __name__ == "__main__":
+    main()
