@@ -188,7 +188,27 @@ class Run {
     return take_snapshot(std::move(user_metadata), step, /*settle=*/true);
   }
 
+  /// Elements and time per node and instance, from the moment the run started (needs
+  /// RunOptions::collect_stats for the times). Pauses production while it reads.
+  std::vector<NodeStats> node_stats() {
+    Paused paused(*root_);
+    std::vector<NodeStats> out;
+    detail::collect_node_stats(*root_, out);
+    return out;
+  }
+
+  const Layout& layout() const { return layout_; }
+  const Graph& graph() const { return *graph_; }
+  std::uint64_t delivered() const { return delivered_; }
+  /// What this run delivers that the user may not mean (a source read in full by several instances with
+  /// nothing splitting it); empty when nothing looks wrong. The tool prints these on stderr.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  /// How the state was restored (empty for a fresh start).
+  const RestoreReport& restore_report() const { return report_; }
+
  private:
+  friend class Engine;
+
   Snapshot take_snapshot(std::map<std::string, std::string> user_metadata, std::optional<std::uint64_t> step,
                          bool settle)
     requires Snapshottable<T>
@@ -215,28 +235,6 @@ class Run {
     return s;
   }
 
- public:
-
-  /// Elements and time per node and instance, from the moment the run started (needs
-  /// RunOptions::collect_stats for the times). Pauses production while it reads.
-  std::vector<NodeStats> node_stats() {
-    Paused paused(*root_);
-    std::vector<NodeStats> out;
-    detail::collect_node_stats(*root_, out);
-    return out;
-  }
-
-  const Layout& layout() const { return layout_; }
-  const Graph& graph() const { return *graph_; }
-  std::uint64_t delivered() const { return delivered_; }
-  /// What this run delivers that the user may not mean (a source read in full by several instances with
-  /// nothing splitting it); empty when nothing looks wrong. The tool prints these on stderr.
-  const std::vector<std::string>& warnings() const { return warnings_; }
-  /// How the state was restored (empty for a fresh start).
-  const RestoreReport& restore_report() const { return report_; }
-
- private:
-  friend class Engine;
   // Elements the consumer pulls from the graph at a time: batches and blocks one by one; strings four at a time,
   // so the blocks they own go back through the allocator's per-thread cache while still hot (records of
   // 1 KiB read 30 % faster than 256 at a time); other values in chunks.

@@ -354,11 +354,15 @@ struct LoopOptions {
   bool inline_workers = false;
 };
 
+RunOptions run_options(const LoopOptions& o) {
+  return RunOptions{.seed = o.seed, .epoch = o.epoch, .layout = Layout{o.rank, o.world_size, o.workers},
+                    .inline_workers = o.inline_workers};
+}
+
 std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optional<std::string> state,
                             bool allow_changed_data) {
   auto engine = std::make_shared<Engine>(EngineOptions{.threads = o.threads});
-  RunOptions ro{.seed = o.seed, .epoch = o.epoch, .layout = Layout{o.rank, o.world_size, o.workers},
-                .inline_workers = o.inline_workers};
+  const RunOptions ro = run_options(o);
   ResumeOptions rz{.allow_changed_data = allow_changed_data};
   const Convert convert{.bytes = b.spec.bytes};
   std::optional<Snapshot> snap;
@@ -376,7 +380,7 @@ std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optio
 std::uint64_t drain(const BuiltSpec& b, const LoopOptions& o) {
   py::gil_scoped_release nogil;
   Engine engine(EngineOptions{.threads = o.threads});
-  RunOptions ro{.seed = o.seed, .epoch = o.epoch, .layout = Layout{o.rank, o.world_size, o.workers}};
+  const RunOptions ro = run_options(o);
   return b.spec.pipeline.visit([&]<class T>(const Pipeline<T>& p) -> std::uint64_t {
     auto run = engine.start(p, ro);
     std::uint64_t n = 0;

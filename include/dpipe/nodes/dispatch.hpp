@@ -109,17 +109,9 @@ class Dispatcher {
   }
 
   void save(DispatchState<std::vector<Out>>& st) const {
-    if (settle_failure_) {
-      std::string what = "unknown error";
-      try {
-        std::rethrow_exception(settle_failure_);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
+    if (settle_failure_)
       throw SnapshotError("cannot snapshot: the prefix before dispatch failed while the snapshot settled it (" +
-                          what + "); the run raises it once the workers reach it");
-    }
+                          FailureRecord::of(settle_failure_).cause + "); the run raises it once the workers reach it");
     st.next_worker = next_;
     st.prefix_done = prefix_done_;
     for (std::size_t i = 0; i < backlog_.size(); ++i) st.backlogs[i].assign(backlog_[i].begin(), backlog_[i].end());
