@@ -176,6 +176,21 @@ bool AsyncLaneBase::fetch() {
   }
 }
 
+bool AsyncLaneBase::wait_published(std::chrono::nanoseconds limit) {
+  if (inline_) return true;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (buffered_ > 0 || error_ || done_) return true;
+    schedule_locked();
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    consumer_waiting_ = true;
+    consumer_cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(deadline - now, kLongestHold));
+    consumer_waiting_ = false;
+  }
+}
+
 void AsyncLaneBase::pause() {
   request_pause();
   wait_idle();

@@ -29,6 +29,8 @@ class ExternalFunctions {
                            bool input_bytes) const = 0;
   virtual SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const std::string& name,
                               bool input_bytes) const = 0;
+  /// A source: the function is called once per instance and returns an iterable of `out` elements.
+  virtual SpecPipeline generator(std::int64_t id, const std::string& out, const std::string& name) const = 0;
   /// The function returns an iterable of the input's element type.
   virtual SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const std::string& name,
                                 bool input_bytes) const = 0;

@@ -202,6 +202,11 @@ class JsonNode {
   SpecPipeline generator_function(Apply apply) {
     std::string fn;
     required("fn", fn);
+    if (fn == "external") {
+      std::string out;
+      param("out", out);
+      return external().generator(external_id(), out, name());
+    }
     std::int64_t count = 0;
     required("count", count);
     if (count < 0) fail("count must not be negative, got " + std::to_string(count));

@@ -144,6 +144,11 @@ void decode_node_details(ByteReader& r, SnapshotMeta& m) {
 
 std::string encode_states(const std::vector<NodeState>& states) {
   ByteWriter w;
+  std::size_t bulk = 0;  // the element bytes dominate: one allocation for them, no regrowth
+  for (const auto& s : states)
+    for (const auto& f : s.fields)
+      if (f.type == FieldType::elements) bulk += f.elements.data.size() + 8 * f.elements.size();
+  w.reserve(bulk + 256 * states.size());
   w.put<std::uint64_t>(states.size());
   for (const auto& s : states) {
     w.str(s.key);
@@ -260,6 +265,7 @@ std::string Snapshot::to_bytes() const {
     offset += sections[i].size();
   }
   ByteWriter out;
+  out.reserve(offset);
   out.raw(kMagic, sizeof kMagic);
   put_u32(out, kFormatVersion);
   put_u32(out, n);

@@ -10,8 +10,10 @@ is noisy; absolute rates drift). Run by hand, on an idle machine, from a build t
 2. nanoGPT's loader (np.memmap, random offsets, torch.stack of B windows) against token_windows |
    sampler(global) | batch(B) → torch tensors.
 3. state_dict() on the canonical pipeline: the median time.
-4. A Python callable in map: cost per element against a plain Python loop calling the same function;
-   and 2 workers against 1 on a function that releases the GIL (numpy work)."""
+4. A Python callable in map: cost per element against a plain Python loop calling the same function,
+   the mapped elements taken in batches of 256 (on the engine's thread, and with inline_workers in the
+   consumer's thread) and one by one; and 2 workers against 1 on a function that releases the GIL
+   (numpy work)."""
 
 import statistics
 import sys
@@ -109,11 +111,17 @@ def main():
     def f(x):
         return x + 1
 
-    m = 200_000
-    plain_rate = rate(lambda: [f(x) for x in range(m)], m)
-    mapped = dpipe.range(0, m) | dpipe.map(f)
-    map_rate = rate(lambda: consume(dpipe.Loader(mapped)), m)
-    figures.append(("map(python fn): time per element / a Python loop calling it", plain_rate / map_rate, "<= 1.5"))
+    m = 400_000
+    plain_rate = rate(lambda: [f(x) for x in range(m)], m, repeats=5)
+    batched = dpipe.range(0, m) | dpipe.map(f) | dpipe.batch(size=256)
+    threaded = rate(lambda: consume(dpipe.Loader(batched)), m, repeats=5)
+    inline = rate(lambda: consume(dpipe.Loader(batched, inline_workers=True)), m, repeats=5)
+    one_by_one = rate(lambda: consume(dpipe.Loader(dpipe.range(0, m) | dpipe.map(f))), m, repeats=5)
+    bare = rate(lambda: consume(dpipe.Loader(dpipe.range(0, m))), m, repeats=5)
+    figures.append(("map(python fn) | batch: per element / a Python loop calling it", plain_rate / threaded, "<= 1.5"))
+    figures.append(("  the same, inline_workers=True", plain_rate / inline, "<= 1.5"))
+    figures.append(("  map(python fn), elements one by one", plain_rate / one_by_one, "-"))
+    figures.append(("  no map, elements one by one (the loader's own cost)", plain_rate / bare, "-"))
 
     def heavy(b):  # numpy releases the GIL inside the sort
         return np.sort(np.random.default_rng(int(b[0])).random(200_000)).astype(np.int64)[:4]

@@ -44,6 +44,7 @@ class ByteWriter {
     put<std::uint64_t>(s.size());
     raw(s.data(), s.size());
   }
+  void reserve(std::size_t n) { buf_.reserve(n); }
   std::string& buffer() { return buf_; }
   std::string take() { return std::move(buf_); }
   std::size_t size() const { return buf_.size(); }

@@ -9,6 +9,7 @@
 #include "dpipe/regular_file.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/snapshot_set.hpp"
+#include "dpipe/value.hpp"
 
 #include "dpipe/nodes/batch.hpp"
 #include "dpipe/nodes/concat.hpp"

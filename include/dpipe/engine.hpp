@@ -126,6 +126,15 @@ class Run {
     return std::move(buf_[head_++]);
   }
 
+  /// Waits up to `limit` until next() can start without waiting for the workers (an element is at hand,
+  /// a worker queue holds a chunk, or the stream has ended); false if the limit passed first. next() may
+  /// still compute, and a node after the workers that needs many of their elements may wait again. For a
+  /// consumer that must stay responsive while it waits (the Python package checks for Ctrl-C between).
+  bool wait_ready(std::chrono::nanoseconds limit) {
+    if (head_ < buf_.size() || failed_) return true;
+    return root_->wait_ready(limit);
+  }
+
   /// The input iterator of `for (auto&& x : run)`. It owns the current element by value, so a
   /// reference to it stays valid until the iterator moves on; it is move-only and single-pass, like
   /// the stream. Each step is a `next()`: the loop continues from wherever the run is, a `break`

@@ -264,6 +264,15 @@ class IterBase {
     for (IterBase* in : inputs()) in->settle();
   }
 
+  /// Waits up to `limit` until a pull would not start by waiting for production on another thread (a
+  /// worker queue holds a chunk, or has ended); false if the limit passed first. Nothing is taken. For a
+  /// consumer that must stay responsive while it waits (Ctrl-C in Python). Nodes fed by other threads
+  /// answer for their queues; a node of one input asks it; a node of several cannot tell (true).
+  virtual bool wait_ready(std::chrono::nanoseconds limit) {
+    const std::vector<IterBase*> in = inputs();
+    return in.size() == 1 ? in.front()->wait_ready(limit) : true;
+  }
+
   /// Nanoseconds spent in pull(), inputs included (only when the run collects statistics).
   std::uint64_t busy_ns() const { return busy_ns_; }
   /// Whether this node's inputs run inside its pull() (false for merge: workers run on other threads).

@@ -18,6 +18,7 @@
 
 #include "dpipe/detail/text_json.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/value.hpp"
 
 namespace dpipe {
 
@@ -29,7 +30,8 @@ using SpecStr = std::string;
 
 /// The element types of spec pipelines, each once.
 using SpecElementTypes = TypeList<SpecInt, SpecStr, std::vector<SpecInt>, std::vector<SpecStr>,
-                                  std::vector<std::vector<SpecInt>>, std::vector<std::vector<SpecStr>>>;
+                                  std::vector<std::vector<SpecInt>>, std::vector<std::vector<SpecStr>>, Value,
+                                  std::vector<Value>>;
 
 namespace detail {
 template <class T, class List>
@@ -99,6 +101,12 @@ struct SpecElement<SpecStr> {
     }
     out += '"';
   }
+};
+/// What a Python callable returns with `out: "value"` (value.hpp).
+template <>
+struct SpecElement<Value> {
+  static std::string name() { return "value"; }
+  static void append_json(std::string& out, const Value& v) { append_value_json(out, v); }
 };
 template <class T>
 struct SpecElement<std::vector<T>> {

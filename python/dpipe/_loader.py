@@ -34,16 +34,19 @@ def _refuse_torch_workers():
 class LoaderBase:
     """An iterable over a pipeline's elements for this rank.
 
-    Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0)
+    Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
+           allow_changed_data=False, equal_steps=False, inline_workers=False)
 
     `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
     rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
     variables. `workers`: the pipeline's worker instances on this rank; `threads`: engine threads (0: one
-    per core). iter(loader) continues from a state loaded since the last iteration, else starts the
+    per core); `inline_workers`: run the workers in the consumer's thread, inside next() (no hand-off
+    between threads: the fastest for a pipeline of Python callables with one worker, but nothing
+    overlaps with the training step). iter(loader) continues from a state loaded since the last iteration, else starts the
     pipeline from its beginning (of epoch `loader.epoch`)."""
 
     def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-                 allow_changed_data=False, equal_steps=False):
+                 allow_changed_data=False, equal_steps=False, inline_workers=False):
         spec_seed = None
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
@@ -58,6 +61,7 @@ class LoaderBase:
         options.epoch = int(epoch)
         options.rank, options.world_size, options.workers = int(rank), int(world_size), int(workers)
         options.threads = int(threads)
+        options.inline_workers = bool(inline_workers)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)
         self._equal_steps = bool(equal_steps)
@@ -119,8 +123,8 @@ class LoaderBase:
             loop = self._start(None)
         self._loop = loop
         if self._equal_steps:
-            return self._equal_step_elements(_Elements(loop))
-        return _Elements(loop)
+            return self._equal_step_elements(loop)
+        return loop
 
     def _equal_step_elements(self, elements):
         """Every rank yields the same number of elements: before each, the ranks agree (an all-reduce of
@@ -148,8 +152,7 @@ class LoaderBase:
         loop = self._restored or self._loop
         if loop is None:
             loop = self._restored = self._start(None)
-        data = loop.snapshot(True, step)
-        out = dict(_dpipe.describe(data))
+        data, out = loop.snapshot(True, step)
         out[STATE_KEY] = data
         out["element_type"] = self.element_type
         return out
@@ -161,24 +164,6 @@ class LoaderBase:
         data = _snapshot_bytes(state)
         self._options.epoch = int(_dpipe.describe(data)["epoch"])
         self._restored = self._start(data)
-
-
-class _Elements:
-    """One pass over a run: what iter(loader) returns."""
-
-    __slots__ = ("_loop",)
-
-    def __init__(self, loop):
-        self._loop = loop
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        x = self._loop.next()
-        if x is None:
-            raise StopIteration
-        return x
 
 
 def _snapshot_bytes(state):

@@ -9,7 +9,7 @@ from . import _dpipe
 
 # Node functions whose first positional argument is a parameter: map("affine", mul=2), batch(256), ...
 _POSITIONAL = {
-    "map": ("fn",), "filter": ("fn",), "flat_map": ("fn",), "parallel_map": ("fn",),
+    "map": ("fn",), "filter": ("fn",), "flat_map": ("fn",), "parallel_map": ("fn",), "generator": ("fn",),
     "batch": ("size",), "shuffle": ("buffer",), "take": ("count",), "prefetch": ("depth",),
     "from_vector": ("values",), "lines": ("files",), "line_blocks": ("files",), "records": ("files",),
 }
@@ -19,11 +19,12 @@ _POSITIONAL = {
 _MULTI_INPUT = {"concat", "zip", "mux", "mux_longest"}
 
 
-# map, filter and flat_map take a Python callable as `fn`; the spec names it {"fn": "external", "id": N}.
-_CALLABLE_OPS = {"map", "filter", "flat_map"}
+# map, filter, flat_map and generator take a Python callable as `fn`; the spec names it {"fn": "external", "id": N}.
+_CALLABLE_OPS = {"map", "filter", "flat_map", "generator"}
 _ids = itertools.count(1)
-# `out=` of map: Python types, or the spec's element type names.
-_OUT_TYPES = {int: "integer", str: "string", bytes: "string"}
+# `out=` of map: Python types, or the spec's element type names. object (or "value"): any value of the
+# kinds a snapshot can hold (None, bool, int, float, str, bytes, tuple, list, dict, numpy arrays).
+_OUT_TYPES = {int: "integer", str: "string", bytes: "string", object: "value"}
 
 
 class Pipeline:
@@ -123,15 +124,17 @@ def _node_function(op):
         fn = params.get("fn")
         if callable(fn):
             if op not in _CALLABLE_OPS:
-                raise TypeError(f"{op}(): Python callables run in map, filter and flat_map; name a builtin "
+                raise TypeError(f"{op}(): Python callables run in map, filter, flat_map and generator; name a builtin "
                                 "function here (docs/python.md)")
             fid = next(_ids)
             callables[fid] = fn
             params["fn"] = "external"
             params["id"] = fid
+        if op == "generator" and callable(fn):
+            params.setdefault("out", object)
         if "out" in params:
-            if op != "map" or not callable(fn):
-                raise TypeError("out= is for map with a Python callable")
+            if op not in ("map", "generator") or not callable(fn):
+                raise TypeError("out= is for map and generator with a Python callable")
             out = params["out"]
             params["out"] = _OUT_TYPES.get(out, out)
         if op == "lines" or op == "line_blocks" or op == "records":

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -27,7 +28,11 @@ namespace {
 struct Convert {
   bool bytes = false;  // strings are bytes (records)
 
-  py::object operator()(SpecInt v) const { return py::int_(v); }
+  py::object operator()(SpecInt v) const {
+    PyObject* o = PyLong_FromLongLong(v);
+    if (!o) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(o);
+  }
   py::object operator()(std::string&& s) const {
     if (bytes) return py::bytes(s);
     PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
@@ -58,6 +63,42 @@ struct Convert {
     const auto b = static_cast<py::ssize_t>(rows.size()), l = static_cast<py::ssize_t>(width);
     return py::array_t<SpecInt>({b, l}, {static_cast<py::ssize_t>(width * sizeof(SpecInt)), py::ssize_t(sizeof(SpecInt))},
                                 owned->data(), keep);
+  }
+  /// A dynamic value: the Python object it was made from (arrays own the value's bytes, no copy).
+  py::object operator()(Value&& v) const {
+    switch (v.kind) {
+      case Value::Kind::none: return py::none();
+      case Value::Kind::boolean: return py::bool_(std::get<bool>(v.data));
+      case Value::Kind::integer: return (*this)(std::get<std::int64_t>(v.data));
+      case Value::Kind::real: return py::float_(std::get<double>(v.data));
+      case Value::Kind::string: return Convert{}(std::move(std::get<std::string>(v.data)));
+      case Value::Kind::bytes: return py::bytes(std::get<std::string>(v.data));
+      case Value::Kind::list:
+      case Value::Kind::tuple: {
+        auto& items = std::get<std::vector<Value>>(v.data);
+        if (v.kind == Value::Kind::list) {
+          py::list out(items.size());
+          for (std::size_t i = 0; i < items.size(); ++i) out[i] = (*this)(std::move(items[i]));
+          return out;
+        }
+        py::tuple out(items.size());
+        for (std::size_t i = 0; i < items.size(); ++i) out[i] = (*this)(std::move(items[i]));
+        return out;
+      }
+      case Value::Kind::dict: {
+        auto& items = std::get<std::vector<Value>>(v.data);
+        py::dict out;
+        for (std::size_t i = 0; i + 1 < items.size(); i += 2) out[(*this)(std::move(items[i]))] = (*this)(std::move(items[i + 1]));
+        return out;
+      }
+      case Value::Kind::array: {
+        auto* owned = new ValueArray(std::move(std::get<ValueArray>(v.data)));
+        py::capsule keep(owned, [](void* p) { delete static_cast<ValueArray*>(p); });
+        std::vector<py::ssize_t> shape(owned->shape.begin(), owned->shape.end());
+        return py::array(py::dtype(owned->dtype), shape, {}, owned->data.data(), keep);
+      }
+    }
+    return py::none();
   }
   template <class T>
   py::object operator()(std::vector<T>&& v) const {  // batches of strings, batches of batches of strings
@@ -111,6 +152,11 @@ struct FromPython;
 template <>
 struct FromPython<SpecInt> {
   static SpecInt get(const py::handle& v, const std::string& label) {
+    if (PyLong_CheckExact(v.ptr())) {
+      const long long x = PyLong_AsLongLong(v.ptr());
+      if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+      return x;
+    }
     if (!PyIndex_Check(v.ptr())) wrong_type(v, "an integer", label);
     const long long x = PyLong_AsLongLong(py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr())).ptr());
     if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
@@ -152,6 +198,62 @@ struct FromPython<std::vector<T>> {  // lists of strings, of batches
   }
 };
 
+/// Any Python value of the kinds a Value holds; numpy scalars as the Python number they are.
+template <>
+struct FromPython<Value> {
+  static Value get(const py::handle& v, const std::string& label, int depth = 0) {
+    if (depth > kValueMaxDepth) throw std::runtime_error("the Python callable " + label + " returned a value nested deeper than " +
+                                                         std::to_string(kValueMaxDepth) + " levels");
+    PyObject* o = v.ptr();
+    if (o == Py_None) return Value::none();
+    if (PyBool_Check(o)) return Value::boolean(o == Py_True);
+    if (PyLong_Check(o)) {
+      int overflow = 0;
+      const long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+      if (overflow != 0) throw std::runtime_error("the Python callable " + label + " returned an integer outside 64 bits");
+      if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+      return Value::integer(x);
+    }
+    if (PyFloat_Check(o)) return Value::real(PyFloat_AS_DOUBLE(o));
+    if (PyUnicode_Check(o)) return Value::string(FromPython<std::string>::get(v, label));
+    if (PyBytes_Check(o)) return Value::bytes(FromPython<std::string>::get(v, label));
+    if (PyByteArray_Check(o))
+      return Value::bytes(std::string(PyByteArray_AS_STRING(o), static_cast<std::size_t>(PyByteArray_GET_SIZE(o))));
+    if (PyTuple_Check(o) || PyList_Check(o)) {
+      const py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+      std::vector<Value> items;
+      items.reserve(seq.size());
+      for (const py::handle x : seq) items.push_back(get(x, label, depth + 1));
+      return PyTuple_Check(o) ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+    }
+    if (PyDict_Check(o)) {
+      std::vector<Value> items;
+      for (const auto& [k, x] : py::reinterpret_borrow<py::dict>(v)) {
+        items.push_back(get(k, label, depth + 1));
+        items.push_back(get(x, label, depth + 1));
+      }
+      return Value::dict(std::move(items));
+    }
+    if (py::isinstance<py::array>(v) || PyObject_HasAttrString(o, "dtype")) {  // arrays, numpy scalars
+      const py::array a = py::array::ensure(v, py::array::c_style);
+      if (!a) throw py::error_already_set();
+      const char kind = a.dtype().kind();
+      if (a.ndim() == 0 && kind != 'c') {  // a numpy scalar or 0-d array: the Python number it holds
+        const py::object item = a.attr("item")();
+        return get(item, label, depth + 1);
+      }
+      ValueArray out;
+      out.dtype = py::str(a.dtype().attr("str"));
+      for (py::ssize_t i = 0; i < a.ndim(); ++i) out.shape.push_back(static_cast<std::uint64_t>(a.shape(i)));
+      out.data.assign(static_cast<const char*>(a.data()), static_cast<std::size_t>(a.nbytes()));
+      if (const std::string why = out.check(); !why.empty())
+        throw std::runtime_error("the Python callable " + label + " returned an array dpipe cannot hold: " + why);
+      return Value::array(std::move(out));
+    }
+    wrong_type(v, "None, bool, int, float, str, bytes, tuple, list, dict or a numpy array", label);
+  }
+};
+
 /// What a Python callable is, for the fingerprint and messages: "module.qualname".
 std::string callable_label(const py::handle& f) {
   const py::object module = py::getattr(f, "__module__", py::none());
@@ -161,23 +263,37 @@ std::string callable_label(const py::handle& f) {
   return label;
 }
 
+/// Held by map and filter over one chunk of calls: one acquisition of the GIL per chunk, not per element.
+struct GilHeld {
+  GilHeld() = default;
+  py::gil_scoped_acquire gil;
+};
+
 struct PyCallable {
   PyHandle fn;
   std::string label;
   bool input_bytes = false;
 
+  /// Under the GIL: fn(x), x converted as the consumer would see it.
   template <class In>
   py::object call(In&& x) const {
-    py::object arg = Convert{.bytes = input_bytes}(std::forward<In>(x));
-    return py::reinterpret_borrow<py::object>(fn->p)(arg);
+    const py::object arg = Convert{.bytes = input_bytes}(std::forward<In>(x));
+    PyObject* r = PyObject_CallOneArg(fn->p, arg.ptr());
+    if (!r) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(r);
   }
   Params describe() const { return {{"fn", "python"}, {"callable", label}}; }
+  GilHeld chunk_scope() const { return GilHeld(); }
 };
 
 template <class In, class Out>
 struct PyMap : PyCallable {
   Out operator()(In x) const {
+    if (PyGILState_Check()) return apply(std::move(x));  // inside a chunk scope
     py::gil_scoped_acquire gil;
+    return apply(std::move(x));
+  }
+  Out apply(In&& x) const {
     try {
       return FromPython<Out>::get(call(std::move(x)), label);
     } catch (py::error_already_set& e) {
@@ -188,7 +304,11 @@ struct PyMap : PyCallable {
 template <class In>
 struct PyFilter : PyCallable {
   bool operator()(const In& x) const {
+    if (PyGILState_Check()) return apply(x);  // inside a chunk scope
     py::gil_scoped_acquire gil;
+    return apply(x);
+  }
+  bool apply(const In& x) const {
     try {
       const py::object r = call(In(x));
       const int truth = PyObject_IsTrue(r.ptr());
@@ -205,6 +325,62 @@ struct PyFlatMap : PyCallable {
     py::gil_scoped_acquire gil;
     try {
       return FromPython<std::vector<In>>::get(call(std::move(x)), label);
+    } catch (py::error_already_set& e) {
+      rethrow_python(e);
+    }
+  }
+};
+
+/// One instance of a Python generator source: the iterator its function returned, stepped under the GIL.
+/// It keeps no state a snapshot could hold: the node is restored by replay (the function is called again
+/// with the same information and the iterator stepped as many times as before), so the function must
+/// yield the same elements for the same information.
+template <class T>
+struct PyGeneratorStep {
+  PyHandle iterator;
+  std::string label;
+  GilHeld chunk_scope() const { return GilHeld(); }
+  std::optional<T> operator()() const {
+    if (PyGILState_Check()) return step();  // inside a chunk scope
+    py::gil_scoped_acquire gil;
+    return step();
+  }
+  std::optional<T> step() const {
+    try {
+      PyObject* x = PyIter_Next(iterator->p);
+      if (!x) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return std::nullopt;
+      }
+      return FromPython<T>::get(py::reinterpret_steal<py::object>(x), label);
+    } catch (py::error_already_set& e) {
+      rethrow_python(e);
+    }
+  }
+};
+
+/// Calls the Python function once per instance with what it may depend on (a dict: seed, rank,
+/// world_size, worker, workers, instance, epoch) and iterates what it returns.
+template <class T>
+struct PyGeneratorFactory {
+  PyCallable f;
+  PyGeneratorStep<T> operator()(const GeneratorContext& ctx) const {
+    py::gil_scoped_acquire gil;
+    try {
+      Rng rng = ctx.rng;
+      py::dict info;
+      info["seed"] = py::int_(rng());
+      info["rank"] = ctx.layout.rank;
+      info["world_size"] = ctx.layout.world_size;
+      info["worker"] = ctx.worker;
+      info["workers"] = ctx.layout.num_workers;
+      info["instance"] = ctx.instance;
+      info["epoch"] = ctx.epoch;
+      const py::object iterable = py::reinterpret_borrow<py::object>(f.fn->p)(info);
+      PyObject* it = PyObject_GetIter(iterable.ptr());
+      if (!it) throw py::error_already_set();
+      const auto iterator = py::reinterpret_steal<py::object>(it);
+      return PyGeneratorStep<T>{std::make_shared<const PyRef>(iterator), f.label};
     } catch (py::error_already_set& e) {
       rethrow_python(e);
     }
@@ -249,6 +425,12 @@ class PythonFunctions final : public ExternalFunctions {
       return p | dpipe::filter(PyFilter<In>{f}, FilterOptions{.name = name});
     });
   }
+  SpecPipeline generator(std::int64_t id, const std::string& out, const std::string& name) const override {
+    const PyCallable f = at(id, false);
+    return with_element_type(out.empty() ? SpecElement<Value>::name() : out, [&]<class T>() -> SpecPipeline {
+      return dpipe::generator(PyGeneratorFactory<T>{f}, GeneratorOptions{.name = name});
+    }, SpecElementTypes{});
+  }
   SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const std::string& name, bool input_bytes) const override {
     const PyCallable f = at(id, input_bytes);
     return input.visit([&]<class In>(const Pipeline<In>& p) -> SpecPipeline {
@@ -267,14 +449,36 @@ class PythonFunctions final : public ExternalFunctions {
   std::map<std::int64_t, PyCallable> by_id_;
 };
 
+/// The readable part of a snapshot: what state_dict() shows beside the bytes.
+py::dict describe(const Snapshot& s) {
+  py::dict d;
+  d["format_version"] = Snapshot::kFormatVersion;
+  d["id"] = s.meta.id;
+  d["step"] = s.meta.step ? py::object(py::int_(*s.meta.step)) : py::object(py::none());
+  d["seed"] = s.meta.seed;
+  d["epoch"] = s.meta.epoch;
+  d["rank"] = s.meta.layout.rank;
+  d["world_size"] = s.meta.layout.world_size;
+  d["workers"] = s.meta.layout.num_workers;
+  d["delivered"] = s.meta.elements_delivered;
+  d["metadata"] = s.meta.user_metadata;
+  d["fingerprint"] = s.meta.fingerprint;
+  return d;
+}
+
+
 // ---- a running pipeline -------------------------------------------------------------------------
+
+/// How long a consumer waits for the workers between two looks for signals (Ctrl-C).
+constexpr std::chrono::milliseconds kSignalCheck{50};
 
 class Loop {
  public:
   virtual ~Loop() = default;
   /// The next element, or nullopt at the end. Waits without the GIL.
   virtual std::optional<py::object> next() = 0;
-  virtual py::bytes snapshot(bool reproducible, std::optional<std::uint64_t> step,
+  /// The state after the last element delivered: (snapshot bytes, what they hold as a dict).
+  virtual py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                              std::map<std::string, std::string> metadata) = 0;
   virtual std::uint64_t delivered() const = 0;
   virtual std::vector<std::string> warnings() const = 0;
@@ -292,25 +496,31 @@ class TypedLoop final : public Loop {
       run_.reset();
     }
   }
+  /// Waits for the workers in slices, looking for signals between them: Ctrl-C raises KeyboardInterrupt
+  /// before anything is taken, so the run goes on (and its state stays exact) if the caller continues.
   std::optional<py::object> next() override {
     std::optional<T> x;
     {
       py::gil_scoped_release nogil;
+      while (!run_->wait_ready(kSignalCheck)) {
+        py::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      }
       x = run_->next();
     }
     if (!x) return std::nullopt;
     return convert_(std::move(*x));
   }
-  py::bytes snapshot(bool reproducible, std::optional<std::uint64_t> step,
+  py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                      std::map<std::string, std::string> metadata) override {
+    std::optional<Snapshot> s;
     std::string bytes;
     {
       py::gil_scoped_release nogil;
-      Snapshot s = reproducible ? run_->reproducible_snapshot(std::move(metadata), step)
-                                : run_->snapshot(std::move(metadata), step);
-      bytes = s.to_bytes();
+      s = reproducible ? run_->reproducible_snapshot(std::move(metadata), step) : run_->snapshot(std::move(metadata), step);
+      bytes = s->to_bytes();
     }
-    return py::bytes(bytes);
+    return py::make_tuple(py::bytes(bytes), describe(*s));
   }
   std::uint64_t delivered() const override { return run_->delivered(); }
   std::vector<std::string> warnings() const override { return run_->warnings(); }
@@ -405,24 +615,6 @@ std::vector<py::bytes> rescale(const std::vector<std::string>& ranks, int world_
   return result;
 }
 
-/// The readable part of a snapshot: what state_dict() shows beside the bytes.
-py::dict describe(const std::string& bytes) {
-  const Snapshot s = Snapshot::from_bytes(bytes);
-  py::dict d;
-  d["format_version"] = Snapshot::kFormatVersion;
-  d["id"] = s.meta.id;
-  d["step"] = s.meta.step ? py::object(py::int_(*s.meta.step)) : py::object(py::none());
-  d["seed"] = s.meta.seed;
-  d["epoch"] = s.meta.epoch;
-  d["rank"] = s.meta.layout.rank;
-  d["world_size"] = s.meta.layout.world_size;
-  d["workers"] = s.meta.layout.num_workers;
-  d["delivered"] = s.meta.elements_delivered;
-  d["metadata"] = s.meta.user_metadata;
-  d["fingerprint"] = s.meta.fingerprint;
-  return d;
-}
-
 }  // namespace
 }  // namespace dpipe::python
 
@@ -469,6 +661,12 @@ PYBIND11_MODULE(_dpipe, m) {
 
   py::class_<Loop>(m, "Loop")
       .def("next", &Loop::next, "The next element, or None at the end of the stream.")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](Loop& l) {
+        std::optional<py::object> x = l.next();
+        if (!x) throw py::stop_iteration();
+        return std::move(*x);
+      })
       .def("snapshot", &Loop::snapshot, py::arg("reproducible") = true, py::arg("step") = py::none(),
            py::arg("metadata") = std::map<std::string, std::string>{})
       .def_property_readonly("delivered", &Loop::delivered)
@@ -481,7 +679,7 @@ PYBIND11_MODULE(_dpipe, m) {
         py::arg("allow_changed_data") = false, "Starts the pipeline, or resumes it from snapshot bytes.");
   m.def("drain", &drain, py::arg("spec"), py::arg("options"), "Runs to the end in C++; returns the element count.");
   m.def("rescale", &rescale, py::arg("ranks"), py::arg("world_size"), py::arg("workers"));
-  m.def("describe", &describe, py::arg("snapshot"));
+  m.def("describe", [](const std::string& bytes) { return describe(dpipe::Snapshot::from_bytes(bytes)); }, py::arg("snapshot"));
   m.def(
       "write_records",
       [](const std::string& path, const std::vector<std::string>& records) {

@@ -1,7 +1,10 @@
 """Python callables in map, filter and flat_map: run on the engine's threads, checked results, failures
 raised as dpipe.NodeError naming the node and worker with the original exception as __cause__, and exact
 resume through them."""
+import _thread
+import pickle
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -91,7 +94,112 @@ def test_resume_through_a_python_map_is_exact():
 
 
 def test_callables_only_where_they_run():
-    with pytest.raises(TypeError, match="map, filter and flat_map"):
+    with pytest.raises(TypeError, match="map, filter, flat_map and generator"):
         dpipe.parallel_map(double)
     with pytest.raises(TypeError, match="out="):
         dpipe.batch(size=2, out=int)
+
+
+def test_ctrl_c_while_waiting_for_a_worker_interrupts_promptly_and_loses_nothing():
+    def slow(x):
+        if x == 0:
+            time.sleep(3)  # releases the GIL: the consumer waits, looking for signals
+        return x
+
+    loader = dpipe.Loader(dpipe.range(0, 6) | dpipe.map(slow), workers=1)
+    it = iter(loader)
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    started = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    assert time.monotonic() - started < 1.5, "the interrupt waited for the worker"
+    assert list(it) == [0, 1, 2, 3, 4, 5]  # the run went on: nothing lost, nothing repeated
+
+
+def record(x):
+    """A callable returning every kind of value a snapshot holds."""
+    return {"id": x, "half": x / 2, "text": f"n{x}", "raw": bytes([x % 256]), "pair": (x % 2 == 0, None),
+            "ids": [x, -x], 7: "int key", "image": np.full((2, 3), x, dtype=np.float32),
+            "scalar": np.int32(x)}
+
+
+def same_value(a, b):
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_python_values_flow_through_buffers_and_snapshots():
+    p = (dpipe.range(0, 120) | dpipe.sharding_filter() | dpipe.map(record, out=object)
+         | dpipe.shuffle(buffer=16) | dpipe.batch(size=5))
+    whole = list(dpipe.Loader(p, seed=2, workers=2))
+    assert len(whole) == 24 and all(isinstance(b, list) and len(b) == 5 for b in whole)
+    first = whole[0][0]
+    expected = record(first["id"])
+    expected["scalar"] = int(expected["scalar"])  # a numpy scalar comes back as the Python number it holds
+    assert same_value(first, expected), first
+    assert sorted(v["id"] for b in whole for v in b) == list(range(120))
+    for at in (0, 3, 11):
+        loader = dpipe.Loader(p, seed=2, workers=2)
+        it = iter(loader)
+        head = [next(it) for _ in range(at)]
+        state = pickle.loads(pickle.dumps(loader.state_dict()))  # shuffle buffers of dicts and arrays
+        again = dpipe.Loader(p, seed=2, workers=2)
+        again.load_state_dict(state)
+        assert same_value(head + list(again), whole), at
+
+
+def test_a_value_a_snapshot_cannot_hold_is_refused_where_it_is_returned():
+    p = dpipe.range(0, 3) | dpipe.map(lambda x: {"x": object()}, out=object, name="boxes")
+    with pytest.raises(dpipe.NodeError, match=r"boxes.*returned object, expected None, bool, int"):
+        list(dpipe.Loader(p))
+    q = dpipe.range(0, 3) | dpipe.map(lambda x: np.array(["a", "b"]), out=object)
+    with pytest.raises(dpipe.NodeError, match="not one of numbers"):
+        list(dpipe.Loader(q))
+    r = dpipe.range(0, 3) | dpipe.map(lambda x: 2**70, out=object)
+    with pytest.raises(dpipe.NodeError, match="outside 64 bits"):
+        list(dpipe.Loader(r))
+
+
+def rows(info):
+    """A generator source: its elements depend only on the information dpipe passes."""
+    rng = np.random.default_rng([info["seed"], info["worker"]])
+    for i in range(30):
+        yield {"i": i, "worker": info["worker"], "draw": rng.integers(0, 1000), "epoch": info["epoch"]}
+
+
+def test_a_python_generator_source_restores_by_replay():
+    p = dpipe.generator(rows) | dpipe.batch(size=4)
+    whole = list(dpipe.Loader(p, seed=5, workers=2))
+    assert sum(len(b) for b in whole) == 60  # every worker runs its own instance
+    assert sorted((v["worker"], v["i"]) for b in whole for v in b) == [(w, i) for w in range(2) for i in range(30)]
+    assert whole == list(dpipe.Loader(p, seed=5, workers=2))
+    assert whole != list(dpipe.Loader(p, seed=6, workers=2))
+    for at in (0, 5, 14):
+        loader = dpipe.Loader(p, seed=5, workers=2)
+        it = iter(loader)
+        head = [next(it) for _ in range(at)]
+        again = dpipe.Loader(p, seed=5, workers=2)
+        again.load_state_dict(pickle.loads(pickle.dumps(loader.state_dict())))
+        assert head + list(again) == whole, at
+    ints = dpipe.generator(lambda info: range(info["worker"], 10, info["workers"]), out=int)
+    assert sorted(dpipe.Loader(ints, workers=2)) == list(range(10))
+
+
+def test_a_generator_that_raises_is_a_node_error_after_what_it_yielded():
+    def broken(info):
+        yield 1
+        yield 2
+        raise ValueError("disk gone")
+
+    got = []
+    with pytest.raises(dpipe.NodeError) as e:
+        for x in dpipe.Loader(dpipe.generator(broken, out=int, name="src")):
+            got.append(x)
+    assert got == [1, 2]
+    assert isinstance(e.value.__cause__, ValueError) and "disk gone" in str(e.value.__cause__)

@@ -1,6 +1,7 @@
 // Snapshot bytes and files: round trips, refusals of every kind of bad input, replay restores.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -418,6 +419,84 @@ TEST(SnapshotRestore, StatesAreRefusedWhenTheyDoNotFitTheNode) {
   for (auto& st : s.states)
     if (st.kind == "range") st.fields[0].name = "idx";
   EXPECT_THROW(e.resume(p, s, options()), SnapshotError);
+}
+
+
+// ---- Value: the dynamic element of Python callables ---------------------------------------------
+
+Value sample_value(std::int64_t i) {
+  ValueArray a{"<f4", {2, 3}, std::string(24, '\0')};
+  for (int k = 0; k < 6; ++k) {
+    const float f = static_cast<float>(i) + 0.5f * static_cast<float>(k);
+    std::memcpy(a.data.data() + 4 * k, &f, 4);
+  }
+  return Value::dict({Value::string("id"), Value::integer(i), Value::string("score"), Value::real(static_cast<double>(i) / 3.0),
+                      Value::string("tags"), Value::list({Value::string("a\n\"b\""), Value::bytes(std::string("\0\xff", 2))}),
+                      Value::string("pair"), Value::tuple({Value::boolean(i % 2 == 0), Value::none()}),
+                      Value::integer(7), Value::string("a key that is not a string"), Value::string("x"), Value::array(a)});
+}
+
+std::string encoded(const Value& v) {
+  ByteWriter w;
+  Codec<Value>::encode(w, v);
+  return w.take();
+}
+
+Value decoded(const std::string& bytes) {
+  ByteReader r(bytes);
+  Value v = Codec<Value>::decode(r);
+  if (!r.done()) throw SnapshotError("bytes left over");
+  return v;
+}
+
+TEST(ValueCodec, RoundTripsEveryKind) {
+  for (std::int64_t i : {0, 1, -5, 1'000'000'007}) {
+    const Value v = sample_value(i);
+    EXPECT_EQ(decoded(encoded(v)), v);
+  }
+  EXPECT_EQ(decoded(encoded(Value::none())), Value::none());
+  EXPECT_NE(decoded(encoded(Value::bytes("ab"))), Value::string("ab"));
+  EXPECT_NE(decoded(encoded(Value::tuple({}))), Value::list({}));
+}
+
+TEST(ValueCodec, JsonTextNamesEveryKind) {
+  std::string out;
+  append_value_json(out, sample_value(3));
+  EXPECT_EQ(out,
+            "[[\"id\", 3], [\"score\", 1], [\"tags\", [\"a\\n\\\"b\\\"\", {\"base64\": \"AP8=\"}]], "
+            "[\"pair\", [false, null]], [7, \"a key that is not a string\"], "
+            "[\"x\", {\"dtype\": \"<f4\", \"shape\": [2, 3], \"base64\": \"AABAQAAAYEAAAIBAAACQQAAAoEAAALBA\"}]]");
+  out.clear();
+  append_value_json(out, Value::dict({Value::string("a"), Value::real(0.1), Value::string("b"), Value::real(-INFINITY)}));
+  EXPECT_EQ(out, "{\"a\": 0.1, \"b\": \"-inf\"}");
+}
+
+TEST(ValueCodec, RefusesCorruptBytes) {
+  const std::string good = encoded(sample_value(4));
+  for (std::size_t n = 0; n < good.size(); ++n) EXPECT_THROW(decoded(good.substr(0, n)), SnapshotError) << n;
+  auto refused = [](const std::string& bytes, const std::string& part) {
+    testing::expect_throw_with<SnapshotError>([&] { decoded(bytes); }, part);
+  };
+  refused(std::string(1, '\x0b'), "unknown value kind 11");
+  refused(std::string("\x01\x02", 2), "a boolean value of 2");
+  refused(std::string(1, '\x08') + testing::le(1, 8) + std::string(1, '\0'), "odd count");
+  ValueArray bad{"<i3", {1}, "abc"};
+  refused(encoded(Value::array(bad)), "not one of numbers");
+  bad = {"<i4", {2, 2}, std::string(12, 'x')};
+  refused(encoded(Value::array(bad)), "4 items of 4 bytes holds 12 bytes");
+  std::string deep;
+  for (int i = 0; i <= kValueMaxDepth + 1; ++i) deep += std::string(1, '\x06') + testing::le(1, 8);
+  deep += std::string(1, '\0');
+  refused(deep, "nests deeper than");
+}
+
+TEST(ValueCodec, APipelineOfValuesResumesExactly) {
+  std::vector<Value> values;
+  for (std::int64_t i = 0; i < 300; ++i) values.push_back(sample_value(i));
+  const auto p = from_vector(values) | sharding_filter() | shuffle({.buffer = 40}) | batch({.size = 8});
+  const auto whole = testing::collect(p, options(2));
+  ASSERT_EQ(whole.size(), 300u / 8 + 1);
+  for (const std::size_t at : {0u, 3u, 17u, 37u}) EXPECT_EQ(testing::stop_and_resume(p, options(2), at), whole) << at;
 }
 
 }  // namespace

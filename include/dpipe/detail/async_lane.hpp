@@ -48,6 +48,9 @@ class AsyncLaneBase {
   void resume();
   /// Cancels and joins; called by the typed lane's destructor before its chain goes away.
   void stop();
+  /// Consumer: waits up to `limit` until a chunk, the end or a failure is queued (true; nothing is
+  /// taken), else false. Inline lanes produce on demand: true.
+  bool wait_published(std::chrono::nanoseconds limit);
   /// Whether the chain has ended (no more chunks will come).
   bool producer_done() const;
   /// The chain's failure, if it failed (the consumer sees it after the elements before it).
@@ -135,6 +138,8 @@ class AsyncLane final : public AsyncLaneBase {
     head_ = 0;
     return fetch();
   }
+  /// Consumer: waits up to `limit` until ready() would not wait (see wait_published).
+  bool wait_ready(std::chrono::nanoseconds limit) { return head_ < current_.size() || wait_published(limit); }
   /// Consumer: the next element; only after ready() returned true.
   T take() {
     ++taken_;

@@ -41,6 +41,7 @@ class FilterIter final : public Stateless<T> {
       if (n == 0) return 0;
       T* p = out.data() + before;
       std::size_t kept = 0, i = 0;
+      [[maybe_unused]] const auto scope = chunk_scope(pred_);
       try {
         for (; i < n; ++i)
           if (static_cast<bool>(pred_(p[i]))) {

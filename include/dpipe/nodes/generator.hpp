@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "dpipe/nodes/map.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/rescale.hpp"
 #include "dpipe/spec.hpp"
@@ -54,8 +55,14 @@ class GeneratorIter final : public Replayed<generator_value_t<Factory>> {
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
     std::size_t n = 0;
+    [[maybe_unused]] const auto scope = chunk_scope(fn_);
     while (!done_ && n < max) {
-      std::optional<T> v = fn_();
+      std::optional<T> v;
+      try {
+        v = fn_();
+      } catch (...) {
+        return this->fail_after(n);  // what the function yielded before it threw is delivered first
+      }
       if (!v) {
         done_ = true;
         break;

@@ -21,6 +21,15 @@ Params describe_fn(const Fn& fn) {
   else return {};
 }
 
+/// A function object may also hold a resource over a chunk of calls (a Python callable holds the GIL):
+/// `chunk_scope()` returns a guard a node keeps while it applies the function to the elements of one
+/// pulled chunk, never while it pulls from its input (which may wait for other threads).
+template <class Fn>
+auto chunk_scope(const Fn& fn) {
+  if constexpr (requires { fn.chunk_scope(); }) return fn.chunk_scope();
+  else return 0;
+}
+
 template <class In, class Fn>
 using map_result_t = std::decay_t<std::invoke_result_t<const Fn&, In&&>>;
 
@@ -53,6 +62,7 @@ class MapIter final : public Stateless<map_result_t<In, Fn>> {
       const std::size_t n = input_->pull(out, max);
       Out* p = out.data() + before;
       std::size_t i = 0;
+      [[maybe_unused]] const auto scope = chunk_scope(fn_);
       try {
         for (; i < n; ++i) p[i] = fn_(std::move(p[i]));
       } catch (...) {
@@ -64,6 +74,7 @@ class MapIter final : public Stateless<map_result_t<In, Fn>> {
       scratch_.clear();
       const std::size_t n = input_->pull(scratch_, max);
       std::size_t i = 0;
+      [[maybe_unused]] const auto scope = chunk_scope(fn_);
       try {
         for (; i < n; ++i) out.push_back(fn_(std::move(scratch_[i])));
       } catch (...) {

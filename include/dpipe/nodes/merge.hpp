@@ -109,13 +109,15 @@ class MergeIter final : public Hooked<T> {
     for (auto& l : lanes_) l->chain().settle();
   }
   bool runs_inputs_inline() const override { return false; }
+  /// Ready when the worker the round-robin takes from next has a chunk queued, or has ended.
+  bool wait_ready(std::chrono::nanoseconds limit) override {
+    start_lanes();
+    return finished_[st_.cursor] || lanes_[st_.cursor]->wait_ready(limit);
+  }
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
-    if (!started_lanes_) {  // every worker starts at once, not when the round-robin first reaches it
-      started_lanes_ = true;
-      for (auto& l : lanes_) l->resume();
-    }
+    start_lanes();
     const std::size_t k = lanes_.size();
     if (k == 1) {  // one worker: its elements move on in runs, not one at a time
       if (finished_[0]) return 0;
@@ -182,6 +184,11 @@ class MergeIter final : public Hooked<T> {
   detail::Executor* executor_ = nullptr;
   bool inline_ = false;
   bool started_lanes_ = false;
+  void start_lanes() {  // every worker starts at once, not when the round-robin first reaches it
+    if (started_lanes_) return;
+    started_lanes_ = true;
+    for (auto& l : lanes_) l->resume();
+  }
   State st_;
 };
 
