@@ -8,6 +8,7 @@
 
 #include "dpipe/codec.hpp"
 #include "dpipe/node.hpp"
+#include "dpipe/value.hpp"
 
 namespace dpipe::builtins {
 
@@ -30,6 +31,18 @@ struct ModEq {
     return r == eq;
   }
   Params describe() const { return {{"fn", "mod_eq"}, {"mod", std::to_string(mod)}, {"eq", std::to_string(eq)}}; }
+};
+
+/// map: a batch of equal-length rows of integers (token windows) → one C-contiguous 2-D array value
+/// (rows × length) of `dtype`, built where the map runs, so a worker thread does the copy, not the
+/// consumer. Narrower types than int64 hold the tokens as they were on disk (uint16 for GPT-2's); a
+/// row of another length, or a value the type cannot hold, is an error of the element.
+struct Stack {
+  std::string dtype = "int64";
+  /// The dtypes it makes: int64, int32, uint32, int16, uint16, uint8.
+  static bool known(const std::string& dtype);
+  Value operator()(std::vector<std::vector<std::int64_t>> rows) const;
+  Params describe() const { return {{"fn", "stack"}, {"dtype", dtype}}; }
 };
 
 /// map: returns its input.

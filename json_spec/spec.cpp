@@ -156,6 +156,15 @@ class JsonNode {
       return apply(integers("affine"), f);
     }
     if (fn == "identity") return input().apply([&](const auto& p) { return apply(p, builtins::Identity{}); });
+    if (fn == "stack") {
+      builtins::Stack f;
+      param("dtype", f.dtype);
+      if (!builtins::Stack::known(f.dtype))
+        fail("dtype must be one of int64, int32, uint32, int16, uint16, uint8, got '" + f.dtype + "'");
+      if (!input().holds<std::vector<std::vector<SpecInt>>>())
+        fail("stack takes batches of rows of integers (token windows | batch), but its input yields " + input().type_name() + "s");
+      return apply(input().get<std::vector<std::vector<SpecInt>>>(), f);
+    }
     if (fn == "spin") {
       std::int64_t ns = 0;
       required("ns", ns);
@@ -169,7 +178,7 @@ class JsonNode {
       if (f.index < 0) fail("index must not be negative, got " + std::to_string(f.index));
       return input().apply([&](const auto& p) { return apply(p, f); });
     }
-    fail("unknown map function '" + fn + "' (known: affine, identity, spin, throw_at)");
+    fail("unknown map function '" + fn + "' (known: affine, identity, stack, spin, throw_at)");
   }
   template <class Apply>
   SpecPipeline filter_function(Apply apply) {

@@ -52,8 +52,7 @@ void get_string_pairs(ByteReader& r, Add add) {
   }
 }
 
-std::string encode_meta(const SnapshotMeta& m) {
-  ByteWriter w;
+void encode_meta(ByteWriter& w, const SnapshotMeta& m) {
   w.put<std::uint64_t>(m.fingerprint);
   w.put<std::uint64_t>(m.seed);
   w.put<std::uint64_t>(m.epoch);
@@ -68,7 +67,6 @@ std::string encode_meta(const SnapshotMeta& m) {
     w.str(n.element_type);
   }
   put_string_pairs(w, m.user_metadata);
-  return w.take();
 }
 
 SnapshotMeta decode_meta(ByteReader& r) {
@@ -100,12 +98,10 @@ SnapshotMeta decode_meta(ByteReader& r) {
   return m;
 }
 
-std::string encode_identity(const SnapshotMeta& m) {
-  ByteWriter w;
+void encode_identity(ByteWriter& w, const SnapshotMeta& m) {
   w.put<std::uint64_t>(m.id);
   w.put<std::uint8_t>(m.step ? 1 : 0);
   w.put<std::uint64_t>(m.step.value_or(0));
-  return w.take();
 }
 
 void decode_identity(ByteReader& r, std::uint64_t& id, std::optional<std::uint64_t>& step) {
@@ -118,14 +114,12 @@ void decode_identity(ByteReader& r, std::uint64_t& id, std::optional<std::uint64
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the identity");
 }
 
-std::string encode_node_details(const SnapshotMeta& m) {
-  ByteWriter w;
+void encode_node_details(ByteWriter& w, const SnapshotMeta& m) {
   w.put<std::uint64_t>(m.graph.size());
   for (const auto& n : m.graph) {
     w.str(n.segment);
     put_string_pairs(w, n.params);
   }
-  return w.take();
 }
 
 /// After the metadata: each graph node's segment and parameters, in graph order.
@@ -142,13 +136,12 @@ void decode_node_details(ByteReader& r, SnapshotMeta& m) {
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the node details");
 }
 
-std::string encode_states(const std::vector<NodeState>& states) {
-  ByteWriter w;
+void encode_states(ByteWriter& w, const std::vector<NodeState>& states) {
   std::size_t bulk = 0;  // the element bytes dominate: one allocation for them, no regrowth
   for (const auto& s : states)
     for (const auto& f : s.fields)
       if (f.type == FieldType::elements) bulk += f.elements.data.size() + 8 * f.elements.size();
-  w.reserve(bulk + 256 * states.size());
+  w.reserve(w.size() + bulk + 256 * states.size());
   w.put<std::uint64_t>(states.size());
   for (const auto& s : states) {
     w.str(s.key);
@@ -174,7 +167,6 @@ std::string encode_states(const std::vector<NodeState>& states) {
       }
     }
   }
-  return w.take();
 }
 
 std::vector<NodeState> decode_states(ByteReader& r) {
@@ -245,36 +237,52 @@ const NodeState* Snapshot::find(std::string_view key, std::uint32_t instance) co
 }
 
 std::string Snapshot::to_bytes() const {
+  std::string bytes;
+  write_bytes(bytes);
+  return bytes;
+}
+
+void Snapshot::write_bytes(std::string& buffer) const {
   // Node details only when every node has them: a snapshot read from an older file has none, and is
   // written back as it was.
   const bool details = std::all_of(meta.graph.begin(), meta.graph.end(), [](const auto& n) { return !n.segment.empty(); });
-  std::vector<std::string> sections{encode_identity(meta), encode_meta(meta), encode_states(states)};
-  std::vector<SectionId> ids{kIdentity, kMeta, kStates};
-  if (details) {
-    sections.push_back(encode_node_details(meta));
-    ids.push_back(kNodeDetails);
+  const SectionId ids[] = {kIdentity, kMeta, kStates, kNodeDetails};
+  const std::uint32_t n = details ? 4 : 3;
+  // The sections are encoded in place after room for the header and the table, which are filled in
+  // last: one buffer, no copy of a section (a state holds megabytes of buffered elements).
+  std::uint64_t begin[4] = {}, size[4] = {};
+  ByteWriter out;
+  buffer.clear();
+  out.buffer().swap(buffer);  // the caller's capacity is reused
+  const std::size_t head = kHeaderBytes + n * kSectionEntryBytes;
+  out.buffer().resize(head);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    begin[i] = out.size();
+    switch (ids[i]) {
+      case kIdentity: encode_identity(out, meta); break;
+      case kMeta: encode_meta(out, meta); break;
+      case kStates: encode_states(out, states); break;
+      case kNodeDetails: encode_node_details(out, meta); break;
+    }
+    size[i] = out.size() - begin[i];
   }
-  const auto n = static_cast<std::uint32_t>(sections.size());
+  out.buffer().swap(buffer);
   ByteWriter table;
-  std::uint64_t offset = kHeaderBytes + n * kSectionEntryBytes;
   for (std::uint32_t i = 0; i < n; ++i) {
     put_u32(table, ids[i]);
-    put_u32(table, crc32c(sections[i]));
-    table.put<std::uint64_t>(offset);
-    table.put<std::uint64_t>(sections[i].size());
-    offset += sections[i].size();
+    put_u32(table, crc32c_raw(buffer.data() + begin[i], size[i]));
+    table.put<std::uint64_t>(begin[i]);
+    table.put<std::uint64_t>(size[i]);
   }
-  ByteWriter out;
-  out.reserve(offset);
-  out.raw(kMagic, sizeof kMagic);
-  put_u32(out, kFormatVersion);
-  put_u32(out, n);
-  out.put<std::uint64_t>(offset);  // total length
-  put_u32(out, crc32c(table.buffer()));
-  put_u32(out, crc32c(out.buffer()));  // header checksum over the 28 bytes before it
-  out.raw(table.buffer().data(), table.size());
-  for (const auto& s : sections) out.raw(s.data(), s.size());
-  return out.take();
+  ByteWriter header;
+  header.raw(kMagic, sizeof kMagic);
+  put_u32(header, kFormatVersion);
+  put_u32(header, n);
+  header.put<std::uint64_t>(buffer.size());  // total length
+  put_u32(header, crc32c(table.buffer()));
+  put_u32(header, crc32c(header.buffer()));  // header checksum over the 28 bytes before it
+  std::memcpy(buffer.data(), header.buffer().data(), header.size());
+  std::memcpy(buffer.data() + kHeaderBytes, table.buffer().data(), table.size());
 }
 
 Snapshot Snapshot::from_bytes(std::string_view bytes) {

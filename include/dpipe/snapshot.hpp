@@ -99,6 +99,8 @@ class Snapshot {
 
   /// The binary form: header, section table, checksummed sections.
   std::string to_bytes() const;
+  /// The same into `buffer`, reusing its capacity (a loop that snapshots often allocates once).
+  void write_bytes(std::string& buffer) const;
   /// Parses and verifies bytes (magic, version, lengths, checksums); throws SnapshotError.
   static Snapshot from_bytes(std::string_view bytes);
   /// Writes atomically (write_file_atomically: the old or the new file, never a mix; links followed,

@@ -514,13 +514,12 @@ class TypedLoop final : public Loop {
   py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                      std::map<std::string, std::string> metadata) override {
     std::optional<Snapshot> s;
-    std::string bytes;
     {
       py::gil_scoped_release nogil;
       s = reproducible ? run_->reproducible_snapshot(std::move(metadata), step) : run_->snapshot(std::move(metadata), step);
-      bytes = s->to_bytes();
+      s->write_bytes(bytes_);
     }
-    return py::make_tuple(py::bytes(bytes), describe(*s));
+    return py::make_tuple(py::bytes(bytes_), describe(*s));
   }
   std::uint64_t delivered() const override { return run_->delivered(); }
   std::vector<std::string> warnings() const override { return run_->warnings(); }
@@ -529,6 +528,7 @@ class TypedLoop final : public Loop {
  private:
   std::optional<Run<T>> run_;
   Convert convert_;
+  std::string bytes_;  // the last snapshot's bytes: its capacity is reused by the next
 };
 
 /// A built spec: its pipeline, seed, and how its strings reach Python.

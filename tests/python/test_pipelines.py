@@ -110,6 +110,20 @@ def test_token_windows_batch_into_one_contiguous_2d_array(tmp):
     for row in first:  # each window is L+1 consecutive tokens
         assert (np.diff(row) == 1).all()
     assert sum(len(b) for b in batches) == len(tool_elements(windows.spec()))
+    # map("stack") makes the 2-D array on the worker threads; dtype="uint16" keeps the tokens' own type.
+    stacked = list(dpipe.Loader(p | dpipe.map("stack"), seed=1))
+    assert len(stacked) == len(batches)
+    assert all(s.dtype == np.int64 and s.flags["C_CONTIGUOUS"] and s.shape[1] == 9 for s in stacked)
+    # Node keys count from the output, so one more node draws another order: the same windows, though.
+    rows = lambda bs: sorted(map(tuple, np.concatenate(bs).tolist()))  # noqa: E731
+    assert rows(stacked) == rows(batches)
+    raw = list(dpipe.Loader(p | dpipe.map("stack", dtype="uint16"), seed=1))
+    assert all(r.dtype == np.uint16 and (r.astype(np.int64) == b).all() for r, b in zip(raw, stacked))
+    with pytest.raises(dpipe.ConfigError, match="dtype must be one of"):
+        dpipe.Loader(p | dpipe.map("stack", dtype="float32"))
+    with pytest.raises(dpipe.NodeError, match="does not fit"):
+        list(dpipe.Loader(dpipe.range(300, 310) | dpipe.batch(size=2) | dpipe.batch(size=2)
+                          | dpipe.map("stack", dtype="uint8")))
 
 
 def test_nodes_with_several_inputs_take_pipelines():

@@ -3,8 +3,9 @@
 
 #include <chrono>
 #include <iterator>
-#include <numeric>
 #include <map>
+#include <numeric>
+#include <random>
 #include <ranges>
 #include <set>
 
@@ -87,6 +88,20 @@ TEST(Crc32c, MatchesPublishedTestVectors) {
   for (int i = 0; i < 32; ++i) inc += static_cast<char>(i);
   EXPECT_EQ(crc32c(inc), 0x46dd794eu);
   EXPECT_EQ(crc32c("6789", crc32c("12345")), crc32c("123456789"));  // continues across calls
+}
+
+TEST(Crc32c, LongBuffersAgreeWithTheirPiecesContinued) {
+  // Buffers of three 4 KiB blocks and more take the three-stream path; pieces of 1000 bytes do not.
+  std::mt19937_64 g(5);
+  std::string s(100'003, '\0');
+  for (auto& ch : s) ch = static_cast<char>(g());
+  const std::string_view v(s);
+  for (const std::size_t n : {0u, 7u, 12'287u, 12'288u, 12'289u, 36'869u, 100'003u}) {
+    std::uint32_t pieces = 0;
+    for (std::size_t i = 0; i < n; i += 1000) pieces = crc32c(v.substr(i, std::min<std::size_t>(1000, n - i)), pieces);
+    EXPECT_EQ(crc32c(v.substr(0, n)), pieces) << n;
+  }
+  EXPECT_EQ(crc32c(std::string(12'288, '\0')), crc32c(std::string(6'144, '\0'), crc32c(std::string(6'144, '\0'))));
 }
 
 TEST(Rng, DerivedStreamsAreReproducibleAndDistinct) {
