@@ -1,6 +1,8 @@
 """Loader: runs a pipeline for a training loop, on dpipe's own engine threads, and saves and restores
 its exact position with the StatefulDataLoader protocol (state_dict / load_state_dict)."""
 
+import collections
+import itertools
 import os
 import sys
 
@@ -8,6 +10,7 @@ from . import _dpipe
 from ._nodes import Pipeline, from_spec
 
 STATE_KEY = "dpipe_snapshot"
+CARRY_KEY = "carried"  # equal_steps: elements a pass cut off, delivered first by the next
 _END = object()
 
 
@@ -71,8 +74,9 @@ class LoaderBase:
                 raise _dpipe.ConfigError("equal_steps needs torch.distributed initialized (the ranks agree "
                                          "through it when to stop)")
         #: With equal_steps: elements this rank held when another rank ran out, not delivered in the
-        #: last pass (they are what the pass's end cut off; the next epoch starts afresh).
+        #: last pass. They are carried: the next pass delivers them first, before its own elements.
         self.undelivered = 0
+        self._carry = collections.deque()  # the elements carried over, as Python values
         self._loop = None       # the run the last iterator drew from
         self._restored = None   # a run restored by load_state_dict, not iterated yet
 
@@ -98,8 +102,13 @@ class LoaderBase:
         return self._options.epoch
 
     def set_epoch(self, epoch):
-        """The epoch the next fresh iteration runs (every random node reshuffles per epoch)."""
-        self._options.epoch = int(epoch)
+        """The epoch the next fresh iteration runs (every random node reshuffles per epoch). A state
+        loaded since the last iteration is continued only if `epoch` is its epoch; another epoch starts
+        afresh (so a loop that calls set_epoch(e) first resumes mid-epoch e and begins e + 1 anew)."""
+        epoch = int(epoch)
+        if self._restored is not None and epoch != self._options.epoch:
+            self._restored = None
+        self._options.epoch = epoch
 
     @property
     def element_type(self):
@@ -126,22 +135,32 @@ class LoaderBase:
             return self._equal_step_elements(loop)
         return loop
 
-    def _equal_step_elements(self, elements):
+    def _equal_step_elements(self, loop):
         """Every rank yields the same number of elements: before each, the ranks agree (an all-reduce of
-        one integer) whether all of them have one; when any has run out, all stop, and each counts in
-        `undelivered` what it still held. Uneven ranks would otherwise hang DDP's all-reduce."""
+        one integer) whether all of them have one; when any has run out, all stop, and each keeps what it
+        still held (counted in `undelivered`) to deliver first in the next pass. Uneven ranks would
+        otherwise hang DDP's all-reduce."""
         import torch
         import torch.distributed as dist
         self.undelivered = 0
+        carry = self._carry
         flag = torch.zeros(1, dtype=torch.int64)
         while True:
-            x = next(elements, _END)
+            if carry:  # left from the last pass: delivered first (popped when yielded, for state_dict)
+                x = carry[0]
+            else:
+                x = next(loop, _END)
             flag[0] = 0 if x is _END else 1
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             if flag[0] == 0:
                 if x is not _END:
-                    self.undelivered = 1 + sum(1 for _ in elements)
+                    if not carry:
+                        carry.append(x)
+                    carry.extend(loop)  # the rest of this run: one rank's imbalance, a few elements
+                self.undelivered = len(carry)
                 return
+            if carry:
+                carry.popleft()
             yield x
 
     # ---- the StatefulDataLoader protocol ----
@@ -155,6 +174,8 @@ class LoaderBase:
         data, out = loop.snapshot(True, step)
         out[STATE_KEY] = data
         out["element_type"] = self.element_type
+        if self._carry:  # equal_steps' elements held for the next pass, as the Python values they are
+            out[CARRY_KEY] = list(self._carry)
         return out
 
     def load_state_dict(self, state):
@@ -164,6 +185,7 @@ class LoaderBase:
         data = _snapshot_bytes(state)
         self._options.epoch = int(_dpipe.describe(data)["epoch"])
         self._restored = self._start(data)
+        self._carry = collections.deque(state.get(CARRY_KEY, ()))
 
 
 def _snapshot_bytes(state):
@@ -179,11 +201,15 @@ def rescale(state_dicts, world_size, workers):
     """Every rank's state dict of one step → the state dicts of a layout of `world_size` ranks ×
     `workers` workers (like `dpipe snapshot rescale`); rank r of the new layout loads element r."""
     blobs = [_snapshot_bytes(s) for s in state_dicts]
+    # Elements equal_steps carried are dealt round-robin to the new ranks, in old rank order.
+    carried = list(itertools.chain.from_iterable(s.get(CARRY_KEY, ()) for s in state_dicts))
     out = []
-    for data in _dpipe.rescale(blobs, int(world_size), int(workers)):
+    for r, data in enumerate(_dpipe.rescale(blobs, int(world_size), int(workers))):
         d = dict(_dpipe.describe(data))
         d[STATE_KEY] = data
         if state_dicts and "element_type" in state_dicts[0]:
             d["element_type"] = state_dicts[0]["element_type"]
+        if carried[r::int(world_size)]:
+            d[CARRY_KEY] = carried[r::int(world_size)]
         out.append(d)
     return out

@@ -96,3 +96,17 @@ def test_rescale_delivers_every_element_once_and_the_same_streams_every_time():
     assert sorted(seen) == list(range(4000))
     head2, tails2 = rescaled_run(threads=2)
     assert head2 == head and tails2 == tails
+
+
+def test_rescale_deals_elements_equal_steps_carried_to_the_new_ranks():
+    states = []
+    for rank, carried in ((0, [100]), (1, [101, 102])):
+        loader = dpipe.Loader(RESCALABLE, seed=2, rank=rank, world_size=2)
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        state["carried"] = carried  # as equal_steps leaves it when a pass ends early
+        states.append(state)
+    new = dpipe.rescale(states, world_size=3, workers=1)
+    assert [s.get("carried") for s in new] == [[100], [101], [102]]
+    assert "carried" not in dpipe.rescale(states[:1] + [dict(states[1], carried=[])], 2, 1)[1]

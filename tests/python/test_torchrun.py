@@ -65,14 +65,24 @@ def test_train_stop_rescale_resume_under_torchrun(tmp_path):
 
 
 UNEVEN = """
-import json, sys
+import json, pickle, sys
 import torch.distributed as dist
 import dpipe
 dist.init_process_group("gloo")
-loader = dpipe.Loader(dpipe.range(0, 11) | dpipe.sharding_filter(), seed=0, equal_steps=True)
+p = dpipe.range(0, 11) | dpipe.sharding_filter()
+loader = dpipe.Loader(p, seed=0, equal_steps=True)
 got = list(loader)
+undelivered = loader.undelivered
+state = pickle.loads(pickle.dumps(loader.state_dict()))
+loader.set_epoch(1)
+second = list(loader)
+again = dpipe.Loader(p, seed=0, equal_steps=True)  # resumed from the end of the first pass
+again.load_state_dict(state)
+again.set_epoch(1)
+second_again = list(again)
 with open(sys.argv[1] + f"/rank-{dist.get_rank()}.json", "w") as f:
-    json.dump({"got": got, "undelivered": loader.undelivered}, f)
+    json.dump({"got": got, "undelivered": undelivered, "second": second, "undelivered_after": loader.undelivered,
+               "second_again": second_again}, f)
 dist.destroy_process_group()
 """
 
@@ -85,6 +95,9 @@ def test_equal_steps_stop_every_rank_together_and_report_the_rest(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2))
-    # sharding_filter gives rank 0 the 6 even numbers and rank 1 the 5 odd ones.
-    assert r0 == {"got": [0, 2, 4, 6, 8], "undelivered": 1}
-    assert r1 == {"got": [1, 3, 5, 7, 9], "undelivered": 0}
+    # sharding_filter gives rank 0 the 6 even numbers and rank 1 the 5 odd ones. What rank 0 held when
+    # rank 1 ran out (10) is carried: the next pass delivers it first, and carries what that one cuts off.
+    assert r0 == {"got": [0, 2, 4, 6, 8], "undelivered": 1, "second": [10, 0, 2, 4, 6], "undelivered_after": 2,
+                  "second_again": [10, 0, 2, 4, 6]}
+    assert r1 == {"got": [1, 3, 5, 7, 9], "undelivered": 0, "second": [1, 3, 5, 7, 9], "undelivered_after": 0,
+                  "second_again": [1, 3, 5, 7, 9]}
