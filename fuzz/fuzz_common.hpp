@@ -86,6 +86,11 @@ inline const std::vector<FuzzPipeline>& fuzz_pipelines() {
         {"op": "filter", "fn": "mod_eq", "mod": 3, "eq": 1}, {"op": "flat_map", "fn": "replicate", "times": 2},
         {"op": "shuffle", "buffer": 6}, {"op": "batch", "size": 4}]})",
        {1, 2, 2}},
+      // Value elements (arrays) in a shuffle buffer, a partial batch and the worker queues.
+      {"stack_values", R"({"seed": 14, "pipeline": [{"op": "range", "stop": 120}, {"op": "batch", "size": 3},
+        {"op": "batch", "size": 2}, {"op": "map", "fn": "stack", "dtype": "uint16"}, {"op": "shuffle", "buffer": 4},
+        {"op": "batch", "size": 3}]})",
+       {0, 1, 2}},
   };
   return p;
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "dpipe/spec.hpp"
@@ -13,9 +14,32 @@ namespace dpipe {
 struct Spec {
   std::uint64_t seed = 0;
   SpecPipeline pipeline;
-  /// The pipeline's strings are bytes (records), left raw because SpecOptions::base64_bytes was off.
+  /// The pipeline's strings are bytes (records): Python hands them out as `bytes`, the tool prints them
+  /// as base64 text (append_spec_element_json).
   bool bytes = false;
 };
+
+/// One element as the tool prints it: JSON (append_element_json), and with `bytes` (Spec::bytes) every
+/// string as the JSON string of its base64 text.
+template <class T>
+void append_spec_element_json(std::string& out, const T& v, bool bytes) {
+  if constexpr (std::is_same_v<T, SpecStr>) {
+    if (!bytes) return append_element_json(out, v);
+    out += '"';
+    detail::append_base64(out, v);
+    out += '"';
+  } else if constexpr (detail::is_vector_v<T>) {
+    if (!bytes) return append_element_json(out, v);
+    out += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ", ";
+      append_spec_element_json(out, v[i], true);
+    }
+    out += ']';
+  } else {
+    append_element_json(out, v);
+  }
+}
 
 /// Functions a front end provides besides the builtins (the Python package's callables), named in a spec
 /// as `{"op": "map", "fn": "external", "id": N, "out": TYPE}` (`out`: an element type name, "integer",
@@ -37,9 +61,6 @@ class ExternalFunctions {
 };
 
 struct SpecOptions {
-  /// Bytes (records) travel as base64 text, so that every element prints as JSON (the tool). Off, they
-  /// stay raw and Spec::bytes says so (the Python front end hands them out as `bytes`).
-  bool base64_bytes = true;
   /// Resolves `"fn": "external"` (borrowed for the parse; none: such a spec is refused).
   const ExternalFunctions* external = nullptr;
 };

@@ -36,16 +36,15 @@ bool fits_int64(const json& v) {
 std::string list_type_name(const std::string& t) { return t == "string" ? "strings" : t + "s"; }
 
 class JsonNode;
-// How the spec being parsed on this thread treats bytes and external functions (set by parse_spec for its
-// nested chains too).
+// The external functions of the spec being parsed on this thread (set by parse_spec for its nested
+// chains too).
 thread_local SpecOptions t_options{};
 SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes = nullptr);
 
 /// The front end's description of one op of the kind list.
 struct OpEntry {
   std::string_view name;
-  bool source;          // starts a pipeline
-  bool reads_by_index;  // reads its input by index (a sampler), so the input keeps its raw elements
+  bool source;  // starts a pipeline
   SpecPipeline (*build)(JsonNode&);
 };
 
@@ -335,15 +334,9 @@ constexpr bool is_source() {
   if constexpr (requires { K::source; }) return K::source;
   else return false;
 }
-template <class K>
-constexpr bool reads_by_index() {
-  if constexpr (requires { K::reads_by_index; }) return K::reads_by_index;
-  else return false;
-}
-
 template <class... K>
 std::vector<OpEntry> make_ops(KindList<K...>) {
-  return {OpEntry{K::name, is_source<K>(), reads_by_index<K>(), [](JsonNode& n) { return K::from_spec(n); }}...};
+  return {OpEntry{K::name, is_source<K>(), [](JsonNode& n) { return K::from_spec(n); }}...};
 }
 
 const std::vector<OpEntry>& ops() {
@@ -356,12 +349,6 @@ const OpEntry* find_op(std::string_view name) {
     if (op.name == name) return &op;
   return nullptr;
 }
-
-/// Records are bytes; JSON shows them as base64 strings.
-struct ToBase64 {
-  std::string operator()(const std::string& bytes) const { return detail::base64(bytes); }
-  Params describe() const { return {{"fn", "base64"}}; }
-};
 
 /// The message of a node's own ConfigError without the node's label, which the position replaces.
 std::string reason_of(const ConfigError& e, const std::string& label) {
@@ -385,18 +372,8 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
   if (!chain.is_array() || chain.empty())
     throw PositionedError(where + ": a pipeline must be a non-empty list of nodes");
   std::optional<SpecPipeline> p;
-  bool bytes = false;  // the elements are bytes, shown as base64 once the sampler (if any) is past
+  bool bytes = false;  // the elements are bytes (records): Spec::bytes
   for (std::size_t i = 0; i < chain.size(); ++i) {
-    if (bytes && i > 0) {
-      const auto& node = chain[i];
-      const OpEntry* next = node.is_object() && node.contains("op") && node["op"].is_string()
-                                ? find_op(node["op"].get<std::string>())
-                                : nullptr;
-      if ((!next || !next->reads_by_index) && t_options.base64_bytes) {
-        p = p->get<std::string>() | map(ToBase64{});
-        bytes = false;
-      }
-    }
     JsonNode n(chain[i], where + "[" + std::to_string(i) + "]", p ? &*p : nullptr);
     n.set_input_bytes(bytes);
     const OpEntry* op = find_op(n.op());
@@ -418,10 +395,6 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
     }
     n.finish();
     bytes = bytes || n.bytes_marked();
-  }
-  if (bytes && t_options.base64_bytes) {
-    p = p->get<std::string>() | map(ToBase64{});
-    bytes = false;
   }
   if (ends_in_bytes) *ends_in_bytes = bytes;
   return *p;

@@ -349,7 +349,7 @@ int cmd_run(const RunArgs& a) {
       while (!take || n < take) {
         auto x = run.next();
         if (!x) break;
-        dpipe::append_element_json(out.buffer(), *x);
+        dpipe::append_spec_element_json(out.buffer(), *x, spec.bytes);
         out.buffer() += '\n';
         out.maybe_flush();
         ++n;

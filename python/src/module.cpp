@@ -539,7 +539,7 @@ struct BuiltSpec {
 
 BuiltSpec build(const std::string& json_text, const py::dict& callables) {
   const PythonFunctions functions(callables);
-  return BuiltSpec{parse_spec(json_text, SpecOptions{.base64_bytes = false, .external = &functions})};
+  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions})};
 }
 
 /// A NodeError reaches Python as dpipe.NodeError (with `node` and `worker`), and the exception a Python

@@ -32,12 +32,6 @@ def as_tool_json(x, records):
     return x
 
 
-def leaves(x):
-    if isinstance(x, list):
-        return [y for v in x for y in leaves(v)]
-    return [x]
-
-
 @pytest.mark.parametrize("workers", battery.WORKERS)
 @pytest.mark.parametrize("name", sorted(battery.SPECS))
 def test_battery_spec_through_python(name, workers):
@@ -45,12 +39,7 @@ def test_battery_spec_through_python(name, workers):
     records = "'records'" in str(spec["pipeline"])
     tool = tool_elements(spec, workers=workers)
     want = [as_tool_json(x, records) for x in dpipe.Loader(spec, workers=workers)]
-    if records and "sampler" in str(spec["pipeline"]):
-        # The tool turns records into base64 text with a node after the sampler, which shifts the keys
-        # (and so the random streams) of the nodes around it: the same records, in another order.
-        assert sorted(map(str, leaves(want))) == sorted(map(str, leaves(tool)))
-    else:
-        assert want == tool
+    assert want == tool  # records too: the tool prints the same bytes as base64, in the same order
     for at in sorted({0, 1, 5, len(want) // 2, len(want)}):
         loader = dpipe.Loader(spec, workers=workers)
         it = iter(loader)

@@ -50,7 +50,23 @@ def test_memory_stays_flat_over_many_batches():
     for _ in range(50_000):
         next(it)
     before = rss_mb()
-    for _ in range(300_000):
+    for _ in range(1_000_000):
         next(it)
     after = rss_mb()
-    assert after - before < 20, f"RSS grew {after - before:.1f} MB over 300,000 batches"
+    assert after - before < 20, f"RSS grew {after - before:.1f} MB over 10^6 batches"
+
+
+def test_memory_stays_flat_through_python_callables_and_values():
+    def value(x):  # a dict with an array: converted to a C++ value and back for every element
+        return {"x": x, "a": np.full(8, x, dtype=np.int32), "t": (x, str(x))}
+
+    p = dpipe.range(0, 10**9) | dpipe.map(value, out=object) | dpipe.filter(lambda v: v["x"] % 3 != 0) \
+        | dpipe.batch(size=8)
+    it = iter(dpipe.Loader(p, workers=2))
+    for _ in range(5_000):
+        next(it)
+    before = rss_mb()
+    for _ in range(40_000):
+        next(it)
+    after = rss_mb()
+    assert after - before < 20, f"RSS grew {after - before:.1f} MB over 320,000 Python values"

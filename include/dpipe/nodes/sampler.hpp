@@ -138,7 +138,6 @@ struct SamplerKind {
   }
   /// It deals its positions to the instances: a level-based sharding_filter after it would shard again.
   static constexpr bool deals = true;
-  static constexpr bool reads_by_index = true;  // its input is a random-access source it reads by index
   /// Rescale: positions are re-sliced over the new instances from the slowest old instance's position;
   /// positions faster instances already took are skipped by whoever they fall to.
   static RescaleRule rescale() {
