@@ -44,16 +44,20 @@ def rss_mb():
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def test_memory_stays_flat_over_many_batches():
-    loader = dpipe.Loader(dpipe.range(0, 10**9) | dpipe.sharding_filter() | dpipe.batch(size=16), workers=2)
-    it = iter(loader)
-    for _ in range(50_000):
+def rss_growth_mb(pipeline, warm_up, elements):
+    """RSS after taking `elements` more elements of the pipeline (2 workers) than after `warm_up`."""
+    it = iter(dpipe.Loader(pipeline, workers=2))
+    for _ in range(warm_up):
         next(it)
     before = rss_mb()
-    for _ in range(1_000_000):
+    for _ in range(elements):
         next(it)
-    after = rss_mb()
-    assert after - before < 20, f"RSS grew {after - before:.1f} MB over 10^6 batches"
+    return rss_mb() - before
+
+
+def test_memory_stays_flat_over_many_batches():
+    grew = rss_growth_mb(dpipe.range(0, 10**9) | dpipe.sharding_filter() | dpipe.batch(size=16), 50_000, 1_000_000)
+    assert grew < 20, f"RSS grew {grew:.1f} MB over 10^6 batches"
 
 
 def test_memory_stays_flat_through_python_callables_and_values():
@@ -62,11 +66,5 @@ def test_memory_stays_flat_through_python_callables_and_values():
 
     p = dpipe.range(0, 10**9) | dpipe.map(value, out=object) | dpipe.filter(lambda v: v["x"] % 3 != 0) \
         | dpipe.batch(size=8)
-    it = iter(dpipe.Loader(p, workers=2))
-    for _ in range(5_000):
-        next(it)
-    before = rss_mb()
-    for _ in range(40_000):
-        next(it)
-    after = rss_mb()
-    assert after - before < 20, f"RSS grew {after - before:.1f} MB over 320,000 Python values"
+    grew = rss_growth_mb(p, 5_000, 40_000)
+    assert grew < 20, f"RSS grew {grew:.1f} MB over 320,000 Python values"
