@@ -76,14 +76,12 @@ struct Convert {
       case Value::Kind::list:
       case Value::Kind::tuple: {
         auto& items = std::get<std::vector<Value>>(v.data);
-        if (v.kind == Value::Kind::list) {
-          py::list out(items.size());
-          for (std::size_t i = 0; i < items.size(); ++i) out[i] = (*this)(std::move(items[i]));
-          return out;
-        }
-        py::tuple out(items.size());
+        py::list out(items.size());
         for (std::size_t i = 0; i < items.size(); ++i) out[i] = (*this)(std::move(items[i]));
-        return out;
+        if (v.kind == Value::Kind::list) return out;
+        PyObject* tuple = PySequence_Tuple(out.ptr());
+        if (!tuple) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(tuple);
       }
       case Value::Kind::dict: {
         auto& items = std::get<std::vector<Value>>(v.data);
@@ -269,6 +267,22 @@ struct GilHeld {
   py::gil_scoped_acquire gil;
 };
 
+/// Runs f() with the GIL — taken only if this thread lacks it (inside a chunk scope it has it) — and a
+/// Python exception leaving it as a PythonCallError.
+template <class F>
+auto in_python(F&& f) -> decltype(f()) {
+  auto run = [&]() -> decltype(f()) {
+    try {
+      return f();
+    } catch (py::error_already_set& e) {
+      rethrow_python(e);
+    }
+  };
+  if (PyGILState_Check()) return run();
+  py::gil_scoped_acquire gil;
+  return run();
+}
+
 struct PyCallable {
   PyHandle fn;
   std::string label;
@@ -289,45 +303,24 @@ struct PyCallable {
 template <class In, class Out>
 struct PyMap : PyCallable {
   Out operator()(In x) const {
-    if (PyGILState_Check()) return apply(std::move(x));  // inside a chunk scope
-    py::gil_scoped_acquire gil;
-    return apply(std::move(x));
-  }
-  Out apply(In&& x) const {
-    try {
-      return FromPython<Out>::get(call(std::move(x)), label);
-    } catch (py::error_already_set& e) {
-      rethrow_python(e);
-    }
+    return in_python([&] { return FromPython<Out>::get(call(std::move(x)), label); });
   }
 };
 template <class In>
 struct PyFilter : PyCallable {
   bool operator()(const In& x) const {
-    if (PyGILState_Check()) return apply(x);  // inside a chunk scope
-    py::gil_scoped_acquire gil;
-    return apply(x);
-  }
-  bool apply(const In& x) const {
-    try {
+    return in_python([&] {
       const py::object r = call(In(x));
       const int truth = PyObject_IsTrue(r.ptr());
       if (truth < 0) throw py::error_already_set();
       return truth != 0;
-    } catch (py::error_already_set& e) {
-      rethrow_python(e);
-    }
+    });
   }
 };
 template <class In>
 struct PyFlatMap : PyCallable {
   std::vector<In> operator()(In x) const {
-    py::gil_scoped_acquire gil;
-    try {
-      return FromPython<std::vector<In>>::get(call(std::move(x)), label);
-    } catch (py::error_already_set& e) {
-      rethrow_python(e);
-    }
+    return in_python([&] { return FromPython<std::vector<In>>::get(call(std::move(x)), label); });
   }
 };
 
@@ -341,21 +334,14 @@ struct PyGeneratorStep {
   std::string label;
   GilHeld chunk_scope() const { return GilHeld(); }
   std::optional<T> operator()() const {
-    if (PyGILState_Check()) return step();  // inside a chunk scope
-    py::gil_scoped_acquire gil;
-    return step();
-  }
-  std::optional<T> step() const {
-    try {
+    return in_python([&]() -> std::optional<T> {
       PyObject* x = PyIter_Next(iterator->p);
       if (!x) {
         if (PyErr_Occurred()) throw py::error_already_set();
         return std::nullopt;
       }
       return FromPython<T>::get(py::reinterpret_steal<py::object>(x), label);
-    } catch (py::error_already_set& e) {
-      rethrow_python(e);
-    }
+    });
   }
 };
 
@@ -365,8 +351,7 @@ template <class T>
 struct PyGeneratorFactory {
   PyCallable f;
   PyGeneratorStep<T> operator()(const GeneratorContext& ctx) const {
-    py::gil_scoped_acquire gil;
-    try {
+    return in_python([&] {
       Rng rng = ctx.rng;
       py::dict info;
       info["seed"] = py::int_(rng());
@@ -381,9 +366,7 @@ struct PyGeneratorFactory {
       if (!it) throw py::error_already_set();
       const auto iterator = py::reinterpret_steal<py::object>(it);
       return PyGeneratorStep<T>{std::make_shared<const PyRef>(iterator), f.label};
-    } catch (py::error_already_set& e) {
-      rethrow_python(e);
-    }
+    });
   }
 };
 
