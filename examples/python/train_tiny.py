@@ -13,9 +13,10 @@ DIR/seen-rank-R.jsonl (step, loss and the batch's windows), so a test can check 
 epoch was seen exactly once across the stop and the rescale."""
 
 import argparse
+import faulthandler
 import json
-import os
 import pathlib
+import signal
 
 import numpy as np
 import torch
@@ -50,6 +51,7 @@ class TinyLM(torch.nn.Module):
 
 
 def main():
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` prints every thread's stack
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True, help="data, checkpoint and logs")
     ap.add_argument("--workers", type=int, default=1)
@@ -88,6 +90,7 @@ def main():
         if (states[0]["world_size"], states[0]["workers"]) != (world, args.workers):
             states = dpipe.rescale(states, world_size=world, workers=args.workers)
         loader.load_state_dict(states[rank])
+        print(f"rank {rank}: resumed after step {step}, loader at element {states[rank]['delivered']}", flush=True)
 
     log = open(root / f"seen-rank-{rank}.jsonl", "a")
     for batch in loader:
@@ -99,9 +102,12 @@ def main():
         opt.step()
         step += 1
         log.write(json.dumps({"step": step, "loss": loss.item(), "windows": batch.tolist()}) + "\n")
+        if step % 10 == 0:
+            print(f"rank {rank}: step {step} loss {loss.item():.3f}", flush=True)
         if step == args.stop_at:
             break
     log.write(json.dumps({"undelivered": loader.undelivered, "end_step": step}) + "\n")
+    print(f"rank {rank}: stopped after step {step}, {loader.undelivered} windows undelivered", flush=True)
     log.close()
 
     if args.stop_at and step == args.stop_at:
@@ -113,6 +119,7 @@ def main():
                         "world_size": world}, ckpt / "model.pt")
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {rank}: done", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,14 @@ equal_steps), and the resumed loss curve continues where it stopped."""
 import collections
 import json
 import os
+import pathlib
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import uuid
 
 import numpy as np
 import pytest
@@ -18,12 +24,72 @@ torch = pytest.importorskip("torch")
 SEQ_LEN = 16
 
 
-def torchrun(nproc, *args, cwd):
+def descendants(pid):
+    """Every process below `pid` (read from /proc)."""
+    children = collections.defaultdict(list)
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children[int(fields[1])].append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def stacks_of(pids):
+    """What each process is doing: its Python threads (faulthandler, on SIGUSR1: train_tiny.py registers
+    it) and its native threads (gdb), for the report of a run that did not finish."""
+    report = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(1)
+    for pid in pids:
+        try:
+            cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        gdb = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"],
+                             capture_output=True, text=True, timeout=120) if shutil.which("gdb") else None
+        report.append(f"--- pid {pid}: {cmd}\n" + (gdb.stdout[-20000:] if gdb else "(no gdb)"))
+    return "\n".join(report)
+
+
+TRAIN_TINY = SOURCE_ROOT / "examples" / "python" / "train_tiny.py"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc, script, *args, cwd, timeout=300):
+    """Runs `script` under torchrun. A run that does not finish in `timeout` seconds is reported
+    with what every process was doing, then killed: the test fails with that report, never waits on."""
+    # Not --standalone: its rendezvous always listens on port 29400, so two runs on one machine (another
+    # job's, or a lingering one) meet in one rendezvous and wait for each other. A port of our own instead.
     # Debian's torchrun on Python 3.11 needs --redirects 1 --tee 1 (docs/python.md).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "--redirects", "1", "--tee", "1", str(SOURCE_ROOT / "examples" / "python" / "train_tiny.py"), *args]
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=dict(os.environ))
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+           "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id", uuid.uuid4().hex,
+           "--redirects", "1", "--tee", "1", str(script), *args]
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        report = stacks_of(descendants(proc.pid))
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout} s\n{out[-5000:]}\n{err[-20000:]}\n{report}")
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
 
 
 def read_logs(root, ranks):
@@ -40,12 +106,12 @@ def read_logs(root, ranks):
 
 
 def test_train_stop_rescale_resume_under_torchrun(tmp_path):
-    torchrun(2, "--dir", str(tmp_path), "--workers", "2", "--stop-at", "20", cwd=tmp_path)
+    torchrun(2, TRAIN_TINY, "--dir", str(tmp_path), "--workers", "2", "--stop-at", "20", cwd=tmp_path)
     first, first_losses, _ = read_logs(tmp_path, 2)
     assert sorted(first_losses) == list(range(1, 21))
     for r in range(2):  # this run's part of the logs is read again below with the resumed run's
         os.rename(tmp_path / f"seen-rank-{r}.jsonl", tmp_path / f"first-rank-{r}.jsonl")
-    torchrun(3, "--dir", str(tmp_path), "--workers", "1", "--resume", cwd=tmp_path)
+    torchrun(3, TRAIN_TINY, "--dir", str(tmp_path), "--workers", "1", "--resume", cwd=tmp_path)
     second, second_losses, undelivered = read_logs(tmp_path, 3)
 
     tokens = np.fromfile(tmp_path / "tokens.bin", dtype=np.uint16).astype(np.int64)
@@ -65,7 +131,8 @@ def test_train_stop_rescale_resume_under_torchrun(tmp_path):
 
 
 UNEVEN = """
-import json, pickle, sys
+import faulthandler, json, pickle, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's report if the run does not finish
 import torch.distributed as dist
 import dpipe
 dist.init_process_group("gloo")
@@ -90,10 +157,7 @@ dist.destroy_process_group()
 def test_equal_steps_stop_every_rank_together_and_report_the_rest(tmp_path):
     script = tmp_path / "uneven.py"
     script.write_text(UNEVEN)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--redirects", "1",
-           "--tee", "1", str(script), str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    torchrun(2, script, str(tmp_path), cwd=tmp_path)
     r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2))
     # sharding_filter gives rank 0 the 6 even numbers and rank 1 the 5 odd ones. What rank 0 held when
     # rank 1 ran out (10) is carried: the next pass delivers it first, and carries what that one cuts off.
