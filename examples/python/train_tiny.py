@@ -14,6 +14,7 @@ epoch was seen exactly once across the stop and the rescale."""
 
 import argparse
 import faulthandler
+import gc
 import json
 import pathlib
 import signal
@@ -118,6 +119,11 @@ def main():
             torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": step,
                         "world_size": world}, ckpt / "model.pt")
     dist.barrier()
+    # The DDP model goes before the process group: freed after destroy_process_group(), its reducer holds
+    # the group's last reference and torch 1.13 then joins gloo's threads holding the GIL, which one of
+    # them may be waiting for (to free a tensor's Python object): the process hangs at exit.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
 

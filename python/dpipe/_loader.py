@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import _dpipe
+from . import _nodes
 from ._nodes import Pipeline, from_spec
 
 STATE_KEY = "dpipe_snapshot"
@@ -54,7 +55,9 @@ class LoaderBase:
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
         self.pipeline = pipeline
-        self._built = _dpipe.build(pipeline.to_json(), pipeline._callables)
+        tuple_inputs = set()
+        rows = _nodes.zip_rows(pipeline.spec()["pipeline"], tuple_inputs)
+        self._built = _dpipe.build(pipeline.to_json(), pipeline._callables, tuple_inputs, rows == 0)
         if (rank is None) != (world_size is None):
             raise _dpipe.ConfigError("give both rank and world_size, or neither")
         if rank is None:

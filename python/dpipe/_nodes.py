@@ -165,4 +165,34 @@ def from_spec(spec):
     return Pipeline(spec["pipeline"]), spec.get("seed")
 
 
+def zip_rows(nodes, tuple_inputs):
+    """Walks a chain of spec nodes: how deep its elements hold zip's rows (0: they are rows, k: batches
+    of depth k of rows, None: anything else), adding to `tuple_inputs` the ids of the Python callables
+    that receive rows. A row and a batch are one C++ type (a vector); the Loader shows rows as tuples, and
+    callables receive them so. A row stays a row through the nodes that keep the element type (filter,
+    shuffle, take, ..., a Python map or flat_map without out=)."""
+    depth = None
+    for node in nodes:
+        op = node.get("op")
+        for value in node.values():  # other inputs ("with"): chains of their own
+            if isinstance(value, list):
+                for q in value:
+                    if isinstance(q, list):
+                        zip_rows(q, tuple_inputs)
+        external = node.get("fn") == "external"
+        if external and depth == 0 and op != "generator":
+            tuple_inputs.add(node["id"])
+        if _is_source(op):
+            depth = None
+        elif op == "zip":
+            depth = 0
+        elif op == "batch":
+            depth = None if depth is None else depth + 1
+        elif op == "unbatch":
+            depth = depth - 1 if depth else None
+        elif op in ("map", "flat_map", "parallel_map") and (not external or "out" in node):
+            depth = None
+    return depth
+
+
 NODE_FUNCTIONS = {op: _node_function(op) for op in _dpipe.spec_ops()}

@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,22 @@ namespace {
 // ---- elements to Python -------------------------------------------------------------------------
 
 struct Convert {
-  bool bytes = false;  // strings are bytes (records)
+  bool bytes = false;      // strings are bytes (records)
+  bool tuple_row = false;  // the element is a row of zip (one C++ type with a batch): a tuple
+
+  /// An element as Python sees it: what operator() makes, but a zip row becomes a tuple of its items.
+  template <class T>
+  py::object element(T&& x) const {
+    if constexpr (detail::is_vector_v<std::decay_t<T>>) {
+      if (tuple_row) {
+        const Convert item{.bytes = bytes};
+        py::tuple out(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) out[i] = item(std::move(x[i]));
+        return out;
+      }
+    }
+    return (*this)(std::forward<T>(x));
+  }
 
   py::object operator()(SpecInt v) const {
     PyObject* o = PyLong_FromLongLong(v);
@@ -287,11 +303,12 @@ struct PyCallable {
   PyHandle fn;
   std::string label;
   bool input_bytes = false;
+  bool input_tuple = false;  // its input is zip's rows
 
   /// Under the GIL: fn(x), x converted as the consumer would see it.
   template <class In>
   py::object call(In&& x) const {
-    const py::object arg = Convert{.bytes = input_bytes}(std::forward<In>(x));
+    const py::object arg = Convert{.bytes = input_bytes, .tuple_row = input_tuple}.element(std::forward<In>(x));
     PyObject* r = PyObject_CallOneArg(fn->p, arg.ptr());
     if (!r) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(r);
@@ -386,10 +403,13 @@ SpecPipeline with_element_type(const std::string& name, F&& f, TypeList<Ts...>) 
 /// The Python callables of one pipeline, by the ids its spec names them with.
 class PythonFunctions final : public ExternalFunctions {
  public:
-  explicit PythonFunctions(const py::dict& callables) {
+  /// `tuple_inputs`: the ids of the callables whose input is zip's rows.
+  PythonFunctions(const py::dict& callables, const std::set<std::int64_t>& tuple_inputs) {
     for (const auto& [k, f] : callables) {
       if (!PyCallable_Check(f.ptr())) throw ConfigError("callable " + std::string(py::str(k)) + " is not callable");
-      by_id_.emplace(k.cast<std::int64_t>(), PyCallable{std::make_shared<const PyRef>(f), callable_label(f)});
+      const auto id = k.cast<std::int64_t>();
+      by_id_.emplace(id, PyCallable{.fn = std::make_shared<const PyRef>(f), .label = callable_label(f),
+                                    .input_tuple = tuple_inputs.count(id) > 0});
     }
   }
   SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const std::string& name,
@@ -492,7 +512,7 @@ class TypedLoop final : public Loop {
       x = run_->next();
     }
     if (!x) return std::nullopt;
-    return convert_(std::move(*x));
+    return convert_.element(std::move(*x));
   }
   py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                      std::map<std::string, std::string> metadata) override {
@@ -514,15 +534,17 @@ class TypedLoop final : public Loop {
   std::string bytes_;  // the last snapshot's bytes: its capacity is reused by the next
 };
 
-/// A built spec: its pipeline, seed, and how its strings reach Python.
+/// A built spec: its pipeline, seed, and how its elements reach Python.
 struct BuiltSpec {
   Spec spec;
+  bool tuple_rows = false;  // the elements are zip's rows
   std::string type_name() const { return spec.pipeline.type_name(); }
 };
 
-BuiltSpec build(const std::string& json_text, const py::dict& callables) {
-  const PythonFunctions functions(callables);
-  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions})};
+BuiltSpec build(const std::string& json_text, const py::dict& callables, const std::set<std::int64_t>& tuple_inputs,
+                bool tuple_rows) {
+  const PythonFunctions functions(callables, tuple_inputs);
+  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions}), tuple_rows};
 }
 
 /// A NodeError reaches Python as dpipe.NodeError (with `node` and `worker`), and the exception a Python
@@ -557,7 +579,7 @@ std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optio
   auto engine = std::make_shared<Engine>(EngineOptions{.threads = o.threads});
   const RunOptions ro = run_options(o);
   ResumeOptions rz{.allow_changed_data = allow_changed_data};
-  const Convert convert{.bytes = b.spec.bytes};
+  const Convert convert{.bytes = b.spec.bytes, .tuple_row = b.tuple_rows};
   std::optional<Snapshot> snap;
   if (state) snap = Snapshot::from_bytes(*state);
   py::gil_scoped_release nogil;  // a restore may replay for a while; the engine's threads never need the GIL here
@@ -630,7 +652,10 @@ PYBIND11_MODULE(_dpipe, m) {
       .def_property_readonly("element_type", &BuiltSpec::type_name)
       .def_property_readonly("bytes", [](const BuiltSpec& b) { return b.spec.bytes; });
   m.def("build", &build, py::arg("spec_json"), py::arg("callables") = py::dict(),
-        "Builds a JSON spec into a typed pipeline; `callables` maps the ids of \"fn\": \"external\" to Python callables.");
+        py::arg("tuple_inputs") = std::set<std::int64_t>(), py::arg("tuple_rows") = false,
+        "Builds a JSON spec into a typed pipeline; `callables` maps the ids of \"fn\": \"external\" to Python "
+        "callables, `tuple_inputs` names those that receive zip's rows (as tuples), and `tuple_rows` says whether "
+        "the pipeline's elements are such rows.");
 
   py::class_<LoopOptions>(m, "LoopOptions")
       .def(py::init<>())

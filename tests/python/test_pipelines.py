@@ -133,3 +133,29 @@ def test_nodes_with_several_inputs_take_pipelines():
                                                                 [{"op": "range", "start": 20, "stop": 21}]]}
     z = dpipe.range(0, 3) | dpipe.mux(with_=[dpipe.range(10, 13)])
     assert list(dpipe.Loader(z)) == tool_elements(z.spec())
+
+
+def test_zip_rows_are_tuples_where_they_are_elements():
+    z = dpipe.range(0, 3) | dpipe.zip(dpipe.range(10, 13))
+    rows = list(dpipe.Loader(z))
+    assert rows == [(0, 10), (1, 11), (2, 12)] and all(type(r) is tuple and type(r[0]) is int for r in rows)
+    assert list(dpipe.Loader(dpipe.from_vector(values=["a", "b"]) | dpipe.zip(dpipe.from_vector(values=["c", "d"])))) \
+        == [("a", "c"), ("b", "d")]
+    # Through the nodes that keep the type, and into a Python callable, a row stays a tuple.
+    seen = []
+    kept = z | dpipe.shuffle(buffer=2) | dpipe.filter(lambda t: seen.append(type(t)) or True) | dpipe.take(count=3)
+    assert sorted(dpipe.Loader(kept, seed=4)) == rows and set(seen) == {tuple}
+    assert list(dpipe.Loader(z | dpipe.map(lambda t: t[0] + t[1], out=int))) == [10, 12, 14]
+    assert list(dpipe.Loader(z | dpipe.batch(size=2) | dpipe.unbatch())) == rows
+    # A batch of rows is a 2-D array like any batch of equal-length rows.
+    batches = list(dpipe.Loader(z | dpipe.batch(size=2)))
+    assert [b.tolist() for b in batches] == [[[0, 10], [1, 11]], [[2, 12]]]
+    # The tool shows rows as JSON arrays: the same values.
+    assert [list(r) for r in rows] == tool_elements(z.spec())
+    # A state taken mid-stream continues with tuples.
+    loader = dpipe.Loader(z)
+    it = iter(loader)
+    next(it)
+    again = dpipe.Loader(z)
+    again.load_state_dict(loader.state_dict())
+    assert list(again) == rows[1:]
