@@ -226,7 +226,11 @@ class IterBase {
   /// Appends this node's record, then its inputs' (a replay node's inputs are rebuilt by replay and
   /// are not saved).
   void save(std::vector<NodeState>& out) const {
-    NodeState& st = out.emplace_back();
+    StateSink sink(out);
+    save(sink);
+  }
+  void save(StateSink& out) const {
+    NodeState& st = out.add();
     st.key = key_;
     st.kind = kind_;
     st.instance = instance_;

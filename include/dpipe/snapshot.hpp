@@ -35,6 +35,12 @@ struct ElementBlobs {
     data.append(bytes);
     offsets.push_back(data.size());
   }
+  /// Empty again, keeping the storage (a recycled snapshot's records are overwritten in place).
+  void clear() {
+    tag.clear();
+    offsets.assign(1, 0);
+    data.clear();
+  }
 };
 
 struct Field {
@@ -44,6 +50,16 @@ struct Field {
   std::int64_t i = 0;
   std::string s;
   ElementBlobs elements;
+
+  /// As a new Field, keeping the storage of its strings and lists.
+  void clear() {
+    name.clear();
+    type = FieldType::u64;
+    u = 0;
+    i = 0;
+    s.clear();
+    elements.clear();
+  }
 };
 
 /// The state of one node on one instance.
@@ -53,6 +69,24 @@ struct NodeState {
   std::uint32_t instance = 0;
   StateMode mode = StateMode::hook;
   std::vector<Field> fields;
+};
+
+/// Where a snapshot's node records go: appended to `out`, each taking over the storage of the record at
+/// the same position in `spare` (an earlier snapshot's, see Run::recycle) while there is one. Nodes are
+/// saved in the same order every time, so a node's record usually gets its own old buffers back.
+class StateSink {
+ public:
+  explicit StateSink(std::vector<NodeState>& out, std::vector<NodeState>* spare = nullptr) : out_(out), spare_(spare) {}
+  NodeState& add() {
+    if (spare_ && next_ < spare_->size()) out_.push_back(std::move((*spare_)[next_++]));
+    else out_.emplace_back();
+    return out_.back();
+  }
+
+ private:
+  std::vector<NodeState>& out_;
+  std::vector<NodeState>* spare_;
+  std::size_t next_ = 0;
 };
 
 /// One node of the graph as the snapshot records it (for inspection without the program).

@@ -37,7 +37,13 @@ constexpr bool is_optional_v<std::optional<T>> = true;
 
 class StateWriter {
  public:
+  /// Writes `out`'s fields from the first on. Fields `out` already holds (a record recycled from an
+  /// earlier snapshot, see Run::recycle) are overwritten in place, keeping their storage; those left
+  /// over are dropped when the writer goes.
   explicit StateWriter(NodeState& out) : out_(out) {}
+  ~StateWriter() { out_.fields.resize(used_); }
+  StateWriter(const StateWriter&) = delete;
+  StateWriter& operator=(const StateWriter&) = delete;
 
   /// Writes every field of a state struct (its `fields` visitor only reads when given a writer).
   template <class S>
@@ -47,7 +53,7 @@ class StateWriter {
 
   template <class T>
   void operator()(std::string_view name, const T& v) {
-    Field& f = out_.fields.emplace_back();
+    Field& f = next_field();
     f.name = name;
     if constexpr (std::is_same_v<T, bool> || (std::is_integral_v<T> && std::is_unsigned_v<T>)) {
       f.type = FieldType::u64;
@@ -100,7 +106,18 @@ class StateWriter {
   }
 
  private:
+  Field& next_field() {
+    if (used_ < out_.fields.size()) {
+      Field& f = out_.fields[used_++];
+      f.clear();
+      return f;
+    }
+    ++used_;
+    return out_.fields.emplace_back();
+  }
+
   NodeState& out_;
+  std::size_t used_ = 0;
 };
 
 class StateReader {

@@ -522,7 +522,9 @@ class TypedLoop final : public Loop {
       s = reproducible ? run_->reproducible_snapshot(std::move(metadata), step) : run_->snapshot(std::move(metadata), step);
       s->write_bytes(bytes_);
     }
-    return py::make_tuple(py::bytes(bytes_), describe(*s));
+    py::tuple out = py::make_tuple(py::bytes(bytes_), describe(*s));
+    run_->recycle(std::move(*s));
+    return out;
   }
   std::uint64_t delivered() const override { return run_->delivered(); }
   std::vector<std::string> warnings() const override { return run_->warnings(); }
