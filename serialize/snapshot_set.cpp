@@ -1,10 +1,14 @@
 // Snapshot sets (one file per rank) and their rescaling to another layout, on records alone.
 #include "dpipe/snapshot_set.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -51,15 +55,227 @@ SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks))
   }
 }
 
+// ---- file names -------------------------------------------------------------------------------------
+// A rank's file is named for what a reader needs to check the set without opening the other ranks'
+// files: `rank-R-of-W.wK[.sS].TAG.dpipe`, TAG a digest of what every rank of one snapshot shares
+// (pipeline fingerprint, seed, epoch, world size, workers, step). A same-layout resume lists the
+// directory, compares the names, and reads its own file only. Files named `rank-R-of-W.dpipe` (written
+// before) stay readable: a set with one such file is read whole, as before.
+
+namespace {
+
+std::uint64_t set_tag(const SnapshotMeta& m) {
+  std::uint64_t h = mix64(m.fingerprint ^ mix64(m.seed ^ mix64(m.epoch)));
+  for (const std::uint64_t x : {std::uint64_t(std::uint32_t(m.layout.world_size)), std::uint64_t(std::uint32_t(m.layout.num_workers)),
+                                m.step ? *m.step + 1 : 0})
+    h = mix64(h ^ x);
+  return h;
+}
+
+std::string hex16(std::uint64_t x) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(x));
+  return b;
+}
+
+/// A decimal number as file names write it (no sign, no leading zero), or nullopt.
+std::optional<std::uint64_t> decimal(std::string_view s) {
+  if (s.empty() || s.size() > 20 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  std::uint64_t v = 0;
+  for (const char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+std::vector<std::string_view> split_dots(std::string_view s) {
+  std::vector<std::string_view> out;
+  for (;;) {
+    const auto dot = s.find('.');
+    out.push_back(s.substr(0, dot));
+    if (dot == std::string_view::npos) return out;
+    s.remove_prefix(dot + 1);
+  }
+}
+
+std::string steps_text(const std::optional<std::uint64_t>& step) {
+  return step ? "step " + std::to_string(*step) : std::string("no step");
+}
+
+/// "0, 1, 2" or "0, 1, 2, … (40 ranks)" — at most a few named.
+std::string rank_list(const std::vector<int>& ranks) {
+  constexpr std::size_t kNamed = 5;
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size() && i < kNamed; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > kNamed) out += ", … (" + std::to_string(ranks.size()) + " ranks)";
+  return (ranks.size() == 1 ? "rank " : "ranks ") + out;
+}
+
+}  // namespace
+
 std::string SnapshotSet::file_name(int rank, int world_size) {
   return "rank-" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".dpipe";
 }
+
+std::string SnapshotSet::file_name(const SnapshotMeta& m) {
+  std::string name = "rank-" + std::to_string(m.layout.rank) + "-of-" + std::to_string(m.layout.world_size) + ".w" +
+                     std::to_string(m.layout.num_workers);
+  if (m.step) name += ".s" + std::to_string(*m.step);
+  return name + "." + hex16(set_tag(m)) + ".dpipe";
+}
+
+std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) {
+  const auto parts = split_dots(name);
+  if (parts.size() < 2 || parts.back() != "dpipe" || !parts[0].starts_with("rank-")) return std::nullopt;
+  const std::string_view head = parts[0].substr(5);
+  const auto of = head.find("-of-");
+  if (of == std::string_view::npos) return std::nullopt;
+  const auto r = decimal(head.substr(0, of)), w = decimal(head.substr(of + 4));
+  if (!r || !w || *w == 0 || *w > std::uint64_t(std::numeric_limits<int>::max()) || *r >= *w) return std::nullopt;
+  RankFileName out{.rank = static_cast<int>(*r), .world_size = static_cast<int>(*w)};
+  if (parts.size() == 2) return out;  // rank-R-of-W.dpipe: written before names carried more
+  // rank-R-of-W.wK[.sS].TAG.dpipe
+  if (parts.size() != 4 && parts.size() != 5) return std::nullopt;
+  const auto k = parts[1].starts_with("w") ? decimal(parts[1].substr(1)) : std::nullopt;
+  if (!k || *k == 0 || *k > std::uint64_t(std::numeric_limits<int>::max())) return std::nullopt;
+  out.workers = static_cast<int>(*k);
+  if (parts.size() == 5) {
+    const auto s = parts[2].starts_with("s") ? decimal(parts[2].substr(1)) : std::nullopt;
+    if (!s) return std::nullopt;
+    out.step = *s;
+  }
+  const std::string_view tag = parts[parts.size() - 2];
+  if (tag.size() != 16 || tag.find_first_not_of("0123456789abcdef") != std::string_view::npos) return std::nullopt;
+  out.tag = std::stoull(std::string(tag), nullptr, 16);
+  out.tagged = true;
+  return out;
+}
+
+namespace {
+
+/// A set directory's rank files, from their names alone: one world size, every rank once.
+struct SetListing {
+  int world = 0;
+  std::vector<std::pair<std::string, RankFileName>> ranks;  // at index r: rank r's file
+  bool all_tagged = true;                                   // every name carries the set's identity
+};
+
+SetListing list_set(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw SnapshotError("snapshot set '" + dir + "' is not a directory");
+  std::map<int, std::map<int, std::vector<std::pair<std::string, RankFileName>>>> by_world;  // W → R → files
+  std::string odd;  // .dpipe files that are no rank of a set
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (const auto f = SnapshotSet::parse_file_name(name)) by_world[f->world_size][f->rank].emplace_back(name, *f);
+    else if (entry.path().extension() == ".dpipe") odd += (odd.empty() ? "'" : ", '") + name + "'";
+  }
+  if (ec) throw SnapshotError("cannot list snapshot set '" + dir + "': " + ec.message());
+  // A file that looks like a rank's but is not one (rank-1-of-02, rank-5-of-2) is refused, not skipped:
+  // it may be the very rank that is missing, written by other tools.
+  if (!odd.empty())
+    throw SnapshotError("snapshot set '" + dir + "' holds " + odd +
+                        ", which no rank of a set is named (rank-R-of-W.wK[.sS].TAG.dpipe or rank-R-of-W.dpipe, "
+                        "0 <= R < W)");
+  if (by_world.empty()) throw SnapshotError("snapshot set '" + dir + "' holds no rank files (rank-R-of-W...dpipe)");
+  if (by_world.size() > 1) {
+    // Named by two of their files: the world sizes the file names disagree on.
+    std::string sizes;
+    for (const auto& [w, rs] : by_world)
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(w) + " ('" + rs.begin()->second.front().first + "')";
+    throw SnapshotError("snapshot set '" + dir + "' mixes files of " + std::to_string(by_world.size()) +
+                        " different world sizes: " + sizes + "; a set holds one run's ranks only");
+  }
+  SetListing out;
+  out.world = by_world.begin()->first;
+  const auto& found = by_world.begin()->second;
+  // The work is bounded by the files present, never by the world size a file name claims: the missing
+  // ranks are counted, and only the first few named.
+  if (found.size() != static_cast<std::size_t>(out.world)) {
+    constexpr int kNamed = 5;
+    std::string missing;
+    int named = 0, r = 0;
+    for (auto it = found.begin(); named < kNamed && r < out.world; ++r) {
+      if (it != found.end() && it->first == r) ++it;
+      else missing += (named++ ? ", " : "") + std::to_string(r);
+    }
+    const std::size_t absent = static_cast<std::size_t>(out.world) - found.size();
+    if (absent > static_cast<std::size_t>(named)) missing += ", …";
+    throw SnapshotError("snapshot set '" + dir + "' is incomplete: ranks present: " + std::to_string(found.size()) +
+                        " of " + std::to_string(out.world) + "; first missing: " + missing);
+  }
+  out.ranks.reserve(found.size());
+  for (const auto& [r, files] : found) {
+    if (files.size() > 1) {
+      std::string names;
+      for (const auto& f : files) names += (names.empty() ? "'" : ", '") + f.first + "'";
+      throw SnapshotError("snapshot set '" + dir + "' holds " + std::to_string(files.size()) + " files for rank " +
+                          std::to_string(r) + ": " + names + "; a set holds one per rank (a rank that writes "
+                          "into a set removes its older file)");
+    }
+    out.all_tagged = out.all_tagged && files.front().second.tagged;
+    out.ranks.push_back(files.front());
+  }
+  return out;
+}
+
+/// Reads rank `r`'s file of a listed set and checks that it holds what its name says.
+Snapshot read_listed(const std::string& dir, const SetListing& l, int r) {
+  const auto& [name, f] = l.ranks[static_cast<std::size_t>(r)];
+  try {
+    Snapshot s = Snapshot::read_file((fs::path(dir) / name).string());
+    const auto& m = s.meta;
+    if (f.tagged && (m.layout.rank != f.rank || m.layout.world_size != f.world_size ||
+                     m.layout.num_workers != f.workers || m.step != f.step || set_tag(m) != f.tag))
+      throw SnapshotError("the file holds rank " + std::to_string(m.layout.rank) + " of " +
+                          std::to_string(m.layout.world_size) + " with " + std::to_string(m.layout.num_workers) +
+                          " workers at " + steps_text(m.step) + " (its name would be '" + SnapshotSet::file_name(m) +
+                          "'): a file of a set must keep the name its rank gave it");
+    return s;
+  } catch (const SnapshotError& e) {
+    throw SnapshotError("snapshot set '" + dir + "', rank " + std::to_string(r) + " ('" + name + "'): " + e.what());
+  }
+}
+
+[[noreturn]] void refuse_layout(int world, int workers, const Layout& to) {
+  throw SnapshotError("the snapshot set was taken with world_size " + std::to_string(world) + " and " +
+                      std::to_string(workers) + " workers, this run has world_size " + std::to_string(to.world_size) +
+                      " and " + std::to_string(to.num_workers) + " workers; ask for a rescale to redistribute it");
+}
+
+}  // namespace
 
 void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw SnapshotError("cannot create snapshot directory '" + dir + "': " + ec.message());
-  s.write_file((fs::path(dir) / file_name(s.meta.layout.rank, s.meta.layout.world_size)).string());
+  const std::string name = file_name(s.meta);
+  s.write_file((fs::path(dir) / name).string());
+  // This rank's older files (another step, or the names of before) go: a set directory written into
+  // again holds one file per rank. Only this rank's own names are touched, so ranks need no collective.
+  bool removed = false;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string other = entry.path().filename().string();
+    const auto f = parse_file_name(other);
+    if (!f || f->rank != s.meta.layout.rank || f->world_size != s.meta.layout.world_size || other == name) continue;
+    std::error_code rm;
+    fs::remove(entry.path(), rm);
+    if (rm)
+      throw SnapshotError("wrote '" + name + "' into '" + dir + "' but cannot remove this rank's older file '" + other +
+                          "': " + rm.message());
+    removed = true;
+  }
+  if (ec) throw SnapshotError("wrote '" + name + "' but cannot list '" + dir + "' for this rank's older files: " + ec.message());
+  if (removed) {  // the removals as durable as the write: a crash must not bring an older file back
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+  }
 }
 
 void SnapshotSet::write_dir(const std::string& dir) const {
@@ -74,62 +290,49 @@ const Snapshot& SnapshotSet::rank(int r) const {
 }
 
 SnapshotSet SnapshotSet::read_dir(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw SnapshotError("snapshot set '" + dir + "' is not a directory");
-  std::map<int, std::set<int>> by_world;  // world size → ranks found
-  std::string odd;                         // .dpipe files that are no rank of a set
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    int r = -1, w = -1;
-    char tail[8] = {};
-    if (std::sscanf(name.c_str(), "rank-%d-of-%d.%7s", &r, &w, tail) == 3 && std::strcmp(tail, "dpipe") == 0 &&
-        name == file_name(r, w) && r >= 0 && r < w)
-      by_world[w].insert(r);
-    else if (entry.path().extension() == ".dpipe")
-      odd += (odd.empty() ? "'" : ", '") + name + "'";
-  }
-  if (ec) throw SnapshotError("cannot list snapshot set '" + dir + "': " + ec.message());
-  // A file that looks like a rank's but is not one (rank-1-of-02, rank-5-of-2) is refused, not skipped:
-  // it may be the very rank that is missing, written by other tools.
-  if (!odd.empty())
-    throw SnapshotError("snapshot set '" + dir + "' holds " + odd +
-                        ", which no rank of a set is named (rank-R-of-W.dpipe, 0 <= R < W)");
-  if (by_world.empty()) throw SnapshotError("snapshot set '" + dir + "' holds no rank files (rank-R-of-W.dpipe)");
-  if (by_world.size() > 1) {
-    // Named by two of their files: the world sizes the file names disagree on.
-    std::string sizes;
-    for (const auto& [w, rs] : by_world)
-      sizes += (sizes.empty() ? "" : ", ") + std::to_string(w) + " ('" + file_name(*rs.begin(), w) + "')";
-    throw SnapshotError("snapshot set '" + dir + "' mixes files of " + std::to_string(by_world.size()) +
-                        " different world sizes: " + sizes + "; a set holds one run's ranks only");
-  }
-  const int world = by_world.begin()->first;
-  const auto& found = by_world.begin()->second;
-  // The work is bounded by the files present, never by the world size a file name claims: the missing
-  // ranks are counted, and only the first few named.
-  if (found.size() != static_cast<std::size_t>(world)) {
-    constexpr int kNamed = 5;
-    std::string missing;
-    int named = 0, r = 0;
-    for (auto it = found.begin(); named < kNamed && r < world; ++r) {
-      if (it != found.end() && *it == r) ++it;
-      else missing += (named++ ? ", " : "") + std::to_string(r);
-    }
-    const std::size_t absent = static_cast<std::size_t>(world) - found.size();
-    if (absent > static_cast<std::size_t>(named)) missing += ", …";
-    throw SnapshotError("snapshot set '" + dir + "' is incomplete: ranks present: " + std::to_string(found.size()) +
-                        " of " + std::to_string(world) + "; first missing: " + missing);
-  }
+  const SetListing l = list_set(dir);
   std::vector<Snapshot> ranks;
-  for (int r = 0; r < world; ++r) {
-    const std::string path = (fs::path(dir) / file_name(r, world)).string();
-    try {
-      ranks.push_back(Snapshot::read_file(path));
-    } catch (const SnapshotError& e) {
-      throw SnapshotError("snapshot set '" + dir + "', rank " + std::to_string(r) + ": " + e.what());
-    }
-  }
+  ranks.reserve(l.ranks.size());
+  for (int r = 0; r < l.world; ++r) ranks.push_back(read_listed(dir, l, r));
   return SnapshotSet(std::move(ranks));
+}
+
+Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool rescale) {
+  const SetListing l = list_set(dir);
+  if (l.all_tagged) {
+    // The names say it all: one snapshot (one step and tag on every rank), and its layout.
+    std::map<std::pair<std::optional<std::uint64_t>, std::uint64_t>, std::vector<int>> groups;
+    for (int r = 0; r < l.world; ++r) {
+      const RankFileName& f = l.ranks[static_cast<std::size_t>(r)].second;
+      groups[{f.step, f.tag}].push_back(r);
+    }
+    if (groups.size() > 1) {
+      std::set<std::optional<std::uint64_t>> steps;
+      for (const auto& g : groups) steps.insert(g.first.first);
+      std::string parts;
+      for (const auto& [key, ranks] : groups)
+        parts += (parts.empty() ? "" : "; ") + (steps.size() > 1 ? steps_text(key.first) : "tag " + hex16(key.second)) +
+                 " on " + rank_list(ranks);
+      if (steps.size() > 1)
+        throw SnapshotError("snapshot set '" + dir + "' mixes the snapshots of different steps: " + parts +
+                            "; a set holds the snapshots of one step");
+      throw SnapshotError("snapshot set '" + dir + "' mixes snapshots of different pipelines, seeds, epochs or worker "
+                          "counts (the tags of their file names differ): " + parts);
+    }
+    const int workers = l.ranks.front().second.workers;
+    if (l.world == to.world_size && workers == to.num_workers) {
+      if (to.rank < 0 || to.rank >= l.world)
+        throw SnapshotError("snapshot set '" + dir + "' has ranks 0 to " + std::to_string(l.world - 1) + ", not rank " +
+                            std::to_string(to.rank));
+      return read_listed(dir, l, to.rank);  // this rank's file, and no other
+    }
+    if (!rescale) refuse_layout(l.world, workers, to);
+  }
+  // Another layout (every rank's records are dealt), or names of before that do not say the step.
+  const SnapshotSet set = read_dir(dir);
+  if (set.world_size() == to.world_size && set.num_workers() == to.num_workers) return set.rank(to.rank);
+  if (!rescale) refuse_layout(set.world_size(), set.num_workers(), to);
+  return set.rescaled(to.world_size, to.num_workers).rank(to.rank);
 }
 
 // ---- rescaling ----------------------------------------------------------------------------------

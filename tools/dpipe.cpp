@@ -338,7 +338,7 @@ int cmd_run(const RunArgs& a) {
       const dpipe::ResumeOptions how{
           .rescale = a.rescale, .allow_changed_data = a.allow_changed_data, .max_replay = a.max_replay};
       if (a.resume) return resumed(engine.resume(pipeline, dpipe::Snapshot::read_file(*a.resume), options, how));
-      if (a.resume_dir) return resumed(engine.resume(pipeline, dpipe::SnapshotSet::read_dir(*a.resume_dir), options, how));
+      if (a.resume_dir) return resumed(engine.resume(pipeline, dpipe::SnapshotDir{*a.resume_dir}, options, how));
       return engine.start(pipeline, options);
     }();
     for (const auto& w : run.warnings()) std::cerr << "dpipe: warning: " << w << "\n";

@@ -346,6 +346,15 @@ class Engine {
                           " workers; ask for a rescale to redistribute it");
     return resume(p, set.rescaled(l.world_size, l.num_workers).rank(l.rank), o, r);
   }
+  /// A fresh Run restored from this rank's snapshot in a set directory: on the set's own layout only
+  /// this rank's file is read (SnapshotSet::read_rank); another layout is rescaled when `r.rescale` asks.
+  template <class T>
+    requires Snapshottable<T>
+  Run<T> resume(const Pipeline<T>& p, const SnapshotDir& dir, RunOptions o = {}, ResumeOptions r = {}) {
+    const Layout l = detail::resolve_layout(o);
+    o.layout = l;
+    return resume(p, SnapshotSet::read_rank(dir.path, l, r.rescale), o, r);
+  }
   int threads() const { return executor_->threads(); }
 
  private:

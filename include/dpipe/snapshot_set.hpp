@@ -1,7 +1,9 @@
 #pragma once
-/// A snapshot set: one directory, one snapshot file per rank (`rank-<r>-of-<W>.dpipe`, each written
-/// atomically by its own rank, with no collective). A set is usable only when every rank's file is
-/// there and they agree on graph, seed, epoch and layout.
+/// A snapshot set: one directory, one snapshot file per rank, each written atomically by its own rank
+/// with no collective, and named for what the set's consistency needs: `rank-R-of-W.wK[.sS].TAG.dpipe`
+/// (K workers, step S, TAG a digest of pipeline, seed, epoch, W, K and step). A set is usable only when
+/// every rank's file is there and they agree on graph, seed, epoch, step and layout; a resume on the
+/// set's own layout checks that from the directory listing and reads its own file only.
 ///
 /// Rescaling (DESIGN §6) turns a set taken on {W ranks, K workers} into one for {W', K'}: samplers are
 /// re-sliced (the new instances continue from the slowest old instance's position and skip what faster
@@ -9,24 +11,53 @@
 /// are dealt to the new instances — not dropped, not re-read. Any other node with state makes the
 /// rescale fail with a SnapshotError naming it. It works on the records alone, without the element
 /// types, so the `dpipe` tool can rescale a set written by any program.
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dpipe/snapshot.hpp"
 
 namespace dpipe {
 
+/// What a rank file's name says (SnapshotSet::file_name).
+struct RankFileName {
+  int rank = 0;
+  int world_size = 1;
+  int workers = 0;                      // 0 in names of before (rank-R-of-W.dpipe)
+  std::optional<std::uint64_t> step{};  // the snapshot's step, when it has one
+  std::uint64_t tag = 0;                // digest of pipeline fingerprint, seed, epoch, world size, workers, step
+  bool tagged = false;                  // the name carries workers, step and tag
+};
+
+/// A set directory to resume from (Engine::resume): on the set's own layout only this rank's file is read.
+struct SnapshotDir {
+  std::string path;
+};
+
 class SnapshotSet {
  public:
   /// Checks that `ranks` is a complete, consistent set (rank r at index r); throws SnapshotError.
   explicit SnapshotSet(std::vector<Snapshot> ranks);
 
-  /// Writes one rank's snapshot into `dir` (created if needed), atomically.
+  /// Writes one rank's snapshot into `dir` (created if needed), atomically, then removes this rank's
+  /// older files there (another step, or the names of before): the directory holds one file per rank.
   static void write_rank(const std::string& dir, const Snapshot& s);
   /// Reads every rank's file of `dir`; refuses a missing, extra or inconsistent rank, naming it.
   static SnapshotSet read_dir(const std::string& dir);
-  /// The file name of rank r of W in a set directory.
+  /// Rank `to.rank`'s snapshot of the set in `dir`, for a run of layout `to`. On the set's own layout it
+  /// lists the directory, checks from the names alone that every rank is there with one step and one
+  /// tag, and reads this rank's file only (checking that it holds what its name says): what a rank
+  /// reads does not grow with the world size. Another layout reads every rank's file and rescales (with
+  /// `rescale`; refused without). Sets of names of before are read whole, as they always were.
+  static Snapshot read_rank(const std::string& dir, const Layout& to, bool rescale);
+  /// The name rank `m.layout.rank` writes its snapshot under (see above).
+  static std::string file_name(const SnapshotMeta& m);
+  /// The name of rank r of W in sets written before names carried more (still read).
   static std::string file_name(int rank, int world_size);
+  /// A rank file's name parsed (either form), or nullopt for any other name.
+  static std::optional<RankFileName> parse_file_name(std::string_view name);
 
   int world_size() const { return static_cast<int>(ranks_.size()); }
   int num_workers() const { return ranks_.front().meta.layout.num_workers; }

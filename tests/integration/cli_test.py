@@ -21,6 +21,13 @@ TMP = tempfile.mkdtemp(prefix="dpipe-cli-")
 results = []  # (name, error or None)
 
 
+def rank_file(d, rank, world):
+    """The one file of rank `rank` of `world` in the set directory d (rank-R-of-W.wK[.sS].TAG.dpipe)."""
+    found = glob.glob(os.path.join(d, f"rank-{rank}-of-{world}.w*.dpipe"))
+    assert len(found) == 1, (d, rank, world, os.listdir(d))
+    return found[0]
+
+
 def dpipe(*args, check=True, timeout=60):
     r = subprocess.run([DPIPE, *map(str, args)], capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
@@ -317,9 +324,13 @@ def _():
     d = os.path.join(TMP, "mixed-steps")
     for rank, step in ((0, 1200), (1, 1300)):
         dpipe("run", spec, "--rank", rank, "--world-size", 2, "--take", 3, "--snapshot-dir", d, "--step", step)
-    shown = json.loads(dpipe("snapshot", "show", os.path.join(d, "rank-1-of-2.dpipe")).stdout)
+    shown = json.loads(dpipe("snapshot", "show", rank_file(d, 1, 2)).stdout)
     assert shown["step"] == 1300 and shown["format_version"] == 2 and shown["id"] != "0" * 16, shown
+    # The names say the steps: refused from the directory listing, naming ranks and steps.
     r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--resume-dir", d, check=False)
+    assert r.returncode == 1 and "step 1200 on rank 0; step 1300 on rank 1" in r.stderr, r.stderr
+    # Reading the whole set (show, rescale) refuses it too, naming the ids.
+    r = dpipe("snapshot", "show", d, check=False)
     assert r.returncode == 1 and "names step 1300" in r.stderr and "step 1200" in r.stderr, r.stderr
 
 
@@ -537,7 +548,7 @@ def _():
     assert summary["world_size"] == 4 and summary["num_workers"] == 1
     got += run_ranks(spec, 4, 1, resume_dir=c, tag="p")  # the layout matches: no --rescale needed
     assert sorted(got) == list(range(5000))
-    os.remove(os.path.join(a, "rank-1-of-2.dpipe"))
+    os.remove(rank_file(a, 1, 2))
     r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--workers", 2, "--resume-dir", a, check=False)
     assert r.returncode == 1 and "incomplete" in r.stderr and "1 of 2" in r.stderr, r.stderr
     sharded = json.dumps({"pipeline": [{"op": "range", "stop": 100}, {"op": "sharding_filter"}]})

@@ -32,6 +32,15 @@ SEED = int(os.environ.get("DPIPE_CRASH_SEED", str(time.time_ns() % (1 << 32))))
 rng = random.Random(SEED)
 TMP = tempfile.mkdtemp(prefix="dpipe-crash-")
 TEMPORARY = re.compile(r"^\..+\.dpipe-tmp\.\d+\.[0-9a-f]+$")
+# A rank's file in a set: rank-R-of-W.wK[.sS].TAG.dpipe (docs/snapshot-format.md).
+RANK_FILE = re.compile(r"^rank-(\d+)-of-(\d+)\.w\d+(?:\.s\d+)?\.[0-9a-f]{16}\.dpipe$")
+
+
+def rank_file(d, rank, world):
+    """The one file of rank `rank` of `world` in the set directory d."""
+    found = [n for n in os.listdir(d) if (m := RANK_FILE.match(n)) and (int(m.group(1)), int(m.group(2))) == (rank, world)]
+    assert len(found) == 1, (d, rank, world, os.listdir(d))
+    return os.path.join(d, found[0])
 results = []  # (name, error or None, summary)
 
 
@@ -149,12 +158,12 @@ def snapshot_dir_rank():
     d = os.path.join(TMP, "set")
     for r in (0, 1):
         run([DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take", "100", "--snapshot-dir", d])
-    path = os.path.join(d, "rank-1-of-2.dpipe")
+    path = rank_file(d, 1, 2)
     summary = snapshot_writer("snapshot_dir", 40, path,
                               lambda take: [DPIPE, "run", SET_SPEC, "--rank", "1", "--world-size", "2", "--take",
                                             str(take), "--snapshot-dir", d])
     # The untouched rank is intact and the set reads as a whole.
-    assert snapshot_state(os.path.join(d, "rank-0-of-2.dpipe")) == 100
+    assert snapshot_state(rank_file(d, 0, 2)) == 100
     run([DPIPE, "snapshot", "show", d])
     return summary
 
@@ -168,16 +177,18 @@ def rescale():
     tally = Tally()
     cmd = lambda out: [DPIPE, "snapshot", "rescale", src, "--world-size", "6", "--workers", "2", "--out", out]  # noqa: E731
     window = 1.2 * duration(cmd(os.path.join(TMP, "rescale-calibrate")), times=1)
-    expected = {f"rank-{r}-of-6.dpipe" for r in range(6)}
+    expected = set(range(6))
     complete = partial = 0
     for i in range(30):
         out = os.path.join(TMP, f"rescale-{i}")
         tally.kills += 1
         tally.alive += kill_at_random(cmd(out), window)
         names = set(os.listdir(out)) if os.path.isdir(out) else set()
-        ranks = {n for n in names if not TEMPORARY.match(n)}
-        assert ranks <= expected, f"unexpected files in a rescaled set: {sorted(ranks - expected)}"
-        for n in ranks:
+        files = {n for n in names if not TEMPORARY.match(n)}
+        assert all(RANK_FILE.match(n) for n in files), f"unexpected files in a rescaled set: {sorted(files)}"
+        ranks = {int(RANK_FILE.match(n).group(1)) for n in files}
+        assert len(ranks) == len(files) and ranks <= expected, f"unexpected files in a rescaled set: {sorted(files)}"
+        for n in files:
             meta = read_snapshot(os.path.join(out, n))["meta"]
             assert meta["layout"]["world_size"] == 6 and meta["layout"]["num_workers"] == 2, meta["layout"]
         tally.new += len(ranks)

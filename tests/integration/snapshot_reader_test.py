@@ -10,6 +10,7 @@ Prints one line per check; exits non-zero when any fails."""
 import glob
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -252,10 +253,11 @@ def main():
             dpipe("run", json.dumps(SAMPLED), "--rank", r, "--world-size", 2, "--workers", 2, "--take", 13,
                   "--snapshot-dir", set_dir, "--output", os.path.join(TMP, f"set-{r}.jsonl"))
         names = sorted(os.listdir(set_dir))
-        assert names == ["rank-0-of-2.dpipe", "rank-1-of-2.dpipe"], names
+        assert len(names) == 2 and all(re.fullmatch(rf"rank-{r}-of-2\.w2\.[0-9a-f]{{16}}\.dpipe", n)
+                                       for r, n in enumerate(names)), names
         for r in range(2):
-            files[f"set rank {r}"] = os.path.join(set_dir, f"rank-{r}-of-2.dpipe")
-    check("set: two ranks write rank-R-of-2.dpipe", make_set)
+            files[f"set rank {r}"] = os.path.join(set_dir, names[r])
+    check("set: two ranks write rank-R-of-2.w2.TAG.dpipe", make_set)
 
     for name, path in files.items():
         check(f"{name}: every checksum verifies, sections laid out as documented", checksums_verify, path)

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -217,6 +218,23 @@ TEST(RescaleProperty, EveryElementExactlyOnceAcrossRandomLayoutSequences) {
   });
 }
 
+/// The name of rank r's file in a set directory.
+std::string name_of(const std::string& dir, int r) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (const auto f = SnapshotSet::parse_file_name(name); f && f->rank == r) return name;
+  }
+  ADD_FAILURE() << "no file of rank " << r << " in " << dir;
+  return "";
+}
+
+/// The same name with another tag (its last hex digit changed).
+std::string retagged(std::string name) {
+  char& c = name[name.size() - std::string(".dpipe").size() - 1];
+  c = c == '0' ? '1' : '0';
+  return name;
+}
+
 TEST(SnapshotSetFiles, RoundTripAndRefuseIncompleteOrMixedSets) {
   auto p = range(0, 100) | sampler() | batch({.size = 4});
   const auto dir = temp_dir("files");
@@ -236,7 +254,7 @@ TEST(SnapshotSetFiles, RoundTripAndRefuseIncompleteOrMixedSets) {
   }
   // A file named like a rank's but no rank of this set is refused, naming it.
   for (const char* odd : {"rank-1-of-03.dpipe", "rank-5-of-3.dpipe", "rank--1-of-3.dpipe"}) {
-    fs::copy_file(fs::path(dir) / SnapshotSet::file_name(1, 3), fs::path(dir) / odd);
+    fs::copy_file(fs::path(dir) / name_of(dir, 1), fs::path(dir) / odd);
     try {
       SnapshotSet::read_dir(dir);
       ADD_FAILURE() << "a set with " << odd << " was accepted";
@@ -263,6 +281,142 @@ TEST(SnapshotSetFiles, RoundTripAndRefuseIncompleteOrMixedSets) {
   bad[0] = other.snapshot();
   EXPECT_THROW(SnapshotSet{bad}, SnapshotError);
   fs::remove_all(dir);
+}
+
+// ---- set directories: names that let a rank resume from its own file ----------------------------
+
+/// Writes the set of `p` at its `taken`-th element on {world, workers}, each rank at `step(r)`.
+template <class P, class Step>
+void write_set(const P& p, const std::string& dir, int world, int workers, int taken, Step step) {
+  Engine e;
+  for (int r = 0; r < world; ++r) {
+    auto run = e.start(p, at(r, world, workers));
+    for (int i = 0; i < taken; ++i) run.next();
+    SnapshotSet::write_rank(dir, run.reproducible_snapshot({}, step(r)));
+  }
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(SnapshotSetFiles, NamesCarryTheSetsIdentityAndParseBack) {
+  Engine e;
+  auto run = e.start(range(0, 100) | sampler() | batch({.size = 4}), at(2, 5, 3));
+  run.next();
+  const Snapshot s = run.reproducible_snapshot({}, 1200);
+  const std::string name = SnapshotSet::file_name(s.meta);
+  EXPECT_TRUE(name.starts_with("rank-2-of-5.w3.s1200.")) << name;
+  const auto f = SnapshotSet::parse_file_name(name);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->rank, 2);
+  EXPECT_EQ(f->world_size, 5);
+  EXPECT_EQ(f->workers, 3);
+  EXPECT_EQ(f->step, std::optional<std::uint64_t>(1200));
+  EXPECT_TRUE(f->tagged);
+  // Another rank of the same snapshot: the same tag. Another seed or step: another.
+  auto other_rank = e.start(range(0, 100) | sampler() | batch({.size = 4}), at(4, 5, 3));
+  other_rank.next();
+  EXPECT_EQ(SnapshotSet::parse_file_name(SnapshotSet::file_name(other_rank.reproducible_snapshot({}, 1200).meta))->tag, f->tag);
+  auto other_seed = e.start(range(0, 100) | sampler() | batch({.size = 4}), at(2, 5, 3, 1));
+  other_seed.next();
+  EXPECT_NE(SnapshotSet::parse_file_name(SnapshotSet::file_name(other_seed.reproducible_snapshot({}, 1200).meta))->tag, f->tag);
+  EXPECT_NE(SnapshotSet::parse_file_name(SnapshotSet::file_name(run.reproducible_snapshot({}, 1201).meta))->tag, f->tag);
+  // No step: no s-part. Names of before parse, untagged. Anything else is no rank file.
+  EXPECT_TRUE(SnapshotSet::file_name(run.reproducible_snapshot().meta).starts_with("rank-2-of-5.w3."));
+  EXPECT_FALSE(SnapshotSet::parse_file_name(SnapshotSet::file_name(run.reproducible_snapshot().meta))->step);
+  const auto old = SnapshotSet::parse_file_name("rank-1-of-4.dpipe");
+  ASSERT_TRUE(old);
+  EXPECT_FALSE(old->tagged);
+  for (const char* bad : {"rank-1-of-04.dpipe", "rank-4-of-4.dpipe", "rank-1-of-4.w0.0123456789abcdef.dpipe",
+                          "rank-1-of-4.w2.s01.0123456789abcdef.dpipe", "rank-1-of-4.w2.0123456789ABCDEF.dpipe",
+                          "rank-1-of-4.w2.s5.x.0123456789abcdef.dpipe", "rank-1-of-4.w2.0123456789abcdef.dpip",
+                          "rank-1-of-4.w2.s5.0123456789abcde.dpipe", "rank-1-of-99999999999.dpipe"})
+    EXPECT_FALSE(SnapshotSet::parse_file_name(bad)) << bad;
+}
+
+TEST(SnapshotSetFiles, ASameLayoutResumeReadsOnlyItsOwnFile) {
+  const auto p = range(0, 400) | sampler() | shuffle({.buffer = 7}) | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  write_set(p, dir, 4, 2, 5, [](int) { return 300; });
+  // Every other rank's file is garbage now: read_dir refuses the set, a same-layout read_rank never
+  // opens them.
+  for (int r : {0, 2, 3}) {
+    std::ofstream(fs::path(dir) / name_of(dir, r), std::ios::trunc) << "not a snapshot";
+  }
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_dir(dir); }, "rank 0 (");
+  const Snapshot mine = SnapshotSet::read_rank(dir, Layout{1, 4, 2}, false);
+  EXPECT_EQ(mine.meta.layout, (Layout{1, 4, 2}));
+  EXPECT_EQ(mine.meta.step, std::optional<std::uint64_t>(300));
+  // And it continues the stream exactly.
+  Engine e;
+  auto fresh = e.start(p, at(1, 4, 2));
+  for (int i = 0; i < 5; ++i) fresh.next();
+  auto resumed = e.resume(p, SnapshotDir{dir}, at(1, 4, 2));
+  EXPECT_EQ(testing::drain(resumed), testing::drain(fresh));
+  // Another layout reads every file: refused without a rescale before reading any, and the garbage
+  // is found with one.
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 3, 2}, false); },
+                                            "ask for a rescale");
+  EXPECT_THROW(SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true), SnapshotError);
+}
+
+TEST(SnapshotSetFiles, AMixedSetIsRefusedFromTheNamesNamingRanksAndSteps) {
+  const auto p = range(0, 400) | sampler() | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  write_set(p, dir, 6, 1, 3, [](int r) { return r == 4 ? 1300 : 1200; });
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 6, 1}, false); },
+                                            "mixes the snapshots of different steps: step 1200 on ranks 0, 1, 2, 3, 5; "
+                                            "step 1300 on rank 4; a set holds the snapshots of one step");
+  // One step, but rank 2 from another seed: the tags differ.
+  testing::TempDir d2;
+  write_set(p, d2.path().string(), 3, 1, 3, [](int) { return 7; });
+  Engine e;
+  auto other = e.start(p, at(2, 3, 1, /*seed=*/1));
+  other.next();
+  SnapshotSet::write_rank(d2.path().string(), other.reproducible_snapshot({}, 7));
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(d2.path().string(), Layout{0, 3, 1}, false); },
+                                            "the tags of their file names differ");
+  // A file renamed to another rank's tag is caught when its rank reads it.
+  testing::TempDir d3;
+  const std::string dir3 = d3.path().string();
+  write_set(p, dir3, 2, 1, 3, [](int) { return 9; });
+  for (int r : {0, 1}) fs::rename(fs::path(dir3) / name_of(dir3, r), fs::path(dir3) / retagged(name_of(dir3, r)));
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir3, Layout{0, 2, 1}, false); },
+                                            "must keep the name its rank gave it");
+}
+
+TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReadable) {
+  const auto p = range(0, 400) | sampler() | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  write_set(p, dir, 3, 2, 2, [](int) { return 10; });
+  write_set(p, dir, 3, 2, 4, [](int) { return 20; });
+  const auto names = names_in(dir);
+  ASSERT_EQ(names.size(), 3u);
+  for (const auto& n : names) EXPECT_NE(n.find(".s20."), std::string::npos) << n;
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{2, 3, 2}, false).meta.step, std::optional<std::uint64_t>(20));
+  // A set of names of before (rank-R-of-W.dpipe) is read whole and resumes as before.
+  testing::TempDir old;
+  for (int r = 0; r < 3; ++r)
+    fs::copy_file(fs::path(dir) / name_of(dir, r), fs::path(old.path()) / SnapshotSet::file_name(r, 3));
+  const Snapshot back = SnapshotSet::read_rank(old.path().string(), Layout{2, 3, 2}, false);
+  EXPECT_EQ(back.to_bytes(), SnapshotSet::read_rank(dir, Layout{2, 3, 2}, false).to_bytes());
+  // Writing into it again replaces the old names too; two files of one rank are refused by name.
+  write_set(p, old.path().string(), 3, 2, 4, [](int) { return 20; });
+  EXPECT_EQ(names_in(old.path().string()), names);
+  fs::copy_file(fs::path(dir) / names[0], fs::path(dir) / SnapshotSet::file_name(0, 3));
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 3, 2}, false); },
+                                            "holds 2 files for rank 0");
+  // Rescaling through a directory gives what rescaling the set gives.
+  fs::remove(fs::path(dir) / SnapshotSet::file_name(0, 3));
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{1, 2, 3}, true).to_bytes(),
+            SnapshotSet::read_dir(dir).rescaled(2, 3).rank(1).to_bytes());
 }
 
 TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
