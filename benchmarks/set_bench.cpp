@@ -1,0 +1,139 @@
+// What one rank pays to restore from a snapshot set, as the world size grows (run by hand):
+//
+//   build/benchmarks/set_bench [--worlds 128,1024,8192] [--dir DIR] [--keep]
+//
+// For each world size W it writes a real set in-process (every rank runs range | sampler | shuffle(1000) |
+// batch(16) | prefetch(4) on 4 workers, takes 20 batches, and writes its reproducible snapshot with
+// SnapshotSet::write_rank), then measures, each in a fresh process so its peak memory is its own:
+//   - rank 0 resuming on the set's own layout (Engine::resume from a SnapshotDir);
+//   - rank 0 of 3W/4 ranks resuming with a rescale.
+// Per measurement: the time from nothing to a restored Run, the bytes the process read (rchar of
+// /proc/self/io: every read and pread, the snapshot files included; directory listings are not counted)
+// and the peak resident set (ru_maxrss), beside the process's resident set before it began.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dpipe/dpipe.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWorkers = 4;
+constexpr int kTaken = 20;
+
+auto pipeline(int world) {
+  // Enough elements that every one of the W × 4 instances fills its shuffle buffer and more.
+  const std::int64_t n = std::int64_t(world) * kWorkers * 2000;
+  return dpipe::range(0, n) | dpipe::sampler() | dpipe::shuffle({.buffer = 1000}) | dpipe::batch({.size = 16}) |
+         dpipe::prefetch({.depth = 4});
+}
+
+dpipe::RunOptions options(int rank, int world) {
+  return dpipe::RunOptions{.seed = 7, .layout = dpipe::Layout{rank, world, kWorkers}};
+}
+
+std::uint64_t bytes_read() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (io >> key >> value)
+    if (key == "rchar:") return value;
+  return 0;
+}
+
+long rss_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return 0;
+}
+
+/// In a fresh process: rank `rank` of `world` restores from `dir`, a set written on `written` ranks;
+/// prints "ms bytes peak_kib base_kib".
+int measure(const std::string& dir, int rank, int world, int written) {
+  const long base = rss_kib();
+  const std::uint64_t read0 = bytes_read();
+  const auto t0 = Clock::now();
+  dpipe::Engine engine(dpipe::EngineOptions{.threads = 1});
+  auto run = engine.resume(pipeline(written), dpipe::SnapshotDir{dir}, options(rank, world), {.rescale = true});
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const std::uint64_t read = bytes_read() - read0;
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  std::cout << ms << " " << read << " " << u.ru_maxrss << " " << base << "\n";
+  return run.next() ? 0 : 1;  // it continues
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> worlds{128, 1024, 8192};
+  std::string root = (fs::temp_directory_path() / "dpipe-set-bench").string();
+  bool keep = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--measure" && i + 4 < argc)
+      return measure(argv[i + 1], std::atoi(argv[i + 2]), std::atoi(argv[i + 3]), std::atoi(argv[i + 4]));
+    if (a == "--worlds" && i + 1 < argc) {
+      worlds.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string w; std::getline(ss, w, ',');) worlds.push_back(std::stoi(w));
+    } else if (a == "--dir" && i + 1 < argc) {
+      root = argv[++i];
+    } else if (a == "--keep") {
+      keep = true;
+    } else {
+      std::cerr << "usage: set_bench [--worlds 128,1024,8192] [--dir DIR] [--keep]\n";
+      return 2;
+    }
+  }
+  std::printf("%7s %9s %8s | %-38s | %-38s\n", "world", "set MB", "write s", "same layout, rank 0: ms, MB read, peak MB",
+              "rescale to 3/4, rank 0: ms, MB read, peak MB");
+  for (const int world : worlds) {
+    const std::string dir = root + "/w" + std::to_string(world);
+    fs::remove_all(dir);
+    const auto t0 = Clock::now();
+    {
+      dpipe::Engine engine(dpipe::EngineOptions{.threads = 2});
+      const auto p = pipeline(world);
+      for (int r = 0; r < world; ++r) {
+        auto run = engine.start(p, options(r, world));
+        for (int i = 0; i < kTaken; ++i) run.next();
+        dpipe::SnapshotSet::write_rank(dir, run.reproducible_snapshot({}, 100));
+      }
+    }
+    const double write_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::uintmax_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(dir)) bytes += e.file_size();
+    auto child = [&](int rank, int new_world) {
+      const std::string cmd =
+          std::string(argv[0]) + " --measure " + dir + " " + std::to_string(rank) + " " + std::to_string(new_world) +
+                              " " + std::to_string(world);
+      FILE* f = ::popen(cmd.c_str(), "r");
+      double ms = 0, read = 0, peak = 0, base = 0;
+      if (!f || std::fscanf(f, "%lf %lf %lf %lf", &ms, &read, &peak, &base) != 4) std::cerr << "measure failed: " << cmd << "\n";
+      if (f) ::pclose(f);
+      char out[64];
+      std::snprintf(out, sizeof out, "%9.1f %10.2f %8.1f (base %.1f)", ms, read / 1e6, peak / 1024, base / 1024);
+      return std::string(out);
+    };
+    const std::string same = child(0, world);
+    const std::string rescaled = child(0, world * 3 / 4);
+    std::printf("%7d %9.1f %8.1f | %-38s | %-38s\n", world, bytes / 1e6, write_s, same.c_str(), rescaled.c_str());
+    std::fflush(stdout);
+    if (!keep) fs::remove_all(dir);
+  }
+  return 0;
+}
