@@ -248,28 +248,36 @@ Snapshot read_listed(const std::string& dir, const SetListing& l, int r) {
 
 }  // namespace
 
-void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
+namespace {
+
+void create_set_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw SnapshotError("cannot create snapshot directory '" + dir + "': " + ec.message());
-  const std::string name = file_name(s.meta);
-  s.write_file((fs::path(dir) / name).string());
-  // This rank's older files (another step, or the names of before) go: a set directory written into
-  // again holds one file per rank. Only this rank's own names are touched, so ranks need no collective.
+}
+
+/// Removes the rank files of `dir` of world size `world` whose rank has just been written (a non-empty
+/// name in `written_by_rank`) under another name: a set directory written into again holds one file
+/// per rank. Only the given ranks' names are touched, so ranks writing at once need no
+/// collective. The removals are made as durable as the writes (a crash must not bring one back).
+void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank) {
+  std::error_code ec;
   bool removed = false;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string other = entry.path().filename().string();
-    const auto f = parse_file_name(other);
-    if (!f || f->rank != s.meta.layout.rank || f->world_size != s.meta.layout.world_size || other == name) continue;
+    const std::string name = entry.path().filename().string();
+    const auto f = SnapshotSet::parse_file_name(name);
+    if (!f || f->world_size != world || static_cast<std::size_t>(f->rank) >= written_by_rank.size()) continue;
+    const std::string& written = written_by_rank[static_cast<std::size_t>(f->rank)];
+    if (written.empty() || name == written) continue;
     std::error_code rm;
     fs::remove(entry.path(), rm);
     if (rm)
-      throw SnapshotError("wrote '" + name + "' into '" + dir + "' but cannot remove this rank's older file '" + other +
-                          "': " + rm.message());
+      throw SnapshotError("wrote '" + written + "' into '" + dir + "' but cannot remove that rank's older file '" +
+                          name + "': " + rm.message());
     removed = true;
   }
-  if (ec) throw SnapshotError("wrote '" + name + "' but cannot list '" + dir + "' for this rank's older files: " + ec.message());
-  if (removed) {  // the removals as durable as the write: a crash must not bring an older file back
+  if (ec) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + ec.message());
+  if (removed) {
     const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
       ::fsync(fd);
@@ -278,8 +286,25 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   }
 }
 
+}  // namespace
+
+void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
+  create_set_dir(dir);
+  const std::string name = file_name(s.meta);
+  s.write_file((fs::path(dir) / name).string());
+  std::vector<std::string> written(static_cast<std::size_t>(s.meta.layout.rank) + 1);
+  written.back() = name;
+  remove_older_files(dir, s.meta.layout.world_size, written);
+}
+
 void SnapshotSet::write_dir(const std::string& dir) const {
-  for (const auto& s : ranks_) write_rank(dir, s);
+  create_set_dir(dir);
+  std::vector<std::string> written;
+  for (const auto& s : ranks_) {
+    written.push_back(file_name(s.meta));
+    s.write_file((fs::path(dir) / written.back()).string());
+  }
+  remove_older_files(dir, world_size(), written);  // one listing for the whole set
 }
 
 const Snapshot& SnapshotSet::rank(int r) const {

@@ -415,6 +415,12 @@ TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReada
                                             "holds 2 files for rank 0");
   // Rescaling through a directory gives what rescaling the set gives.
   fs::remove(fs::path(dir) / SnapshotSet::file_name(0, 3));
+  // A whole set written over another of the same world size replaces every rank's file.
+  testing::TempDir over;
+  for (int r = 0; r < 3; ++r) fs::copy_file(fs::path(dir) / name_of(dir, r), fs::path(over.path()) / SnapshotSet::file_name(r, 3));
+  write_set(p, over.path().string(), 3, 2, 4, [](int) { return 30; });
+  SnapshotSet::read_dir(dir).write_dir(over.path().string());
+  EXPECT_EQ(names_in(over.path().string()), names);
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{1, 2, 3}, true).to_bytes(),
             SnapshotSet::read_dir(dir).rescaled(2, 3).rank(1).to_bytes());
 }
