@@ -13,6 +13,7 @@
 #include <random>
 
 #include "dpipe/error.hpp"
+#include "durable_dir.hpp"
 
 namespace dpipe {
 namespace {
@@ -99,17 +100,6 @@ std::string random_hex() {
   return buf;
 }
 
-void fsync_directory(const std::string& dir, const std::string& path) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw FileError("cannot make " + quoted(path) + " durable: cannot open its directory: " + std::strerror(errno));
-  // Some file systems cannot fsync a directory (EINVAL): the rename is as durable as they make it.
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0 && err != EINVAL && err != ENOTSUP)
-    throw FileError("cannot make " + quoted(path) + " durable: fsync of its directory failed: " + std::strerror(err));
-}
-
 /// Refuses a `target` (the given path with links followed) that exists and is not a regular file;
 /// sets `exists`, and `st` when it exists.
 void check_replaceable(const std::string& given, const std::string& target, struct stat& st, bool& exists) {
@@ -122,6 +112,21 @@ void check_replaceable(const std::string& given, const std::string& target, stru
 }
 
 }  // namespace
+
+namespace detail {
+
+void fsync_directory(const std::string& dir, const std::string& path) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw FileError("cannot make " + quoted(path) + " durable: cannot open its directory: " + std::strerror(errno));
+  // Some file systems cannot fsync a directory (EINVAL): the rename is as durable as they make it.
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL && err != ENOTSUP)
+    throw FileError("cannot make " + quoted(path) + " durable: fsync of its directory failed: " + std::strerror(err));
+}
+
+}  // namespace detail
 
 AtomicFileWriter::AtomicFileWriter(std::string path, AtomicWriteOptions options) : path_(std::move(path)) {
   if (path_.empty()) throw FileError("cannot write a file with an empty path");
@@ -216,7 +221,7 @@ void AtomicFileWriter::finish(const std::string& final_path) {
                     std::strerror(err));
   }
   done_ = true;
-  fsync_directory(dir_of(final_path), final_path);
+  detail::fsync_directory(dir_of(final_path), final_path);
 }
 
 void AtomicFileWriter::commit() { finish(target_); }

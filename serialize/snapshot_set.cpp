@@ -1,9 +1,6 @@
 // Snapshot sets (one file per rank) and their rescaling to another layout, on records alone.
 #include "dpipe/snapshot_set.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -16,14 +13,21 @@
 #include "dpipe/error.hpp"
 #include "dpipe/node_kind.hpp"
 #include "dpipe/rng.hpp"
+#include "durable_dir.hpp"
 
 namespace dpipe {
 namespace fs = std::filesystem;
 namespace {
-std::string hex_id(std::uint64_t id) {
-  char b[19];
-  std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(id));
+std::string hex16(std::uint64_t x) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(x));
   return b;
+}
+
+std::string hex_id(std::uint64_t id) { return "0x" + hex16(id); }
+
+std::string steps_text(const std::optional<std::uint64_t>& step) {
+  return step ? "step " + std::to_string(*step) : std::string("no step");
 }
 }  // namespace
 
@@ -44,9 +48,8 @@ SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks))
       throw SnapshotError(who + " has seed " + std::to_string(m.seed) + " and epoch " + std::to_string(m.epoch) +
                           ", rank 0's has seed " + std::to_string(m0.seed) + " and epoch " + std::to_string(m0.epoch));
     if (m.step != m0.step) {
-      auto step = [](const SnapshotMeta& x) { return x.step ? "step " + std::to_string(*x.step) : std::string("no step"); };
-      throw SnapshotError("snapshot set: rank " + std::to_string(r) + "'s snapshot (id " + hex_id(m.id) + ") names " + step(m) +
-                          ", rank 0's (id " + hex_id(m0.id) + ") " + step(m0) +
+      throw SnapshotError("snapshot set: rank " + std::to_string(r) + "'s snapshot (id " + hex_id(m.id) + ") names " +
+                          steps_text(m.step) + ", rank 0's (id " + hex_id(m0.id) + ") " + steps_text(m0.step) +
                           "; a set holds the snapshots of one step, so these come from different snapshots");
     }
     if (m.layout.num_workers != m0.layout.num_workers)
@@ -72,12 +75,6 @@ std::uint64_t set_tag(const SnapshotMeta& m) {
   return h;
 }
 
-std::string hex16(std::uint64_t x) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(x));
-  return b;
-}
-
 /// A decimal number as file names write it (no sign, no leading zero), or nullopt.
 std::optional<std::uint64_t> decimal(std::string_view s) {
   if (s.empty() || s.size() > 20 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
@@ -99,10 +96,6 @@ std::vector<std::string_view> split_dots(std::string_view s) {
     if (dot == std::string_view::npos) return out;
     s.remove_prefix(dot + 1);
   }
-}
-
-std::string steps_text(const std::optional<std::uint64_t>& step) {
-  return step ? "step " + std::to_string(*step) : std::string("no step");
 }
 
 /// "0, 1, 2" or "0, 1, 2, … (40 ranks)" — at most a few named.
@@ -277,13 +270,7 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
     removed = true;
   }
   if (ec) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + ec.message());
-  if (removed) {
-    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-      ::fsync(fd);
-      ::close(fd);
-    }
-  }
+  if (removed) detail::fsync_directory(dir, dir);
 }
 
 }  // namespace
