@@ -16,6 +16,7 @@
 #include "dpipe/crc32c.hpp"
 #include "dpipe/regular_file.hpp"
 #include "json_text.hpp"
+#include "snapshot_plan.hpp"
 
 namespace dpipe {
 namespace {
@@ -29,7 +30,11 @@ constexpr std::uint32_t kMaxSections = 64;
 // version 1 shipped.
 // kIdentity (format 2) stands first after the table, so a reader finds a file's id and step in its
 // first bytes.
-enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kNodeDetails = 3, kIdentity = 4 };
+// kStateIndex (format 3) follows the node states: the same records with each element list longer than
+// kInlineListBytes replaced by where it lies in the file and its checksum, so a rescale can read the
+// lists it deals and no others.
+enum SectionId : std::uint32_t { kMeta = 1, kStates = 2, kNodeDetails = 3, kIdentity = 4, kStateIndex = 5 };
+constexpr std::uint64_t kInlineListBytes = 256;
 
 void put_u32(ByteWriter& w, std::uint32_t v) { w.put(v); }
 
@@ -136,12 +141,17 @@ void decode_node_details(ByteReader& r, SnapshotMeta& m) {
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the node details");
 }
 
-void encode_states(ByteWriter& w, const std::vector<NodeState>& states) {
-  std::size_t bulk = 0;  // the element bytes dominate: one allocation for them, no regrowth
-  for (const auto& s : states)
-    for (const auto& f : s.fields)
-      if (f.type == FieldType::elements) bulk += f.elements.data.size() + 8 * f.elements.size();
-  w.reserve(w.size() + bulk + 256 * states.size());
+/// Where an element list's lengths and bytes lie in the file, and their CRC-32C.
+struct ListSpan {
+  std::uint64_t begin = 0, end = 0;
+  std::uint32_t crc = 0;
+};
+using ListSpans = std::vector<ListSpan>;
+
+/// The node records as the node states and the state index both write them; `list(w, elements)` writes
+/// an element list after its type byte.
+template <class ListWriter>
+void encode_records(ByteWriter& w, const std::vector<NodeState>& states, ListWriter list) {
   w.put<std::uint64_t>(states.size());
   for (const auto& s : states) {
     w.str(s.key);
@@ -156,20 +166,70 @@ void encode_states(ByteWriter& w, const std::vector<NodeState>& states) {
         case FieldType::u64: w.put(f.u); break;
         case FieldType::i64: w.put(f.i); break;
         case FieldType::str: w.str(f.s); break;
-        case FieldType::elements: {
-          const auto& e = f.elements;
-          w.str(e.tag);
-          w.put<std::uint64_t>(e.size());
-          for (std::size_t i = 0; i < e.size(); ++i) w.put<std::uint64_t>(e.offsets[i + 1] - e.offsets[i]);
-          w.raw(e.data.data(), e.data.size());
-          break;
-        }
+        case FieldType::elements: list(w, f.elements); break;
       }
     }
   }
 }
 
-std::vector<NodeState> decode_states(ByteReader& r) {
+/// `spans` receives each element list's span (the writer's buffer starts at the file's first byte).
+void encode_states(ByteWriter& w, const std::vector<NodeState>& states, ListSpans& spans) {
+  std::size_t bulk = 0;  // the element bytes dominate: one allocation for them, no regrowth
+  for (const auto& s : states)
+    for (const auto& f : s.fields)
+      if (f.type == FieldType::elements) bulk += f.elements.data.size() + 8 * f.elements.size();
+  w.reserve(w.size() + bulk + 256 * states.size());
+  encode_records(w, states, [&](ByteWriter& out, const ElementBlobs& e) {
+    out.str(e.tag);
+    out.put<std::uint64_t>(e.size());
+    const std::uint64_t begin = out.size();
+    for (std::size_t i = 0; i < e.size(); ++i) out.put<std::uint64_t>(e.offsets[i + 1] - e.offsets[i]);
+    out.raw(e.data.data(), e.data.size());
+    const std::uint64_t end = out.size();
+    spans.push_back({begin, end, crc32c_raw(out.buffer().data() + begin, end - begin)});
+  });
+}
+
+/// The state index: the node states again, each element list either inline (as in the node states, when
+/// its lengths and bytes take at most kInlineListBytes) or stored: its span in the file and the CRC-32C
+/// of the bytes there (`spans`, from encode_states). The inline lists are encoded again from the records.
+void encode_state_index(ByteWriter& w, const std::vector<NodeState>& states, const ListSpans& spans) {
+  std::size_t list = 0;
+  encode_records(w, states, [&](ByteWriter& out, const ElementBlobs& e) {
+    const ListSpan& span = spans[list++];
+    out.str(e.tag);
+    out.put<std::uint64_t>(e.size());
+    const bool stored = span.end - span.begin > kInlineListBytes;
+    out.put<std::uint8_t>(stored ? 1 : 0);
+    if (stored) {
+      out.put<std::uint64_t>(span.begin);
+      out.put<std::uint64_t>(span.end - span.begin);
+      out.put<std::uint32_t>(span.crc);
+    } else {
+      for (std::size_t i = 0; i < e.size(); ++i) out.put<std::uint64_t>(e.offsets[i + 1] - e.offsets[i]);
+      out.raw(e.data.data(), e.data.size());
+    }
+  });
+}
+
+/// Element list `e` of `n` elements from its lengths and bytes (as the node states hold them).
+void decode_element_list(ByteReader& r, std::size_t n, ElementBlobs& e, const std::string& field) {
+  e.offsets.resize(n + 1);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto len = r.get<std::uint64_t>();
+    if (len > r.remaining()) r.fail("an element of field '" + field + "' claims " + std::to_string(len) + " bytes");
+    total += len;
+    e.offsets[i + 1] = total;
+  }
+  if (total > r.remaining()) r.fail("the elements of field '" + field + "' run past their end");
+  e.data = std::string(r.bytes(static_cast<std::size_t>(total)));
+}
+
+/// The node records of the node states or the state index; `list(r, field, record)` reads an element
+/// list after its type byte.
+template <class ListReader>
+std::vector<NodeState> decode_records(ByteReader& r, std::string_view section, ListReader list) {
   // Counts are bounded by the bytes left over the smallest encoding of an item, and lists are reserved
   // exactly to that count (no doubling growth): a record (96 bytes in memory) takes at least 29 bytes, a
   // field (176 bytes) at least 17, so a section costs at most about 10.4 times its size.
@@ -194,29 +254,53 @@ std::vector<NodeState> decode_states(ByteReader& r) {
         case 1: f.type = FieldType::u64; f.u = r.get<std::uint64_t>(); break;
         case 2: f.type = FieldType::i64; f.i = r.get<std::int64_t>(); break;
         case 3: f.type = FieldType::str; f.s = r.str(); break;
-        case 4: {
-          f.type = FieldType::elements;
-          auto& e = f.elements;
-          e.tag = r.str();
-          const std::size_t n = r.length(8);
-          e.offsets.resize(n + 1);
-          std::uint64_t total = 0;
-          for (std::size_t i = 0; i < n; ++i) {
-            const auto len = r.get<std::uint64_t>();
-            if (len > r.remaining()) r.fail("an element of field '" + f.name + "' claims " + std::to_string(len) + " bytes");
-            total += len;
-            e.offsets[i + 1] = total;
-          }
-          if (total > r.remaining()) r.fail("the elements of field '" + f.name + "' run past the section");
-          e.data = std::string(r.bytes(static_cast<std::size_t>(total)));
-          break;
-        }
+        case 4: f.type = FieldType::elements; list(r, f, s); break;
         default: r.fail("field '" + f.name + "' of node '" + s.key + "' has an unknown type " + std::to_string(type));
       }
     }
   }
-  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the node states");
+  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the " + std::string(section));
   return states;
+}
+
+std::vector<NodeState> decode_states(ByteReader& r) {
+  return decode_records(r, "node states", [](ByteReader& in, Field& f, const NodeState&) {
+    f.elements.tag = in.str();
+    decode_element_list(in, in.length(8), f.elements, f.name);
+  });
+}
+
+/// Decodes a state index. Inline lists are loaded; every list with elements is also given as one range of
+/// a new entry of `lists` (file `file`), so the rescale rules deal ranges. Stored lists must lie inside
+/// the node-state section [states_begin, states_end).
+std::vector<NodeState> decode_state_index(ByteReader& r, std::uint32_t file, std::uint64_t states_begin,
+                                          std::uint64_t states_end, std::vector<detail::StoredList>& lists) {
+  return decode_records(r, "state index", [&](ByteReader& in, Field& f, const NodeState& s) {
+    auto& e = f.elements;
+    e.tag = in.str();
+    detail::StoredList l{.file = file, .tag = e.tag};
+    l.count = in.get<std::uint64_t>();
+    const auto stored = in.get<std::uint8_t>();
+    const std::string who = "field '" + f.name + "' of node '" + s.key + "'";
+    if (stored > 1) in.fail(who + " has a list flag " + std::to_string(stored));
+    if (stored) {
+      l.offset = in.get<std::uint64_t>();
+      l.bytes = in.get<std::uint64_t>();
+      l.crc = in.get<std::uint32_t>();
+      if (l.offset < states_begin || l.offset > states_end || l.bytes > states_end - l.offset || l.count > l.bytes / 8)
+        in.fail(who + " claims " + std::to_string(l.count) + " elements in bytes [" + std::to_string(l.offset) +
+                ", +" + std::to_string(l.bytes) + ") outside the node states");
+      l.stored = true;
+    } else {
+      if (l.count > in.remaining() / 8) in.fail(who + " claims more elements than fit");
+      decode_element_list(in, static_cast<std::size_t>(l.count), e, f.name);
+      l.loaded = e;
+    }
+    if (l.count > 0) {
+      e.ranges.push_back({lists.size(), 0, l.count});
+      lists.push_back(std::move(l));
+    }
+  });
 }
 
 }  // namespace
@@ -246,11 +330,17 @@ void Snapshot::write_bytes(std::string& buffer) const {
   // Node details only when every node has them: a snapshot read from an older file has none, and is
   // written back as it was.
   const bool details = std::all_of(meta.graph.begin(), meta.graph.end(), [](const auto& n) { return !n.segment.empty(); });
-  const SectionId ids[] = {kIdentity, kMeta, kStates, kNodeDetails};
-  const std::uint32_t n = details ? 4 : 3;
+  // The small sections first (a reader of the identity, or of a rescale plan, reads the first bytes),
+  // the state index last: it names where the node states put each element list.
+  std::vector<SectionId> ids = {kIdentity, kMeta};
+  if (details) ids.push_back(kNodeDetails);
+  ids.push_back(kStates);
+  ids.push_back(kStateIndex);
+  const auto n = static_cast<std::uint32_t>(ids.size());
   // The sections are encoded in place after room for the header and the table, which are filled in
   // last: one buffer, no copy of a section (a state holds megabytes of buffered elements).
-  std::uint64_t begin[4] = {}, size[4] = {};
+  std::uint64_t begin[5] = {}, size[5] = {};
+  ListSpans spans;
   ByteWriter out;
   buffer.clear();
   out.buffer().swap(buffer);  // the caller's capacity is reused
@@ -261,8 +351,9 @@ void Snapshot::write_bytes(std::string& buffer) const {
     switch (ids[i]) {
       case kIdentity: encode_identity(out, meta); break;
       case kMeta: encode_meta(out, meta); break;
-      case kStates: encode_states(out, states); break;
+      case kStates: encode_states(out, states, spans); break;
       case kNodeDetails: encode_node_details(out, meta); break;
+      case kStateIndex: encode_state_index(out, states, spans); break;
     }
     size[i] = out.size() - begin[i];
   }
@@ -363,53 +454,191 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
 
 void Snapshot::write_file(const std::string& path) const { write_file_atomically(path, to_bytes()); }
 
+namespace {
+
+/// A snapshot file read in parts: its header and section table (verified) from its first bytes, then
+/// sections one at a time, each verified against its checksum.
+class SnapshotFileParts {
+ public:
+  struct Entry {
+    std::uint32_t id = 0, crc = 0;
+    std::uint64_t offset = 0, length = 0;
+  };
+
+  explicit SnapshotFileParts(const std::string& path) : path_(path), file_(path, FileRole::snapshot) {
+    head_ = read(0, std::min<std::uint64_t>(file_.size(), kHeadBytes));
+    if (head_.size() < kHeaderBytes || std::memcmp(head_.data(), kMagic, sizeof kMagic) != 0)
+      throw fail("not a dpipe snapshot (no header)");
+    if (crc32c_raw(head_.data(), kHeaderBytes - 4) !=
+        ByteReader(std::string_view(head_).substr(kHeaderBytes - 4, 4), "header").get<std::uint32_t>())
+      throw fail("snapshot header checksum mismatch: the header is corrupt");
+    ByteReader h(std::string_view(head_).substr(8, kHeaderBytes - 8), "snapshot header");
+    version_ = h.get<std::uint32_t>();
+    if (version_ == 0 || version_ > Snapshot::kFormatVersion)
+      throw fail("snapshot format version " + std::to_string(version_) + " is not one this build of dpipe reads (1 to " +
+                 std::to_string(Snapshot::kFormatVersion) + ")");
+    const auto count = h.get<std::uint32_t>();
+    const auto total = h.get<std::uint64_t>();
+    const auto table_crc = h.get<std::uint32_t>();
+    if (total != file_.size())
+      throw fail("snapshot is " + std::to_string(file_.size()) + " bytes, its header says " + std::to_string(total));
+    // kMaxSections entries fit in the first kHeadBytes, so a table that does not is a truncated file.
+    const std::size_t table_end = kHeaderBytes + static_cast<std::size_t>(count) * kSectionEntryBytes;
+    if (count > kMaxSections || table_end > head_.size()) throw fail("snapshot is truncated inside its section table");
+    const auto table = std::string_view(head_).substr(kHeaderBytes, table_end - kHeaderBytes);
+    if (crc32c(table) != table_crc) throw fail("snapshot section table checksum mismatch");
+    ByteReader t(table, "snapshot section table");
+    for (std::uint32_t i = 0; i < count; ++i) {
+      Entry e;
+      e.id = t.get<std::uint32_t>();
+      e.crc = t.get<std::uint32_t>();
+      e.offset = t.get<std::uint64_t>();
+      e.length = t.get<std::uint64_t>();
+      if (e.offset < table_end || e.offset > total || e.length > total - e.offset)
+        throw fail("snapshot section " + std::to_string(e.id) + " lies outside the file");
+      entries_.push_back(e);
+    }
+  }
+
+  std::uint32_t version() const { return version_; }
+  /// The entry of section `id`, or null; two of them are refused.
+  const Entry* find(std::uint32_t id) const {
+    const Entry* found = nullptr;
+    for (const auto& e : entries_)
+      if (e.id == id) {
+        if (found) throw fail("snapshot has two sections " + std::to_string(id));
+        found = &e;
+      }
+    return found;
+  }
+  /// Section `e`'s bytes, verified.
+  std::string section(const Entry& e) const {
+    std::string body = e.offset + e.length <= head_.size() ? head_.substr(e.offset, e.length) : read(e.offset, e.length);
+    if (crc32c(body) != e.crc) throw fail("snapshot section " + std::to_string(e.id) + " checksum mismatch");
+    return body;
+  }
+  /// Bytes [offset, offset + length) of the file.
+  std::string read(std::uint64_t offset, std::uint64_t length) const {
+    std::string bytes(static_cast<std::size_t>(length), '\0');
+    std::size_t got = 0;
+    while (got < bytes.size()) {
+      const ssize_t k = ::pread(file_.fd(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) throw fail(std::string("cannot read it: ") + (k < 0 ? std::strerror(errno) : "it shrank"));
+      got += static_cast<std::size_t>(k);
+    }
+    return bytes;
+  }
+  SnapshotError fail(const std::string& why) const { return SnapshotError("'" + path_ + "': " + why); }
+
+ private:
+  static constexpr std::uint64_t kHeadBytes = 4096;
+  std::string path_;
+  RegularFile file_;
+  std::string head_;
+  std::uint32_t version_ = 0;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace
+
 SnapshotIdentity Snapshot::read_identity(const std::string& path) {
-  const RegularFile file(path, FileRole::snapshot);
-  // The header, the table and the identity section (first after the table in files dpipe writes) fit
-  // in the first bytes; a file laid out otherwise is read whole.
-  std::string bytes(static_cast<std::size_t>(std::min<std::uint64_t>(file.size(), 4096)), '\0');
-  std::size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t k = ::pread(file.fd(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) throw SnapshotError("cannot read snapshot '" + path + "': " + (k < 0 ? std::strerror(errno) : "it shrank"));
-    got += static_cast<std::size_t>(k);
-  }
-  auto fail = [&](const std::string& why) -> SnapshotError { return SnapshotError("'" + path + "': " + why); };
-  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
-    throw fail("not a dpipe snapshot (no header)");
-  if (crc32c_raw(bytes.data(), kHeaderBytes - 4) != ByteReader(std::string_view(bytes).substr(kHeaderBytes - 4, 4), "header").get<std::uint32_t>())
-    throw fail("snapshot header checksum mismatch: the header is corrupt");
-  ByteReader h(std::string_view(bytes).substr(8, kHeaderBytes - 8), "snapshot header");
-  SnapshotIdentity out;
-  out.format_version = h.get<std::uint32_t>();
-  const auto count = h.get<std::uint32_t>();
-  if (out.format_version > kFormatVersion) throw fail("snapshot format version " + std::to_string(out.format_version) + " is newer than this build of dpipe reads");
+  const SnapshotFileParts file(path);
+  SnapshotIdentity out{.format_version = file.version()};
   if (out.format_version < 2) return out;  // no identity before format 2
-  const std::size_t table_end = kHeaderBytes + static_cast<std::size_t>(count) * kSectionEntryBytes;
-  if (count > kMaxSections || table_end > bytes.size()) {
-    const Snapshot whole = read_file(path);
-    return {out.format_version, whole.meta.id, whole.meta.step};
+  const auto* e = file.find(kIdentity);
+  if (!e) throw file.fail("snapshot lacks its identity section");
+  const std::string body = file.section(*e);
+  ByteReader r(body, "snapshot identity");
+  decode_identity(r, out.id, out.step);
+  return out;
+}
+
+namespace detail {
+
+std::optional<Snapshot> read_snapshot_plan(const std::string& path, std::uint32_t file, std::vector<StoredList>& lists) {
+  const SnapshotFileParts parts(path);
+  const auto* index = parts.find(kStateIndex);
+  if (!index) return std::nullopt;  // before format 3: the caller reads the whole set
+  const auto* meta = parts.find(kMeta);
+  const auto* states = parts.find(kStates);
+  const auto* identity = parts.find(kIdentity);
+  if (!meta || !states || !identity) throw parts.fail("snapshot lacks its metadata, node-state or identity section");
+  try {
+    Snapshot s;
+    {
+      const std::string body = parts.section(*meta);
+      ByteReader r(body, "snapshot metadata");
+      s.meta = decode_meta(r);
+      s.meta.format_version = parts.version();
+    }
+    {
+      const std::string body = parts.section(*identity);
+      ByteReader r(body, "snapshot identity");
+      decode_identity(r, s.meta.id, s.meta.step);
+    }
+    if (const auto* details = parts.find(kNodeDetails)) {
+      const std::string body = parts.section(*details);
+      ByteReader r(body, "snapshot node details");
+      decode_node_details(r, s.meta);
+    }
+    const std::string body = parts.section(*index);
+    ByteReader r(body, "snapshot state index");
+    s.states = decode_state_index(r, file, states->offset, states->offset + states->length, lists);
+    return s;
+  } catch (const SnapshotError& e) {
+    throw parts.fail(e.what());
   }
-  const auto table = std::string_view(bytes).substr(kHeaderBytes, table_end - kHeaderBytes);
-  h.get<std::uint64_t>();  // total length
-  if (crc32c(table) != h.get<std::uint32_t>()) throw fail("snapshot section table checksum mismatch");
-  ByteReader t(table, "snapshot section table");
-  for (std::uint32_t i = 0; i < count; ++i) {
-    const auto id = t.get<std::uint32_t>();
-    const auto crc = t.get<std::uint32_t>();
-    const auto off = t.get<std::uint64_t>();
-    const auto len = t.get<std::uint64_t>();
-    if (id != kIdentity) continue;
-    if (off > bytes.size() || len > bytes.size() - off) break;  // beyond the first bytes: read it whole
-    const auto body = std::string_view(bytes).substr(off, len);
-    if (crc32c(body) != crc) throw fail("snapshot section 4 checksum mismatch");
-    ByteReader r(body, "snapshot identity");
-    decode_identity(r, out.id, out.step);
-    return out;
+}
+
+ElementBlobs load_stored_list(const std::string& path, const StoredList& list) {
+  const SnapshotFileParts parts(path);
+  const std::string bytes = parts.read(list.offset, list.bytes);
+  if (crc32c(bytes) != list.crc)
+    throw parts.fail("an element list at bytes [" + std::to_string(list.offset) + ", +" + std::to_string(list.bytes) +
+                     ") does not match its checksum in the state index");
+  ElementBlobs e;
+  e.tag = list.tag;
+  try {
+    ByteReader r(bytes, "an element list");
+    decode_element_list(r, static_cast<std::size_t>(list.count), e, "list");
+    if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after its elements");
+  } catch (const SnapshotError& err) {
+    throw parts.fail(err.what());
   }
-  const Snapshot whole = read_file(path);
-  return {out.format_version, whole.meta.id, whole.meta.step};
+  return e;
+}
+
+}  // namespace detail
+
+void ElementBlobs::append_from(const ElementBlobs& src, std::size_t begin, std::size_t end) {
+  if (begin >= end) return;
+  if (src.ranges.empty()) {
+    if (!ranges.empty()) throw SnapshotError("cannot rescale: a plan's elements and loaded elements dealt into one list");
+    const std::uint64_t shift = data.size() - src.offsets[begin];
+    data.append(src.data, src.offsets[begin], src.offsets[end] - src.offsets[begin]);
+    for (std::size_t i = begin + 1; i <= end; ++i) offsets.push_back(src.offsets[i] + shift);
+    return;
+  }
+  if (ranges.empty() && size() > 0)
+    throw SnapshotError("cannot rescale: a plan's elements and loaded elements dealt into one list");
+  offsets.assign(1, 0);  // a loaded copy would no longer match the ranges
+  data.clear();
+  std::size_t skip = begin, want = end - begin;
+  for (const auto& r : src.ranges) {
+    const std::size_t n = static_cast<std::size_t>(r.end - r.begin);
+    if (skip >= n) {
+      skip -= n;
+      continue;
+    }
+    const std::size_t take = std::min(n - skip, want);
+    const ElementRange piece{r.list, r.begin + skip, r.begin + skip + take};
+    if (!ranges.empty() && ranges.back().list == piece.list && ranges.back().end == piece.begin) ranges.back().end = piece.end;
+    else ranges.push_back(piece);
+    want -= take;
+    skip = 0;
+    if (want == 0) break;
+  }
 }
 
 Snapshot Snapshot::read_file(const std::string& path) {

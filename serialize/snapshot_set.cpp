@@ -1,7 +1,11 @@
 // Snapshot sets (one file per rank) and their rescaling to another layout, on records alone.
 #include "dpipe/snapshot_set.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +18,7 @@
 #include "dpipe/node_kind.hpp"
 #include "dpipe/rng.hpp"
 #include "durable_dir.hpp"
+#include "snapshot_plan.hpp"
 
 namespace dpipe {
 namespace fs = std::filesystem;
@@ -31,12 +36,15 @@ std::string steps_text(const std::optional<std::uint64_t>& step) {
 }
 }  // namespace
 
-SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks)) {
-  if (ranks_.empty()) throw SnapshotError("a snapshot set needs at least one rank's snapshot");
-  const auto& m0 = ranks_.front().meta;
-  const int world = static_cast<int>(ranks_.size());
+namespace {
+
+/// Throws unless `ranks` is a complete, consistent set (rank r at index r).
+void check_set(const std::vector<Snapshot>& ranks) {
+  if (ranks.empty()) throw SnapshotError("a snapshot set needs at least one rank's snapshot");
+  const auto& m0 = ranks.front().meta;
+  const int world = static_cast<int>(ranks.size());
   for (int r = 0; r < world; ++r) {
-    const auto& m = ranks_[static_cast<std::size_t>(r)].meta;
+    const auto& m = ranks[static_cast<std::size_t>(r)].meta;
     const std::string who = "snapshot set: rank " + std::to_string(r) + "'s snapshot";
     if (m.layout.rank != r || m.layout.world_size != world)
       throw SnapshotError(who + " says it is rank " + std::to_string(m.layout.rank) + " of " +
@@ -57,6 +65,10 @@ SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks))
                           std::to_string(m0.layout.num_workers));
   }
 }
+
+}  // namespace
+
+SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks)) { check_set(ranks_); }
 
 // ---- file names -------------------------------------------------------------------------------------
 // A rank's file is named for what a reader needs to check the set without opening the other ranks'
@@ -215,28 +227,145 @@ SetListing list_set(const std::string& dir) {
   return out;
 }
 
-/// Reads rank `r`'s file of a listed set and checks that it holds what its name says.
-Snapshot read_listed(const std::string& dir, const SetListing& l, int r) {
-  const auto& [name, f] = l.ranks[static_cast<std::size_t>(r)];
+/// Throws unless snapshot `s` is what its file name `f` says (a file of a set keeps the name its rank gave it).
+void check_named(const Snapshot& s, const RankFileName& f) {
+  const auto& m = s.meta;
+  if (f.tagged && (m.layout.rank != f.rank || m.layout.world_size != f.world_size ||
+                   m.layout.num_workers != f.workers || m.step != f.step || set_tag(m) != f.tag))
+    throw SnapshotError("the file holds rank " + std::to_string(m.layout.rank) + " of " +
+                        std::to_string(m.layout.world_size) + " with " + std::to_string(m.layout.num_workers) +
+                        " workers at " + steps_text(m.step) + " (its name would be '" + SnapshotSet::file_name(m) +
+                        "'): a file of a set must keep the name its rank gave it");
+}
+
+/// Runs `read` on rank `r`'s file of a listed set, naming the set, the rank and the file in its errors.
+template <class Read>
+auto with_rank_file(const std::string& dir, const SetListing& l, int r, Read read) {
+  const std::string& name = l.ranks[static_cast<std::size_t>(r)].first;
   try {
-    Snapshot s = Snapshot::read_file((fs::path(dir) / name).string());
-    const auto& m = s.meta;
-    if (f.tagged && (m.layout.rank != f.rank || m.layout.world_size != f.world_size ||
-                     m.layout.num_workers != f.workers || m.step != f.step || set_tag(m) != f.tag))
-      throw SnapshotError("the file holds rank " + std::to_string(m.layout.rank) + " of " +
-                          std::to_string(m.layout.world_size) + " with " + std::to_string(m.layout.num_workers) +
-                          " workers at " + steps_text(m.step) + " (its name would be '" + SnapshotSet::file_name(m) +
-                          "'): a file of a set must keep the name its rank gave it");
-    return s;
+    return read((fs::path(dir) / name).string(), l.ranks[static_cast<std::size_t>(r)].second);
+  } catch (const ElementsNotLoaded&) {
+    throw;
   } catch (const SnapshotError& e) {
     throw SnapshotError("snapshot set '" + dir + "', rank " + std::to_string(r) + " ('" + name + "'): " + e.what());
   }
+}
+
+/// Reads rank `r`'s file of a listed set and checks that it holds what its name says.
+Snapshot read_listed(const std::string& dir, const SetListing& l, int r) {
+  return with_rank_file(dir, l, r, [](const std::string& path, const RankFileName& f) {
+    Snapshot s = Snapshot::read_file(path);
+    check_named(s, f);
+    return s;
+  });
 }
 
 [[noreturn]] void refuse_layout(int world, int workers, const Layout& to) {
   throw SnapshotError("the snapshot set was taken with world_size " + std::to_string(world) + " and " +
                       std::to_string(workers) + " workers, this run has world_size " + std::to_string(to.world_size) +
                       " and " + std::to_string(to.num_workers) + " workers; ask for a rescale to redistribute it");
+}
+
+/// The new ranks' snapshots of `ranks` (a consistent set) rescaled to {world_size, num_workers}: every
+/// rank's, or only rank `only_rank`'s when it is not negative (defined with the rescaling below).
+std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int world_size, int num_workers, int only_rank);
+
+/// Loads, on every old rank, the elements of field `field` of node `key` that a plan left in the files
+/// (a rule reads their values, as a sampler does its skipped positions). False when none was left.
+bool load_field(std::vector<Snapshot>& plans, std::vector<detail::StoredList>& lists, const std::string& key,
+                const std::string& field, const std::string& dir, const SetListing& l) {
+  bool loaded = false;
+  for (auto& plan : plans)
+    for (auto& st : plan.states) {
+      if (st.key != key) continue;
+      for (auto& f : st.fields) {
+        if (f.name != field || f.type != FieldType::elements || f.elements.loaded()) continue;
+        detail::StoredList& list = lists.at(f.elements.ranges.front().list);
+        list.loaded = with_rank_file(dir, l, static_cast<int>(list.file), [&](const std::string& path, const RankFileName&) {
+          return detail::load_stored_list(path, list);
+        });
+        list.stored = false;
+        f.elements.offsets = list.loaded.offsets;
+        f.elements.data = list.loaded.data;
+        loaded = true;
+      }
+    }
+  return loaded;
+}
+
+/// Replaces the ranges of every element list of `s` by the elements they name, reading each stored list
+/// they touch once.
+void load_ranges(Snapshot& s, std::vector<detail::StoredList>& lists, const std::string& dir, const SetListing& l) {
+  for (auto& st : s.states)
+    for (auto& f : st.fields) {
+      if (f.type != FieldType::elements || f.elements.ranges.empty()) continue;
+      ElementBlobs out;
+      out.tag = f.elements.tag;
+      for (const ElementRange& range : f.elements.ranges) {
+        if (range.list >= lists.size() || range.end > lists[range.list].count || range.begin > range.end)
+          throw SnapshotError("cannot rescale: a plan's range names elements that are not there");
+        detail::StoredList& list = lists[range.list];
+        if (list.stored) {
+          list.loaded = with_rank_file(dir, l, static_cast<int>(list.file), [&](const std::string& path, const RankFileName&) {
+            return detail::load_stored_list(path, list);
+          });
+          list.stored = false;
+        }
+        out.append_from(list.loaded, static_cast<std::size_t>(range.begin), static_cast<std::size_t>(range.end));
+      }
+      f.elements = std::move(out);
+    }
+}
+
+/// A set read for a rescale: of every old rank its metadata and state index (a few numbers per node
+/// record, and the short element lists), with the long lists left in the files as ranges of `lists`.
+struct SetPlan {
+  std::vector<Snapshot> ranks;
+  std::vector<detail::StoredList> lists;
+};
+
+/// The plan of a listed set, or nullopt when a file has no state index (written before format 3).
+std::optional<SetPlan> read_plan(const std::string& dir, const SetListing& l) {
+  SetPlan plan;
+  plan.ranks.reserve(l.ranks.size());
+  for (int r = 0; r < l.world; ++r) {
+    auto rank = with_rank_file(dir, l, r, [&](const std::string& path, const RankFileName& f) {
+      auto p = detail::read_snapshot_plan(path, static_cast<std::uint32_t>(r), plan.lists);
+      if (p) check_named(*p, f);
+      return p;
+    });
+    if (!rank) return std::nullopt;
+    if (r > 0) {  // rank 0's graph and user metadata serve the new set
+      rank->meta.graph = {};
+      rank->meta.user_metadata = {};
+    }
+    plan.ranks.push_back(std::move(*rank));
+  }
+  check_set(plan.ranks);
+  return plan;
+}
+
+/// The new ranks' snapshots of a plan (see rescale_ranks), their element lists still ranges. A rule that
+/// reads a field's values has that field loaded on every old rank, and the rules deal again.
+std::vector<Snapshot> rescale_plan(SetPlan& plan, const std::string& dir, const SetListing& l, int world_size,
+                                   int num_workers, int only_rank) {
+  for (;;) {
+    try {
+      return rescale_ranks(plan.ranks, world_size, num_workers, only_rank);
+    } catch (const ElementsNotLoaded& e) {
+      if (!load_field(plan.ranks, plan.lists, e.key, e.field, dir, l)) throw;
+    }
+  }
+}
+
+/// Rank `to.rank`'s snapshot of a listed set rescaled to `to`, reading the set's plan and, of the long
+/// element lists, only those dealt to this rank. nullopt for a set without state indexes.
+std::optional<Snapshot> read_rescaled(const std::string& dir, const SetListing& l, const Layout& to) {
+  auto plan = read_plan(dir, l);
+  if (!plan) return std::nullopt;
+  Snapshot out = std::move(rescale_plan(*plan, dir, l, to.world_size, to.num_workers, to.rank).front());
+  load_ranges(out, plan->lists, dir, l);
+  return out;
 }
 
 }  // namespace
@@ -309,28 +438,36 @@ SnapshotSet SnapshotSet::read_dir(const std::string& dir) {
   return SnapshotSet(std::move(ranks));
 }
 
+namespace {
+
+/// Throws unless every rank file of a listed set with today's names names one step and one tag.
+void check_one_snapshot(const std::string& dir, const SetListing& l) {
+  std::map<std::pair<std::optional<std::uint64_t>, std::uint64_t>, std::vector<int>> groups;
+  for (int r = 0; r < l.world; ++r) {
+    const RankFileName& f = l.ranks[static_cast<std::size_t>(r)].second;
+    groups[{f.step, f.tag}].push_back(r);
+  }
+  if (groups.size() <= 1) return;
+  std::set<std::optional<std::uint64_t>> steps;
+  for (const auto& g : groups) steps.insert(g.first.first);
+  std::string parts;
+  for (const auto& [key, ranks] : groups)
+    parts += (parts.empty() ? "" : "; ") + (steps.size() > 1 ? steps_text(key.first) : "tag " + hex16(key.second)) +
+             " on " + rank_list(ranks);
+  if (steps.size() > 1)
+    throw SnapshotError("snapshot set '" + dir + "' mixes the snapshots of different steps: " + parts +
+                        "; a set holds the snapshots of one step");
+  throw SnapshotError("snapshot set '" + dir + "' mixes snapshots of different pipelines, seeds, epochs or worker "
+                      "counts (the tags of their file names differ): " + parts);
+}
+
+}  // namespace
+
 Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool rescale) {
   const SetListing l = list_set(dir);
   if (l.all_tagged) {
     // The names say it all: one snapshot (one step and tag on every rank), and its layout.
-    std::map<std::pair<std::optional<std::uint64_t>, std::uint64_t>, std::vector<int>> groups;
-    for (int r = 0; r < l.world; ++r) {
-      const RankFileName& f = l.ranks[static_cast<std::size_t>(r)].second;
-      groups[{f.step, f.tag}].push_back(r);
-    }
-    if (groups.size() > 1) {
-      std::set<std::optional<std::uint64_t>> steps;
-      for (const auto& g : groups) steps.insert(g.first.first);
-      std::string parts;
-      for (const auto& [key, ranks] : groups)
-        parts += (parts.empty() ? "" : "; ") + (steps.size() > 1 ? steps_text(key.first) : "tag " + hex16(key.second)) +
-                 " on " + rank_list(ranks);
-      if (steps.size() > 1)
-        throw SnapshotError("snapshot set '" + dir + "' mixes the snapshots of different steps: " + parts +
-                            "; a set holds the snapshots of one step");
-      throw SnapshotError("snapshot set '" + dir + "' mixes snapshots of different pipelines, seeds, epochs or worker "
-                          "counts (the tags of their file names differ): " + parts);
-    }
+    check_one_snapshot(dir, l);
     const int workers = l.ranks.front().second.workers;
     if (l.world == to.world_size && workers == to.num_workers) {
       if (to.rank < 0 || to.rank >= l.world)
@@ -339,12 +476,103 @@ Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool r
       return read_listed(dir, l, to.rank);  // this rank's file, and no other
     }
     if (!rescale) refuse_layout(l.world, workers, to);
+    if (!Layout{0, to.world_size, to.num_workers}.possible() || to.rank < 0 || to.rank >= to.world_size)
+      throw SnapshotError("cannot rescale to rank " + std::to_string(to.rank) + " of world size " +
+                          std::to_string(to.world_size) + " with " + std::to_string(to.num_workers) + " workers");
+    if (auto out = read_rescaled(dir, l, to)) return std::move(*out);
   }
   // Another layout (every rank's records are dealt), or names of before that do not say the step.
   const SnapshotSet set = read_dir(dir);
   if (set.world_size() == to.world_size && set.num_workers() == to.num_workers) return set.rank(to.rank);
   if (!rescale) refuse_layout(set.world_size(), set.num_workers(), to);
   return set.rescaled(to.world_size, to.num_workers).rank(to.rank);
+}
+
+namespace {
+
+/// Writes `bytes` into the new file `path` (no fsync: rescale_dir makes its whole directory durable).
+void write_new_file(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw FileError("cannot create '" + path + "': " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t k = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw FileError("cannot write '" + path + "': " + std::strerror(err));
+    }
+    done += static_cast<std::size_t>(k);
+  }
+  if (::close(fd) != 0) throw FileError("cannot write '" + path + "': " + std::strerror(errno));
+}
+
+/// Flushes the file system that holds `dir` to stable storage (every file written into it).
+void sync_file_system(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw FileError("cannot open '" + dir + "' to make it durable: " + std::strerror(errno));
+  const int rc = ::syncfs(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw FileError("cannot make '" + dir + "' durable: " + std::strerror(err));
+}
+
+}  // namespace
+
+void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, int world_size, int num_workers,
+                              const std::function<void(const Snapshot&)>& on_rank) {
+  if (!Layout{0, world_size, num_workers}.possible())
+    throw SnapshotError("cannot rescale to world size " + std::to_string(world_size) + " with " +
+                        std::to_string(num_workers) + " workers");
+  std::error_code ec;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    throw FileError("cannot rescale into '" + out + "': it exists and is not an empty directory");
+  const SetListing l = list_set(dir);
+  if (l.all_tagged) check_one_snapshot(dir, l);
+  // The plan of the whole new set (ranges of the old lists), or, for a set without state indexes, the
+  // set read whole and rescaled.
+  auto plan = l.all_tagged ? read_plan(dir, l) : std::nullopt;
+  std::vector<Snapshot> ranks =
+      plan ? rescale_plan(*plan, dir, l, world_size, num_workers, -1) : read_dir(dir).rescaled(world_size, num_workers).ranks_;
+  // The last new rank each stored list is dealt to: its elements are dropped once that rank is written.
+  std::vector<int> last_use(plan ? plan->lists.size() : 0, -1);
+  for (int r = 0; r < world_size; ++r)
+    for (const auto& st : ranks[static_cast<std::size_t>(r)].states)
+      for (const auto& f : st.fields)
+        for (const auto& range : f.elements.ranges)
+          if (range.list < last_use.size()) last_use[range.list] = r;
+
+  // Written into a directory beside `out`, then made durable and renamed into place: `out` holds the
+  // whole new set or nothing.
+  const fs::path target = fs::absolute(fs::path(out)).lexically_normal();
+  const fs::path parent = target.has_filename() ? target.parent_path() : target.parent_path().parent_path();
+  const std::string name = (target.has_filename() ? target : target.parent_path()).filename().string();
+  create_set_dir(parent.string());
+  const fs::path staging = parent / ("." + name + ".dpipe-rescale." + std::to_string(::getpid()));
+  fs::remove_all(staging, ec);
+  create_set_dir(staging.string());
+  try {
+    for (int r = 0; r < world_size; ++r) {
+      Snapshot& s = ranks[static_cast<std::size_t>(r)];
+      if (plan) load_ranges(s, plan->lists, dir, l);
+      write_new_file((staging / file_name(s.meta)).string(), s.to_bytes());
+      if (on_rank) on_rank(s);
+      s = Snapshot{};
+      for (std::size_t i = 0; i < last_use.size(); ++i)
+        if (last_use[i] == r && !plan->lists[i].loaded.data.empty()) {
+          plan->lists[i].loaded = ElementBlobs{};
+          plan->lists[i].stored = true;  // read again if anything asked (nothing does)
+        }
+    }
+    sync_file_system(staging.string());
+    fs::rename(staging, parent / name, ec);
+    if (ec) throw FileError("cannot move the rescaled set into '" + out + "': " + ec.message());
+    detail::fsync_directory(parent.string(), out);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 // ---- rescaling ----------------------------------------------------------------------------------
@@ -370,11 +598,18 @@ struct RunRecord {
 }  // namespace
 
 SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
+  return SnapshotSet(rescale_ranks(ranks_, world_size, num_workers, -1));
+}
+
+namespace {
+
+std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int world_size, int num_workers, int only_rank) {
   if (!Layout{0, world_size, num_workers}.possible())
     throw SnapshotError("cannot rescale to world size " + std::to_string(world_size) + " with " +
                         std::to_string(num_workers) + " workers");
-  const SnapshotMeta& meta = ranks_.front().meta;
-  const Layout from{0, this->world_size(), this->num_workers()}, to{0, world_size, num_workers};
+  const SnapshotMeta& meta = ranks.front().meta;
+  const Layout from{0, static_cast<int>(ranks.size()), meta.layout.num_workers}, to{0, world_size, num_workers};
+  const auto wanted = [&](std::size_t rank) { return only_rank < 0 || rank == static_cast<std::size_t>(only_rank); };
 
   // Which nodes run once per rank (the prefix before dispatch, the suffix after merge) and which per
   // worker is recorded per node since the node-details section; a node without it is taken to run per
@@ -385,7 +620,7 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
   // Every record of every rank, grouped by node key in the order the nodes were saved.
   std::vector<std::string> order;
   std::map<std::string, std::map<std::uint32_t, const NodeState*>> by_key;
-  for (const auto& snap : ranks_)
+  for (const auto& snap : ranks)
     for (const auto& st : snap.states) {
       auto& slot = by_key[st.key];
       if (slot.empty()) order.push_back(st.key);
@@ -407,7 +642,8 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     std::vector<RunRecord> out(dealt.size());
     for (std::size_t r = 0; r < out.size(); ++r) out[r].pending = dealt[r];
     auto records = in.write(out);
-    for (std::size_t r = 0; r < records.size(); ++r) per_rank[r].push_back(std::move(records[r]));
+    for (std::size_t r = 0; r < records.size(); ++r)
+      if (wanted(r)) per_rank[r].push_back(std::move(records[r]));
   }
 
   for (const auto& key : order) {
@@ -452,12 +688,13 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     for (std::size_t j = 0; j < out.size(); ++j) {
       const std::size_t rank = once_per_rank ? j : j / static_cast<std::size_t>(num_workers);
       out[j].instance = static_cast<std::uint32_t>(once_per_rank ? j * static_cast<std::size_t>(num_workers) : j);
-      per_rank[rank].push_back(std::move(out[j]));
+      if (wanted(rank)) per_rank[rank].push_back(std::move(out[j]));
     }
   }
 
   std::vector<Snapshot> out;
   for (int r = 0; r < world_size; ++r) {
+    if (!wanted(static_cast<std::size_t>(r))) continue;
     Snapshot s;
     s.meta = meta;
     s.meta.format_version = 0;
@@ -470,7 +707,9 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
     s.states = std::move(per_rank[static_cast<std::size_t>(r)]);
     out.push_back(std::move(s));
   }
-  return SnapshotSet(std::move(out));
+  return out;
 }
+
+}  // namespace
 
 }  // namespace dpipe

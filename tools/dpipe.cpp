@@ -433,29 +433,35 @@ int cmd_graph(const std::string& spec_text) {
   return 0;
 }
 
-/// One JSON object summarising a snapshot set: layout, identity, and per rank what it holds.
-Json set_summary(const dpipe::SnapshotSet& set) {
-  const auto& m = set.rank(0).meta;
+/// What a set summary says of one rank's snapshot.
+Json rank_summary(int r, const dpipe::Snapshot& s) {
+  std::uint64_t buffered = 0;
+  for (const auto& st : s.states)
+    for (const auto& f : st.fields)
+      if (f.type == dpipe::FieldType::elements && f.elements.tag != "u64") buffered += f.elements.size();
+  return {{"rank", r},
+          {"elements_delivered", s.meta.elements_delivered},
+          {"records", s.states.size()},
+          {"buffered_elements", buffered}};
+}
+
+/// One JSON object summarising a snapshot set: layout, identity (from rank 0's metadata `m`), and per
+/// rank what it holds (`ranks`, from rank_summary).
+Json set_summary(const dpipe::SnapshotMeta& m, Json ranks) {
   Json nodes = Json::array();
   for (const auto& g : m.graph) nodes.push_back(dpipe::detail::json_text<Json>(g.key + " (" + g.kind + ")"));
-  Json ranks = Json::array();
-  for (int r = 0; r < set.world_size(); ++r) {
-    const auto& s = set.rank(r);
-    std::uint64_t buffered = 0;
-    for (const auto& st : s.states)
-      for (const auto& f : st.fields)
-        if (f.type == dpipe::FieldType::elements && f.elements.tag != "u64") buffered += f.elements.size();
-    ranks.push_back({{"rank", r},
-                     {"elements_delivered", s.meta.elements_delivered},
-                     {"records", s.states.size()},
-                     {"buffered_elements", buffered}});
-  }
-  return {{"world_size", set.world_size()},
-          {"num_workers", set.num_workers()},
+  return {{"world_size", m.layout.world_size},
+          {"num_workers", m.layout.num_workers},
           {"seed", m.seed},
           {"epoch", m.epoch},
           {"nodes", std::move(nodes)},
           {"ranks", std::move(ranks)}};
+}
+
+Json set_summary(const dpipe::SnapshotSet& set) {
+  Json ranks = Json::array();
+  for (int r = 0; r < set.world_size(); ++r) ranks.push_back(rank_summary(r, set.rank(r)));
+  return set_summary(set.rank(0).meta, std::move(ranks));
 }
 
 int cmd_show(const std::string& path) {
@@ -467,9 +473,14 @@ int cmd_show(const std::string& path) {
 int cmd_rescale(const RescaleArgs& a) {
   if (std::filesystem::exists(a.out) && !std::filesystem::is_empty(a.out))
     throw dpipe::ConfigError("output directory '" + a.out + "' is not empty");
-  const auto set = dpipe::SnapshotSet::read_dir(a.dir).rescaled(a.world_size, a.workers);
-  set.write_dir(a.out);
-  std::cout << dump(set_summary(set)) << "\n";
+  // One new rank at a time: the summary keeps rank 0's metadata and a few numbers per rank.
+  std::optional<dpipe::SnapshotMeta> first;
+  Json ranks = Json::array();
+  dpipe::SnapshotSet::rescale_dir(a.dir, a.out, a.world_size, a.workers, [&](const dpipe::Snapshot& s) {
+    if (!first) first = s.meta;
+    ranks.push_back(rank_summary(s.meta.layout.rank, s));
+  });
+  std::cout << dump(set_summary(*first, std::move(ranks))) << "\n";
   return 0;
 }
 

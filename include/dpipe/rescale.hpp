@@ -127,17 +127,32 @@ inline constexpr const char* kNotDealt =
     "it keeps state that cannot be dealt to another layout; rescalable pipelines read through a sampler and use "
     "shuffle, batch, flat_map and stateless nodes";
 
-/// Pools element lists (in order) and deals them round-robin: the i-th pooled element to slot i mod n.
+/// Pools element lists (in order) and deals them in contiguous runs: of N pooled elements, slot j gets
+/// elements [N·j/n, N·(j+1)/n). Slots differ by at most one element, and each takes its elements from as
+/// few old lists as it can, so a rescale that reads only what it deals opens few of them.
 inline std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t n) {
   std::vector<ElementBlobs> out(n);
   if (lists.empty()) return out;
   const std::string& tag = lists.front()->tag;
   for (auto& b : out) b.tag = tag;
-  std::size_t i = 0;
+  std::size_t total = 0;
   for (const ElementBlobs* l : lists) {
     if (l->tag != tag)
       throw SnapshotError("cannot rescale: elements of types " + tag + " and " + l->tag + " in one list");
-    for (std::size_t k = 0; k < l->size(); ++k, ++i) out[i % n].append(l->at(k));
+    total += l->size();
+  }
+  // The first pooled index of slot j, without overflow (total % n < n, j <= n).
+  const auto start = [&](std::size_t j) { return total / n * j + total % n * j / n; };
+  std::size_t slot = 0, first = 0;  // first: the pooled index of the current list's element 0
+  for (const ElementBlobs* l : lists) {
+    const std::size_t len = l->size();
+    for (std::size_t k = 0; k < len;) {
+      while (first + k >= start(slot + 1)) ++slot;
+      const std::size_t stop = std::min(len, start(slot + 1) - first);
+      out[slot].append_from(*l, k, stop);
+      k = stop;
+    }
+    first += len;
   }
   return out;
 }

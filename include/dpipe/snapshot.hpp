@@ -21,13 +21,30 @@ const char* to_string(StateMode m);
 
 enum class FieldType : std::uint8_t { u64 = 1, i64 = 2, str = 3, elements = 4 };
 
+/// Elements [begin, end) of stored list `list` of a rescale plan: a rescale that reads only what it
+/// deals (SnapshotSet::read_rank) first deals ranges of the old ranks' lists, then loads the ranges its
+/// own rank received.
+struct ElementRange {
+  std::uint64_t list = 0, begin = 0, end = 0;
+};
+
 /// A list of encoded elements: element i is data[offsets[i], offsets[i+1]).
 struct ElementBlobs {
   std::string tag;                   // Codec<T>::tag() of the element type
   std::vector<std::uint64_t> offsets{0};
   std::string data;
+  /// In a rescale plan only: when not empty, the list's elements are these ranges, in order; offsets
+  /// and data then hold a loaded copy of the same elements, or none (loaded() false).
+  std::vector<ElementRange> ranges{};
 
-  std::size_t size() const { return offsets.size() - 1; }
+  std::size_t size() const {
+    if (ranges.empty()) return offsets.size() - 1;
+    std::size_t n = 0;
+    for (const auto& r : ranges) n += static_cast<std::size_t>(r.end - r.begin);
+    return n;
+  }
+  /// Whether the elements' bytes are here (always, but for a plan's lists not loaded).
+  bool loaded() const { return ranges.empty() || offsets.size() - 1 == size(); }
   std::string_view at(std::size_t i) const {
     return std::string_view(data).substr(offsets[i], offsets[i + 1] - offsets[i]);
   }
@@ -35,11 +52,15 @@ struct ElementBlobs {
     data.append(bytes);
     offsets.push_back(data.size());
   }
+  /// Appends elements [begin, end) of `src`: as ranges when `src` is a plan's list, else as bytes. A
+  /// list holds one kind or the other (the rescale rules deal a plan's lists among themselves).
+  void append_from(const ElementBlobs& src, std::size_t begin, std::size_t end);
   /// Empty again, keeping the storage (a recycled snapshot's records are overwritten in place).
   void clear() {
     tag.clear();
     offsets.assign(1, 0);
     data.clear();
+    ranges.clear();
   }
 };
 
@@ -125,8 +146,10 @@ struct SnapshotIdentity {
 
 class Snapshot {
  public:
-  /// 2: an identity section (id, step) first after the section table. Files of version 1 stay readable.
-  static constexpr std::uint32_t kFormatVersion = 2;
+  /// 2: an identity section (id, step) first after the section table. 3: a state index (the node
+  /// states with each long element list replaced by where it lies and its checksum) before the node
+  /// states, so a rescale reads the lists it deals only. Files of versions 1 and 2 stay readable.
+  static constexpr std::uint32_t kFormatVersion = 3;
 
   SnapshotMeta meta;
   std::vector<NodeState> states;

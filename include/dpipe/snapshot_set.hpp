@@ -12,6 +12,7 @@
 /// rescale fail with a SnapshotError naming it. It works on the records alone, without the element
 /// types, so the `dpipe` tool can rescale a set written by any program.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -68,6 +69,13 @@ class SnapshotSet {
   SnapshotSet rescaled(int world_size, int num_workers) const;
   /// Writes every rank's file into `dir`.
   void write_dir(const std::string& dir) const;
+  /// Rescales the set in `dir` onto {world_size, num_workers} into the directory `out` (absent or empty)
+  /// one new rank at a time, holding the old ranks' state indexes and one new rank's elements, not the
+  /// set (a set written before format 3 is read whole). The files are written into a directory beside
+  /// `out`, made durable, and renamed into place: `out` ends up holding the whole new set or nothing.
+  /// `on_rank` sees each new rank's snapshot once its file is written.
+  static void rescale_dir(const std::string& dir, const std::string& out, int world_size, int num_workers,
+                          const std::function<void(const Snapshot&)>& on_rank = {});
 
  private:
   std::vector<Snapshot> ranks_;

@@ -28,6 +28,18 @@
 
 namespace dpipe {
 
+/// Thrown by a StateReader asked for the values of an element list that a rescale plan has not loaded
+/// (ElementBlobs::loaded); the plan loads that field's lists and deals again (SnapshotSet::read_rank).
+class ElementsNotLoaded : public SnapshotError {
+ public:
+  ElementsNotLoaded(const std::string& node_key, const std::string& field_name)
+      : SnapshotError("snapshot state of node '" + node_key + "': the elements of field '" + field_name +
+                      "' are not loaded"),
+        key(node_key),
+        field(field_name) {}
+  std::string key, field;
+};
+
 namespace detail {
 template <class T>
 constexpr bool is_optional_v = false;
@@ -151,6 +163,7 @@ class StateReader {
       v = f.elements;
     } else if constexpr (std::is_same_v<T, Rng>) {
       expect(f, FieldType::elements);
+      require_loaded(f);
       if (f.elements.tag != "u64" || f.elements.size() != 4) fail("field '" + f.name + "' is not a generator state");
       Rng::State s;
       for (std::size_t i = 0; i < 4; ++i) s[i] = decode_from_string<std::uint64_t>(f.elements.at(i), what());
@@ -160,6 +173,7 @@ class StateReader {
     } else if constexpr (detail::is_vector_v<T> || detail::is_optional_v<T>) {
       using E = typename T::value_type;
       expect(f, FieldType::elements);
+      require_loaded(f);
       if (f.elements.tag != Codec<E>::tag())
         fail("field '" + f.name + "' holds elements of type " + f.elements.tag + ", expected " + Codec<E>::tag());
       const std::size_t n = f.elements.size();
@@ -210,6 +224,9 @@ class StateReader {
     const Field& f = in_.fields[pos_++];
     if (f.name != name) fail("expected field '" + std::string(name) + "', found '" + f.name + "'");
     return f;
+  }
+  void require_loaded(const Field& f) const {
+    if (!f.elements.loaded()) throw ElementsNotLoaded(in_.key, f.name);
   }
   void expect(const Field& f, FieldType t) const {
     if (f.type != t)

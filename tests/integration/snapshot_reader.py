@@ -13,8 +13,9 @@ MAGIC = b"DPIPESNP"
 HEADER_BYTES = 32
 SECTION_ENTRY_BYTES = 24
 MAX_SECTIONS = 64
-KNOWN_VERSIONS = (1, 2)
-SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY = 1, 2, 3, 4
+KNOWN_VERSIONS = (1, 2, 3)
+SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY, SECTION_STATE_INDEX = 1, 2, 3, 4, 5
+INLINE_LIST_BYTES = 256  # a list whose lengths and bytes take more is stored apart in the state index
 STATE_MODES = {1: "hook", 2: "stateless", 3: "replay"}
 FIELD_TYPES = {1: "u64", 2: "i64", 3: "str", 4: "elements"}
 SEGMENTS = ("prefix", "worker", "suffix")
@@ -159,7 +160,7 @@ def read_snapshot(data):
         sections.append({"id": sid, "crc": crc, "offset": off, "length": length, "body": body})
 
     ids = [s["id"] for s in sections]
-    for sid in (SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY):
+    for sid in (SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY, SECTION_STATE_INDEX):
         if ids.count(sid) > 1:
             raise FormatError(f"section {sid} appears {ids.count(sid)} times")
     if SECTION_META not in ids or SECTION_STATES not in ids:
@@ -172,6 +173,11 @@ def read_snapshot(data):
     if h["format_version"] >= 2 and SECTION_IDENTITY not in body:
         raise FormatError("the identity section is missing")
     meta["id"], meta["step"] = decode_identity(body[SECTION_IDENTITY]) if SECTION_IDENTITY in body else (0, None)
+    if h["format_version"] >= 3 and SECTION_STATE_INDEX not in body:
+        raise FormatError("the state index is missing")
+    if SECTION_STATE_INDEX in body:
+        states_entry = next(s for s in sections if s["id"] == SECTION_STATES)
+        check_state_index(body[SECTION_STATE_INDEX], data, states_entry, states)
     return {"header": h, "sections": [{k: v for k, v in s.items() if k != "body"} for s in sections],
             "meta": meta, "states": states}
 
@@ -254,6 +260,77 @@ def decode_states(body):
         states.append(s)
     c.end()
     return states
+
+
+def check_state_index(body, data, states_entry, states):
+    """Section 5 (format 3): the node records again, each element list inline or stored apart (where its
+    lengths and bytes lie in the file, and their CRC-32C). Verifies every stored list's checksum against
+    the file and that the index says what the node states say."""
+    c = Cursor(body, "state index")
+    n = c.count(29)
+    if n != len(states):
+        raise FormatError(f"the state index has {n} records, the node states {len(states)}")
+    lo, hi = states_entry["offset"], states_entry["offset"] + states_entry["length"]
+    for s in states:
+        head = (c.string(), c.string(), c.u32(), STATE_MODES.get(c.u8()))
+        if head != (s["key"], s["kind"], s["instance"], s["mode"]):
+            raise FormatError(f"the state index names {head}, the node states {s['key']!r} instance {s['instance']}")
+        if c.count(9) != len(s["fields"]):
+            raise FormatError(f"the state index gives node {s['key']!r} another field count")
+        for f in s["fields"]:
+            name, t = c.string(), c.u8()
+            if name != f["name"] or FIELD_TYPES.get(t) != f["type"]:
+                raise FormatError(f"the state index has field {name!r} where the node states have {f['name']!r}")
+            if t == 1:
+                same = c.u64() == f["value"]
+            elif t == 2:
+                same = c.i64() == f["value"]
+            elif t == 3:
+                same = c.string() == f["value"]
+            else:
+                tag, k, stored = c.string(), c.u64(), c.u8()
+                encoded = b"".join(struct.pack("<Q", len(b)) for b in f["blobs"]) + b"".join(f["blobs"])
+                if stored == 1:
+                    off, length, crc = c.u64(), c.u64(), c.u32()
+                    if off < lo or off + length > hi:
+                        raise FormatError(f"field {name!r} of node {s['key']!r} is stored outside the node states")
+                    if crc32c(data[off:off + length]) != crc:
+                        raise ChecksumError(f"stored list {name!r} of node {s['key']!r} checksum mismatch")
+                    same = data[off:off + length] == encoded and length > INLINE_LIST_BYTES
+                elif stored == 0:
+                    same = c.take(len(encoded)) == encoded and len(encoded) <= INLINE_LIST_BYTES
+                else:
+                    raise FormatError(f"field {name!r} has a list flag {stored}")
+                same = same and tag == f["tag"] and k == len(f["blobs"])
+            if not same:
+                raise FormatError(f"the state index and the node states differ on field {name!r} of node {s['key']!r}")
+    c.end()
+
+
+def encode_state_index(states, list_offsets):
+    """Section 5 for `states`, whose element lists' lengths start at `list_offsets` (file offsets, in order)."""
+    modes = {v: k for k, v in STATE_MODES.items()}
+    out = [struct.pack("<Q", len(states))]
+    spans = iter(list_offsets)
+    for s in states:
+        out += [_str(s["key"]), _str(s["kind"]), struct.pack("<IBQ", s["instance"], modes[s["mode"]], len(s["fields"]))]
+        for f in s["fields"]:
+            out.append(_str(f["name"]))
+            if f["type"] == "u64":
+                out.append(struct.pack("<BQ", 1, f["value"]))
+            elif f["type"] == "i64":
+                out.append(struct.pack("<Bq", 2, f["value"]))
+            elif f["type"] == "str":
+                out.append(b"\x03" + _str(f["value"]))
+            else:
+                encoded = b"".join(struct.pack("<Q", len(b)) for b in f["blobs"]) + b"".join(f["blobs"])
+                out += [b"\x04", _str(f["tag"]), struct.pack("<Q", len(f["blobs"]))]
+                off = next(spans)
+                if len(encoded) > INLINE_LIST_BYTES:
+                    out.append(struct.pack("<BQQI", 1, off, len(encoded), crc32c(encoded)))
+                else:
+                    out += [b"\x00", encoded]
+    return b"".join(out)
 
 
 # ---- native element encodings ----
@@ -393,7 +470,8 @@ def encode_node_details(graph):
     return b"".join(out)
 
 
-def encode_states(states):
+def encode_states(states, list_offsets=None):
+    """Section 2; appends to `list_offsets` where each element list's lengths start in it."""
     modes = {v: k for k, v in STATE_MODES.items()}
     out = [struct.pack("<Q", len(states))]
     for s in states:
@@ -408,6 +486,8 @@ def encode_states(states):
                 out.append(b"\x03" + _str(f["value"]))
             else:
                 out += [b"\x04", _str(f["tag"]), struct.pack("<Q", len(f["blobs"]))]
+                if list_offsets is not None:
+                    list_offsets.append(sum(len(x) for x in out))
                 out += [struct.pack("<Q", len(b)) for b in f["blobs"]]
                 out += f["blobs"]
     return b"".join(out)
@@ -415,18 +495,25 @@ def encode_states(states):
 
 def write_snapshot(snap, node_details=True, version=None):
     """Bytes of `snap` (a read_snapshot dict) laid out as dpipe lays out its files: from version 2 the
-    identity section 4, then sections 1, 2 and, when node_details and every graph node has a segment, 3,
-    contiguous after the table. `version` defaults to the one `snap` was read with."""
+    identity section 4 first; then sections 1, 2 and, when node_details and every graph node has a
+    segment, 3 (version 3: 1, 3, 2, then the state index 5), contiguous after the table. `version`
+    defaults to the one `snap` was read with."""
     meta = snap["meta"]
     if version is None:
         version = snap["header"]["format_version"]
-    bodies = [(SECTION_META, encode_meta(meta)), (SECTION_STATES, encode_states(snap["states"]))]
+    list_offsets = []
+    states = encode_states(snap["states"], list_offsets)
+    bodies = [(SECTION_META, encode_meta(meta)), (SECTION_STATES, states)]
     if version >= 2:
         step = meta.get("step")
         ident = struct.pack("<QBQ", meta.get("id", 0), 0 if step is None else 1, step or 0)
         bodies.insert(0, (SECTION_IDENTITY, ident))
     if node_details and all("segment" in n for n in meta["graph"]):
-        bodies.append((SECTION_NODE_DETAILS, encode_node_details(meta["graph"])))
+        details = (SECTION_NODE_DETAILS, encode_node_details(meta["graph"]))
+        bodies.insert(len(bodies) - 1 if version >= 3 else len(bodies), details)
+    if version >= 3:
+        states_at = HEADER_BYTES + SECTION_ENTRY_BYTES * (len(bodies) + 1) + sum(len(b) for _, b in bodies[:-1])
+        bodies.append((SECTION_STATE_INDEX, encode_state_index(snap["states"], [states_at + o for o in list_offsets])))
     offset = HEADER_BYTES + SECTION_ENTRY_BYTES * len(bodies)
     table = b""
     for sid, body in bodies:

@@ -120,9 +120,10 @@ def checksums_verify(path):
     for s in snap["sections"]:
         assert s["crc"] == sr.crc32c(data[s["offset"]:s["offset"] + s["length"]]), s
     assert h["total_length"] == len(data)
-    # dpipe's own layout: sections (4,) 1, 2, 3 back to back after the table, up to the end of the file.
+    # dpipe's own layout: sections (4,) 1, 2, 3 (version 3: 4, 1, 3, 2, 5) back to back after the table,
+    # up to the end of the file.
     ids = [s["id"] for s in snap["sections"]]
-    assert ids in ([1, 2], [1, 2, 3], [4, 1, 2, 3]), ids
+    assert ids in ([1, 2], [1, 2, 3], [4, 1, 2, 3], [4, 1, 3, 2, 5]), ids
     at = 32 + 24 * len(ids)
     for s in snap["sections"]:
         assert s["offset"] == at, (s, at)
@@ -397,7 +398,7 @@ def fixture_reads(vdir, fx, version):
     for p in paths:
         snap = sr.read_file(p)
         assert snap["header"]["format_version"] == version, snap["header"]
-        assert [s["id"] for s in snap["sections"]] == fx.get("sections", [1, 2, 3] if version == 1 else [4, 1, 2, 3]), snap["sections"]
+        assert [s["id"] for s in snap["sections"]] == fx.get("sections", {1: [1, 2, 3], 2: [4, 1, 2, 3]}.get(version, [4, 1, 3, 2, 5])), snap["sections"]
         compare_with_show(p)
 
 

@@ -118,7 +118,7 @@ struct BatchKind {
            " elements of the next batch" + (st.input_done ? ", its input ended" : "");
   }
 
-  /// Rescale: the partial batches of every old instance are pooled and dealt round-robin to the new ones,
+  /// Rescale: the partial batches of every old instance are pooled and dealt (rescale::deal) to the new ones,
   /// and each looks at its input again (a batch flushes its partial batch only when its input ends).
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {

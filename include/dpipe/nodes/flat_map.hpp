@@ -198,7 +198,7 @@ auto flat_map(Fn fn, FlatMapOptions o = {}) {
 struct FlatMapKind {
   static constexpr std::string_view name = "flat_map";
 
-  /// Rescale: the pending outputs of every old instance are pooled and dealt round-robin to the new ones;
+  /// Rescale: the pending outputs of every old instance are pooled and dealt (rescale::deal) to the new ones;
   /// for a streaming flat_map, the remainders of its expansions, each whole.
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {

@@ -138,7 +138,7 @@ struct ShuffleKind {
            (st.input_done ? ", its input ended" : "");
   }
 
-  /// Rescale: the buffered elements of every old instance are pooled and dealt round-robin to the new
+  /// Rescale: the buffered elements of every old instance are pooled and dealt (rescale::deal) to the new
   /// ones. A new instance keeps the generator of the old one it takes the place of (slot j of the old
   /// records, cyclically); one beyond the old count gets that generator mixed with its slot, so no two
   /// draw the same stream. The input-ended flag stays set only when every old instance had seen its input
