@@ -6,7 +6,9 @@
 // batch(16) | prefetch(4) on 4 workers, takes 20 batches, and writes its reproducible snapshot with
 // SnapshotSet::write_rank), then measures, each in a fresh process so its peak memory is its own:
 //   - rank 0 resuming on the set's own layout (Engine::resume from a SnapshotDir);
-//   - rank 0 of 3W/4 ranks resuming with a rescale.
+//   - rank 0 of 3W/4 ranks resuming with a rescale;
+//   - the offline rescale of the whole set to 3W/4 ranks (SnapshotSet::rescale_dir, `dpipe snapshot
+//     rescale`), fsyncs included.
 // Per measurement: the time from nothing to a restored Run, the bytes the process read (rchar of
 // /proc/self/io: every read and pread, the snapshot files included; directory listings are not counted)
 // and the peak resident set (ru_maxrss), beside the process's resident set before it began.
@@ -76,6 +78,21 @@ int measure(const std::string& dir, int rank, int world, int written) {
   return run.next() ? 0 : 1;  // it continues
 }
 
+/// In a fresh process: the set in `dir` rescaled offline to `world` ranks into `out`; prints
+/// "seconds bytes peak_kib base_kib".
+int measure_offline(const std::string& dir, const std::string& out, int world) {
+  const long base = rss_kib();
+  const std::uint64_t read0 = bytes_read();
+  const auto t0 = Clock::now();
+  dpipe::SnapshotSet::rescale_dir(dir, out, world, kWorkers);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::uint64_t read = bytes_read() - read0;
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  std::cout << s << " " << read << " " << u.ru_maxrss << " " << base << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,6 +103,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--measure" && i + 4 < argc)
       return measure(argv[i + 1], std::atoi(argv[i + 2]), std::atoi(argv[i + 3]), std::atoi(argv[i + 4]));
+    if (a == "--measure-offline" && i + 3 < argc) return measure_offline(argv[i + 1], argv[i + 2], std::atoi(argv[i + 3]));
     if (a == "--worlds" && i + 1 < argc) {
       worlds.clear();
       std::stringstream ss(argv[++i]);
@@ -99,8 +117,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("%7s %9s %8s | %-38s | %-38s\n", "world", "set MB", "write s", "same layout, rank 0: ms, MB read, peak MB",
-              "rescale to 3/4, rank 0: ms, MB read, peak MB");
+  std::printf("%7s %9s %8s | %-38s | %-38s | %s\n", "world", "set MB", "write s",
+              "same layout, rank 0: ms, MB read, peak MB", "rescale to 3/4, rank 0: ms, MB read, peak MB",
+              "offline rescale to 3/4: s, MB read, peak MB");
   for (const int world : worlds) {
     const std::string dir = root + "/w" + std::to_string(world);
     fs::remove_all(dir);
@@ -131,9 +150,26 @@ int main(int argc, char** argv) {
     };
     const std::string same = child(0, world);
     const std::string rescaled = child(0, world * 3 / 4);
-    std::printf("%7d %9.1f %8.1f | %-38s | %-38s\n", world, bytes / 1e6, write_s, same.c_str(), rescaled.c_str());
+    const std::string out = dir + "-rescaled";
+    fs::remove_all(out);
+    std::string offline;
+    {
+      const std::string cmd = std::string(argv[0]) + " --measure-offline " + dir + " " + out + " " + std::to_string(world * 3 / 4);
+      FILE* f = ::popen(cmd.c_str(), "r");
+      double s = 0, read = 0, peak = 0, base = 0;
+      if (!f || std::fscanf(f, "%lf %lf %lf %lf", &s, &read, &peak, &base) != 4) std::cerr << "measure failed: " << cmd << "\n";
+      if (f) ::pclose(f);
+      char text[64];
+      std::snprintf(text, sizeof text, "%6.2f %8.1f %8.1f", s, read / 1e6, peak / 1024);
+      offline = text;
+    }
+    std::printf("%7d %9.1f %8.1f | %-38s | %-38s | %s\n", world, bytes / 1e6, write_s, same.c_str(), rescaled.c_str(),
+                offline.c_str());
     std::fflush(stdout);
-    if (!keep) fs::remove_all(dir);
+    if (!keep) {
+      fs::remove_all(dir);
+      fs::remove_all(out);
+    }
   }
   return 0;
 }

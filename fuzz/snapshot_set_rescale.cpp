@@ -3,8 +3,15 @@
 // restored into the representative pipeline it belongs to. The custom mutator mutates one rank's decoded
 // snapshot (sometimes carrying its identity and layout to every rank, so the set stays consistent and the
 // mutation reaches the rescale), the new layout, or the list of ranks; checksums are always valid.
+// The same bytes written as a set directory are rescaled through it too (SnapshotSet::read_rank: the
+// state indexes, then only the lists dealt): that never crashes, and for files in dpipe's own encoding it
+// gives each new rank the bytes the in-memory rescale gives.
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string_view>
 
@@ -13,6 +20,53 @@
 #include "snapshot_mutator.hpp"
 
 using namespace dpipe_fuzz;
+
+namespace {
+
+/// The input's rank files written into a fresh directory under their set names; false when a rank's bytes
+/// do not read (nothing to name them by). `canonical` says whether every file is in dpipe's own encoding.
+bool write_set_dir(const std::vector<std::string>& ranks, const std::string& dir, bool& canonical) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  canonical = true;
+  for (const auto& bytes : ranks) {
+    try {
+      const auto s = dpipe::Snapshot::from_bytes(bytes);
+      canonical = canonical && s.to_bytes() == bytes;
+      std::ofstream(fs::path(dir) / dpipe::SnapshotSet::file_name(s.meta), std::ios::binary) << bytes;
+    } catch (const dpipe::Error&) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Every new rank rescaled through the directory; compared with the in-memory rescale `expected` (when
+/// there is one) for canonical files.
+void rescale_through_dir(const std::vector<std::string>& ranks, const std::optional<dpipe::SnapshotSet>& expected, int w,
+                         int k) {
+  static const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dpipe-fuzz-set-" + std::to_string(::getpid()))).string();
+  bool canonical = false;
+  if (!write_set_dir(ranks, dir, canonical)) return;
+  for (int r = 0; r < w && r < 8; ++r) {
+    try {
+      const dpipe::Snapshot got = dpipe::SnapshotSet::read_rank(dir, dpipe::Layout{r, w, k}, true);
+      // On the set's own layout a rank reads its own file: nothing is dealt, nothing to compare.
+      const bool dealt = expected && !(static_cast<int>(ranks.size()) == w &&
+                                       dpipe::Snapshot::from_bytes(ranks.front()).meta.layout.num_workers == k);
+      if (canonical && dealt && got.to_bytes() != expected->rank(r).to_bytes())
+        finding("rank " + std::to_string(r) + " rescaled through a directory differs from the in-memory rescale");
+    } catch (const dpipe::Error& e) {
+      if (canonical && expected)
+        finding(std::string("a set the in-memory rescale takes fails through a directory: ") + e.what());
+    }
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   SetInput in;
@@ -29,8 +83,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const dpipe::SnapshotSet set(std::move(ranks));
     out.emplace(set.rescaled(w, k));
   } catch (const dpipe::Error&) {
-    return 0;
   }
+  rescale_through_dir(in.ranks, out, w, k);
+  if (!out) return 0;
   if (out->world_size() != w || out->num_workers() != k)
     finding("a rescale to " + std::to_string(w) + " ranks of " + std::to_string(k) + " workers gave " +
             std::to_string(out->world_size()) + " ranks of " + std::to_string(out->num_workers()));

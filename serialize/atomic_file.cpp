@@ -65,9 +65,6 @@ std::string follow_links(const std::string& path) {
                   " symbolic links to follow");
 }
 
-bool process_is_gone(long pid) {
-  return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-}
 
 /// Removes the temporaries a killed writer left for `target`: `.NAME.dpipe-tmp.PID.HEX` with PID dead.
 void remove_stale_temporaries(const std::string& target) {
@@ -85,7 +82,7 @@ void remove_stale_temporaries(const std::string& target) {
     if (errno != 0 || end == rest.c_str() || *end != '.' || pid == self) continue;
     const char* hex = end + 1;
     if (*hex == '\0' || std::strspn(hex, "0123456789abcdef") != std::strlen(hex)) continue;
-    if (process_is_gone(pid)) ::unlinkat(::dirfd(d), e->d_name, 0);  // a race with another cleaner is harmless
+    if (detail::process_is_gone(pid)) ::unlinkat(::dirfd(d), e->d_name, 0);  // a race with another cleaner is harmless
   }
   ::closedir(d);
 }
@@ -126,6 +123,10 @@ void fsync_directory(const std::string& dir, const std::string& path) {
     throw FileError("cannot make " + quoted(path) + " durable: fsync of its directory failed: " + std::strerror(err));
 }
 
+bool process_is_gone(long pid) {
+  return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace detail
 
 AtomicFileWriter::AtomicFileWriter(std::string path, AtomicWriteOptions options) : path_(std::move(path)) {
@@ -149,7 +150,8 @@ AtomicFileWriter::AtomicFileWriter(std::string path, AtomicWriteOptions options)
   check_replaceable(path_, target_, st, exists);
   // Replacing needs only a writable directory; a file the user protected stays protected.
   if (exists && ::access(target_.c_str(), W_OK) != 0) fail("cannot replace", errno);
-  remove_stale_temporaries(target_);
+  sync_ = options.durability == Durability::each_write;
+  if (sync_) remove_stale_temporaries(target_);
   const std::string dir = dir_of(target_), stem = dir + "/" + temp_prefix(target_) + std::to_string(::getpid()) + ".";
   for (int attempt = 0; fd_ < 0; ++attempt) {
     temp_ = stem + random_hex();
@@ -207,7 +209,7 @@ void AtomicFileWriter::flush() {
 void AtomicFileWriter::finish(const std::string& final_path) {
   if (done_ || fd_ < 0) throw FileError("cannot commit " + quoted(path_) + " twice");
   flush();
-  if (!in_place() && ::fsync(fd_) != 0) fail("cannot flush", errno);
+  if (!in_place() && sync_ && ::fsync(fd_) != 0) fail("cannot flush", errno);
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail("cannot write", errno);
@@ -221,7 +223,7 @@ void AtomicFileWriter::finish(const std::string& final_path) {
                     std::strerror(err));
   }
   done_ = true;
-  detail::fsync_directory(dir_of(final_path), final_path);
+  if (sync_) detail::fsync_directory(dir_of(final_path), final_path);
 }
 
 void AtomicFileWriter::commit() { finish(target_); }

@@ -1,5 +1,6 @@
 #pragma once
-// Making a directory's entries durable (inside the library: atomic writes, snapshot sets).
+// Making a directory's entries durable, and knowing a killed writer's leftovers (inside the library:
+// atomic writes, snapshot sets).
 #include <string>
 
 namespace dpipe::detail {
@@ -7,5 +8,8 @@ namespace dpipe::detail {
 /// fsyncs directory `dir` so that the renames and removals in it survive a crash; `path` names what is
 /// being made durable in the error (FileError). File systems that cannot fsync a directory are accepted.
 void fsync_directory(const std::string& dir, const std::string& path);
+
+/// Whether no process `pid` exists any more (a temporary named for it was left by a killed writer).
+bool process_is_gone(long pid);
 
 }  // namespace dpipe::detail

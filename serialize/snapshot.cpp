@@ -466,7 +466,14 @@ class SnapshotFileParts {
   };
 
   explicit SnapshotFileParts(const std::string& path) : path_(path), file_(path, FileRole::snapshot) {
+    // The first bytes hold the header, the table and, in files dpipe writes, the small sections after it.
     head_ = read(0, std::min<std::uint64_t>(file_.size(), kHeadBytes));
+    if (head_.size() >= kHeaderBytes) {  // a table longer than the first read is read whole
+      std::uint32_t count = 0;
+      std::memcpy(&count, head_.data() + 12, sizeof count);
+      const std::uint64_t table_end = kHeaderBytes + std::uint64_t{std::min(count, kMaxSections)} * kSectionEntryBytes;
+      if (table_end > head_.size() && table_end <= file_.size()) head_ = read(0, table_end);
+    }
     if (head_.size() < kHeaderBytes || std::memcmp(head_.data(), kMagic, sizeof kMagic) != 0)
       throw fail("not a dpipe snapshot (no header)");
     if (crc32c_raw(head_.data(), kHeaderBytes - 4) !=
@@ -482,7 +489,7 @@ class SnapshotFileParts {
     const auto table_crc = h.get<std::uint32_t>();
     if (total != file_.size())
       throw fail("snapshot is " + std::to_string(file_.size()) + " bytes, its header says " + std::to_string(total));
-    // kMaxSections entries fit in the first kHeadBytes, so a table that does not is a truncated file.
+    // The whole table was read when the file holds it, so a table that does not fit is a truncated file.
     const std::size_t table_end = kHeaderBytes + static_cast<std::size_t>(count) * kSectionEntryBytes;
     if (count > kMaxSections || table_end > head_.size()) throw fail("snapshot is truncated inside its section table");
     const auto table = std::string_view(head_).substr(kHeaderBytes, table_end - kHeaderBytes);
@@ -532,7 +539,7 @@ class SnapshotFileParts {
   SnapshotError fail(const std::string& why) const { return SnapshotError("'" + path_ + "': " + why); }
 
  private:
-  static constexpr std::uint64_t kHeadBytes = 4096;
+  static constexpr std::uint64_t kHeadBytes = 1024;
   std::string path_;
   RegularFile file_;
   std::string head_;

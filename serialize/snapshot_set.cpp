@@ -1,10 +1,12 @@
 // Snapshot sets (one file per rank) and their rescaling to another layout, on records alone.
 #include "dpipe/snapshot_set.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <map>
 #include <set>
 
+#include "dpipe/atomic_file.hpp"
 #include "dpipe/codec.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/node_kind.hpp"
@@ -100,11 +103,19 @@ std::optional<std::uint64_t> decimal(std::string_view s) {
   return v;
 }
 
-std::vector<std::string_view> split_dots(std::string_view s) {
-  std::vector<std::string_view> out;
+/// A name's dot-separated parts; more than kMaxParts (no rank file has as many) gives an empty list.
+struct DotParts {
+  static constexpr std::size_t kMaxParts = 5;
+  std::array<std::string_view, kMaxParts> part{};
+  std::size_t size = 0;
+  std::string_view back() const { return part[size - 1]; }
+};
+DotParts split_dots(std::string_view s) {
+  DotParts out;
   for (;;) {
+    if (out.size == DotParts::kMaxParts) return {};
     const auto dot = s.find('.');
-    out.push_back(s.substr(0, dot));
+    out.part[out.size++] = s.substr(0, dot);
     if (dot == std::string_view::npos) return out;
     s.remove_prefix(dot + 1);
   }
@@ -133,26 +144,27 @@ std::string SnapshotSet::file_name(const SnapshotMeta& m) {
 }
 
 std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) {
-  const auto parts = split_dots(name);
-  if (parts.size() < 2 || parts.back() != "dpipe" || !parts[0].starts_with("rank-")) return std::nullopt;
+  const DotParts dots = split_dots(name);
+  const auto& parts = dots.part;
+  if (dots.size < 2 || dots.back() != "dpipe" || !parts[0].starts_with("rank-")) return std::nullopt;
   const std::string_view head = parts[0].substr(5);
   const auto of = head.find("-of-");
   if (of == std::string_view::npos) return std::nullopt;
   const auto r = decimal(head.substr(0, of)), w = decimal(head.substr(of + 4));
   if (!r || !w || *w == 0 || *w > std::uint64_t(std::numeric_limits<int>::max()) || *r >= *w) return std::nullopt;
   RankFileName out{.rank = static_cast<int>(*r), .world_size = static_cast<int>(*w)};
-  if (parts.size() == 2) return out;  // rank-R-of-W.dpipe: written before names carried more
+  if (dots.size == 2) return out;  // rank-R-of-W.dpipe: written before names carried more
   // rank-R-of-W.wK[.sS].TAG.dpipe
-  if (parts.size() != 4 && parts.size() != 5) return std::nullopt;
+  if (dots.size != 4 && dots.size != 5) return std::nullopt;
   const auto k = parts[1].starts_with("w") ? decimal(parts[1].substr(1)) : std::nullopt;
   if (!k || *k == 0 || *k > std::uint64_t(std::numeric_limits<int>::max())) return std::nullopt;
   out.workers = static_cast<int>(*k);
-  if (parts.size() == 5) {
+  if (dots.size == 5) {
     const auto s = parts[2].starts_with("s") ? decimal(parts[2].substr(1)) : std::nullopt;
     if (!s) return std::nullopt;
     out.step = *s;
   }
-  const std::string_view tag = parts[parts.size() - 2];
+  const std::string_view tag = parts[dots.size - 2];
   if (tag.size() != 16 || tag.find_first_not_of("0123456789abcdef") != std::string_view::npos) return std::nullopt;
   out.tag = std::stoull(std::string(tag), nullptr, 16);
   out.tagged = true;
@@ -169,16 +181,51 @@ struct SetListing {
 };
 
 SetListing list_set(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw SnapshotError("snapshot set '" + dir + "' is not a directory");
-  std::map<int, std::map<int, std::vector<std::pair<std::string, RankFileName>>>> by_world;  // W → R → files
+  // One pass over the entries with readdir (a set of thousands of ranks is listed by every rank that
+  // resumes): rank files kept with their parsed names, in one list.
+  std::vector<std::pair<std::string, RankFileName>> files;
   std::string odd;  // .dpipe files that are no rank of a set
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (const auto f = SnapshotSet::parse_file_name(name)) by_world[f->world_size][f->rank].emplace_back(name, *f);
-    else if (entry.path().extension() == ".dpipe") odd += (odd.empty() ? "'" : ", '") + name + "'";
+  {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) {
+      if (errno == ENOENT || errno == ENOTDIR) throw SnapshotError("snapshot set '" + dir + "' is not a directory");
+      throw SnapshotError("cannot list snapshot set '" + dir + "': " + std::strerror(errno));
+    }
+    errno = 0;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view name = e->d_name;
+      if (const auto f = SnapshotSet::parse_file_name(name)) files.emplace_back(std::string(name), *f);
+      else if (name.size() > 6 && name.ends_with(".dpipe")) odd += (odd.empty() ? "'" : ", '") + std::string(name) + "'";
+    }
+    const int err = errno;
+    ::closedir(d);
+    if (err) throw SnapshotError("cannot list snapshot set '" + dir + "': " + std::strerror(err));
   }
-  if (ec) throw SnapshotError("cannot list snapshot set '" + dir + "': " + ec.message());
+  // The usual set: one world size, each rank once. Placed by rank without sorting.
+  SetListing out;
+  out.world = files.empty() ? 0 : files.front().second.world_size;
+  if (odd.empty() && !files.empty() && files.size() == static_cast<std::size_t>(out.world)) {
+    out.ranks.resize(files.size());
+    bool usual = true;
+    for (auto& file : files) {
+      if (file.second.world_size != out.world ||  // then rank < world (the parse checks it against its own)
+          !out.ranks[static_cast<std::size_t>(file.second.rank)].first.empty()) {
+        usual = false;
+        break;
+      }
+      auto& slot = out.ranks[static_cast<std::size_t>(file.second.rank)];
+      out.all_tagged = out.all_tagged && file.second.tagged;
+      slot = std::move(file);
+    }
+    if (usual) return out;
+    // Not the usual set: gather the files back and report what is wrong with it below.
+    for (auto& slot : out.ranks)
+      if (!slot.first.empty()) files.push_back(std::move(slot));
+    files.erase(std::remove_if(files.begin(), files.end(), [](const auto& f) { return f.first.empty(); }), files.end());
+    out = SetListing{};
+  }
+  std::map<int, std::map<int, std::vector<std::pair<std::string, RankFileName>>>> by_world;  // W → R → files
+  for (auto& file : files) by_world[file.second.world_size][file.second.rank].push_back(std::move(file));
   // A file that looks like a rank's but is not one (rank-1-of-02, rank-5-of-2) is refused, not skipped:
   // it may be the very rank that is missing, written by other tools.
   if (!odd.empty())
@@ -194,7 +241,6 @@ SetListing list_set(const std::string& dir) {
     throw SnapshotError("snapshot set '" + dir + "' mixes files of " + std::to_string(by_world.size()) +
                         " different world sizes: " + sizes + "; a set holds one run's ranks only");
   }
-  SetListing out;
   out.world = by_world.begin()->first;
   const auto& found = by_world.begin()->second;
   // The work is bounded by the files present, never by the world size a file name claims: the missing
@@ -383,22 +429,36 @@ void create_set_dir(const std::string& dir) {
 /// per rank. Only the given ranks' names are touched, so ranks writing at once need no
 /// collective. The removals are made as durable as the writes (a crash must not bring one back).
 void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank) {
-  std::error_code ec;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(errno));
+  // One rank written (write_rank): only its names are parsed, the rest of a big set's listing is passed
+  // over by prefix.
+  std::string prefix = "rank-";
+  const auto written = [](const std::string& n) { return !n.empty(); };
+  if (std::count_if(written_by_rank.begin(), written_by_rank.end(), written) == 1)
+    prefix += std::to_string(std::find_if(written_by_rank.begin(), written_by_rank.end(), written) - written_by_rank.begin()) +
+              "-of-";
   bool removed = false;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (!name.starts_with(prefix)) continue;
     const auto f = SnapshotSet::parse_file_name(name);
     if (!f || f->world_size != world || static_cast<std::size_t>(f->rank) >= written_by_rank.size()) continue;
     const std::string& written = written_by_rank[static_cast<std::size_t>(f->rank)];
     if (written.empty() || name == written) continue;
-    std::error_code rm;
-    fs::remove(entry.path(), rm);
-    if (rm)
+    if (::unlinkat(::dirfd(d), e->d_name, 0) != 0 && errno != ENOENT) {
+      const int err = errno;
+      ::closedir(d);
       throw SnapshotError("wrote '" + written + "' into '" + dir + "' but cannot remove that rank's older file '" +
-                          name + "': " + rm.message());
+                          std::string(name) + "': " + std::strerror(err));
+    }
     removed = true;
+    errno = 0;
   }
-  if (ec) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + ec.message());
+  const int err = errno;
+  ::closedir(d);
+  if (err) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(err));
   if (removed) detail::fsync_directory(dir, dir);
 }
 
@@ -442,12 +502,15 @@ namespace {
 
 /// Throws unless every rank file of a listed set with today's names names one step and one tag.
 void check_one_snapshot(const std::string& dir, const SetListing& l) {
+  const RankFileName& first = l.ranks.front().second;
+  if (std::all_of(l.ranks.begin(), l.ranks.end(),
+                  [&](const auto& r) { return r.second.step == first.step && r.second.tag == first.tag; }))
+    return;
   std::map<std::pair<std::optional<std::uint64_t>, std::uint64_t>, std::vector<int>> groups;
   for (int r = 0; r < l.world; ++r) {
     const RankFileName& f = l.ranks[static_cast<std::size_t>(r)].second;
     groups[{f.step, f.tag}].push_back(r);
   }
-  if (groups.size() <= 1) return;
   std::set<std::optional<std::uint64_t>> steps;
   for (const auto& g : groups) steps.insert(g.first.first);
   std::string parts;
@@ -490,22 +553,21 @@ Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool r
 
 namespace {
 
-/// Writes `bytes` into the new file `path` (no fsync: rescale_dir makes its whole directory durable).
-void write_new_file(const std::string& path, const std::string& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw FileError("cannot create '" + path + "': " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t k = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw FileError("cannot write '" + path + "': " + std::strerror(err));
-    }
-    done += static_cast<std::size_t>(k);
+/// Removes the directories `PREFIX<pid>` in `parent` that a killed rescale_dir left (its process gone).
+void remove_stale_staging(const std::string& parent, const std::string& prefix) {
+  DIR* d = ::opendir(parent.c_str());
+  if (!d) return;  // creating the staging directory reports what is wrong with the parent
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (!name.starts_with(prefix)) continue;
+    const auto pid = decimal(name.substr(prefix.size()));
+    if (pid && *pid <= std::uint64_t(std::numeric_limits<long>::max()) && detail::process_is_gone(static_cast<long>(*pid)))
+      stale.emplace_back(name);
   }
-  if (::close(fd) != 0) throw FileError("cannot write '" + path + "': " + std::strerror(errno));
+  ::closedir(d);
+  std::error_code ec;
+  for (const auto& name : stale) fs::remove_all(fs::path(parent) / name, ec);  // a race with another cleaner is harmless
 }
 
 /// Flushes the file system that holds `dir` to stable storage (every file written into it).
@@ -549,14 +611,17 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
   const fs::path parent = target.has_filename() ? target.parent_path() : target.parent_path().parent_path();
   const std::string name = (target.has_filename() ? target : target.parent_path()).filename().string();
   create_set_dir(parent.string());
-  const fs::path staging = parent / ("." + name + ".dpipe-rescale." + std::to_string(::getpid()));
+  const std::string staging_prefix = "." + name + ".dpipe-rescale.";
+  remove_stale_staging(parent.string(), staging_prefix);
+  const fs::path staging = parent / (staging_prefix + std::to_string(::getpid()));
   fs::remove_all(staging, ec);
   create_set_dir(staging.string());
   try {
     for (int r = 0; r < world_size; ++r) {
       Snapshot& s = ranks[static_cast<std::size_t>(r)];
       if (plan) load_ranges(s, plan->lists, dir, l);
-      write_new_file((staging / file_name(s.meta)).string(), s.to_bytes());
+      // Durable all at once below: one flush of the file system instead of two fsyncs per file.
+      write_file_atomically((staging / file_name(s.meta)).string(), s.to_bytes(), {.durability = Durability::by_caller});
       if (on_rank) on_rank(s);
       s = Snapshot{};
       for (std::size_t i = 0; i < last_use.size(); ++i)

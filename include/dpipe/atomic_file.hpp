@@ -27,8 +27,16 @@ namespace dpipe {
 /// What to do when the path is a character device or a FIFO.
 enum class SpecialFiles { refuse, write_in_place };
 
+/// Who makes a write durable.
+enum class Durability {
+  each_write,  // every commit fsyncs the temporary and the directory (the guarantee above)
+  by_caller,   // neither, and no stale temporaries are looked for: the caller writes many files into a
+               // directory of its own and makes it durable once (SnapshotSet::rescale_dir)
+};
+
 struct AtomicWriteOptions {
   SpecialFiles special = SpecialFiles::refuse;
+  Durability durability = Durability::each_write;
 };
 
 /// Streams a file into place: construct (the path is checked and a temporary made), write() any number
@@ -70,6 +78,7 @@ class AtomicFileWriter {
   std::string buffer_;
   int fd_ = -1;
   bool done_ = false;
+  bool sync_ = true;  // Durability::each_write
 };
 
 /// Writes `bytes` to `path` with the guarantee above (special files refused unless `options` say so).

@@ -169,8 +169,8 @@ def snapshot_dir_rank():
 
 
 def rescale():
-    """A killed rescale leaves each new rank file whole or absent. (Its temporaries stay in the new
-    directory: no later write goes to those names, so nothing removes them; see docs/files.md.)"""
+    """A killed rescale leaves the new set complete or absent (it writes into a directory beside it and
+    renames that into place); the next rescale to the same directory removes what the killed one left."""
     src = os.path.join(TMP, "rescale-src")
     for r in (0, 1):
         run([DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take", "100", "--snapshot-dir", src])
@@ -184,17 +184,21 @@ def rescale():
         tally.kills += 1
         tally.alive += kill_at_random(cmd(out), window)
         names = set(os.listdir(out)) if os.path.isdir(out) else set()
-        files = {n for n in names if not TEMPORARY.match(n)}
-        assert all(RANK_FILE.match(n) for n in files), f"unexpected files in a rescaled set: {sorted(files)}"
-        ranks = {int(RANK_FILE.match(n).group(1)) for n in files}
-        assert len(ranks) == len(files) and ranks <= expected, f"unexpected files in a rescaled set: {sorted(files)}"
-        for n in files:
+        assert all(RANK_FILE.match(n) for n in names), f"unexpected files in a rescaled set: {sorted(names)}"
+        ranks = {int(RANK_FILE.match(n).group(1)) for n in names}
+        assert len(ranks) == len(names) and ranks in (set(), expected), f"a partial rescaled set: {sorted(names)}"
+        for n in names:
             meta = read_snapshot(os.path.join(out, n))["meta"]
             assert meta["layout"]["world_size"] == 6 and meta["layout"]["num_workers"] == 2, meta["layout"]
         tally.new += len(ranks)
         tally.absent += len(expected - ranks)
         complete += ranks == expected
         partial += 0 < len(ranks) < len(expected)
+        if not ranks:  # killed before the rename: the next rescale completes and clears the leftovers
+            run(cmd(out))
+            assert len(os.listdir(out)) == len(expected), os.listdir(out)
+        left = [n for n in os.listdir(TMP) if n.startswith(f".rescale-{i}.dpipe-rescale.")]
+        assert not left, f"a killed rescale's directory is still there: {left}"
         shutil.rmtree(out, ignore_errors=True)
     return f"{tally} (rank files); {complete} sets complete, {partial} partial"
 
