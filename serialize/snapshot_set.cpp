@@ -597,13 +597,18 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
   auto plan = l.all_tagged ? read_plan(dir, l) : std::nullopt;
   std::vector<Snapshot> ranks =
       plan ? rescale_plan(*plan, dir, l, world_size, num_workers, -1) : read_dir(dir).rescaled(world_size, num_workers).ranks_;
-  // The last new rank each stored list is dealt to: its elements are dropped once that rank is written.
-  std::vector<int> last_use(plan ? plan->lists.size() : 0, -1);
-  for (int r = 0; r < world_size; ++r)
-    for (const auto& st : ranks[static_cast<std::size_t>(r)].states)
-      for (const auto& f : st.fields)
-        for (const auto& range : f.elements.ranges)
-          if (range.list < last_use.size()) last_use[range.list] = r;
+  // The stored lists to drop once each new rank is written: those it is the last to be dealt from.
+  std::vector<std::vector<std::uint64_t>> done_after(static_cast<std::size_t>(world_size));
+  if (plan) {
+    std::vector<int> last_use(plan->lists.size(), -1);
+    for (int r = 0; r < world_size; ++r)
+      for (const auto& st : ranks[static_cast<std::size_t>(r)].states)
+        for (const auto& f : st.fields)
+          for (const auto& range : f.elements.ranges)
+            if (range.list < last_use.size()) last_use[range.list] = r;
+    for (std::size_t i = 0; i < last_use.size(); ++i)
+      if (last_use[i] >= 0 && plan->lists[i].stored) done_after[static_cast<std::size_t>(last_use[i])].push_back(i);
+  }
 
   // Written into a directory beside `out`, then made durable and renamed into place: `out` holds the
   // whole new set or nothing.
@@ -624,11 +629,10 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
       write_file_atomically((staging / file_name(s.meta)).string(), s.to_bytes(), {.durability = Durability::by_caller});
       if (on_rank) on_rank(s);
       s = Snapshot{};
-      for (std::size_t i = 0; i < last_use.size(); ++i)
-        if (last_use[i] == r && !plan->lists[i].loaded.data.empty()) {
-          plan->lists[i].loaded = ElementBlobs{};
-          plan->lists[i].stored = true;  // read again if anything asked (nothing does)
-        }
+      for (const std::uint64_t i : done_after[static_cast<std::size_t>(r)]) {
+        plan->lists[i].loaded = ElementBlobs{};
+        plan->lists[i].stored = true;  // no later rank asks for it; one that did would read it again
+      }
     }
     sync_file_system(staging.string());
     fs::rename(staging, parent / name, ec);
