@@ -309,28 +309,16 @@ def check_state_index(body, data, states_entry, states):
 
 def encode_state_index(states, list_offsets):
     """Section 5 for `states`, whose element lists' lengths start at `list_offsets` (file offsets, in order)."""
-    modes = {v: k for k, v in STATE_MODES.items()}
-    out = [struct.pack("<Q", len(states))]
     spans = iter(list_offsets)
-    for s in states:
-        out += [_str(s["key"]), _str(s["kind"]), struct.pack("<IBQ", s["instance"], modes[s["mode"]], len(s["fields"]))]
-        for f in s["fields"]:
-            out.append(_str(f["name"]))
-            if f["type"] == "u64":
-                out.append(struct.pack("<BQ", 1, f["value"]))
-            elif f["type"] == "i64":
-                out.append(struct.pack("<Bq", 2, f["value"]))
-            elif f["type"] == "str":
-                out.append(b"\x03" + _str(f["value"]))
-            else:
-                encoded = b"".join(struct.pack("<Q", len(b)) for b in f["blobs"]) + b"".join(f["blobs"])
-                out += [b"\x04", _str(f["tag"]), struct.pack("<Q", len(f["blobs"]))]
-                off = next(spans)
-                if len(encoded) > INLINE_LIST_BYTES:
-                    out.append(struct.pack("<BQQI", 1, off, len(encoded), crc32c(encoded)))
-                else:
-                    out += [b"\x00", encoded]
-    return b"".join(out)
+
+    def element_list(f, out):
+        encoded = b"".join(struct.pack("<Q", len(b)) for b in f["blobs"]) + b"".join(f["blobs"])
+        off = next(spans)
+        if len(encoded) > INLINE_LIST_BYTES:
+            out.append(struct.pack("<BQQI", 1, off, len(encoded), crc32c(encoded)))
+        else:
+            out += [b"\x00", encoded]
+    return _encode_records(states, element_list)
 
 
 # ---- native element encodings ----
@@ -470,8 +458,9 @@ def encode_node_details(graph):
     return b"".join(out)
 
 
-def encode_states(states, list_offsets=None):
-    """Section 2; appends to `list_offsets` where each element list's lengths start in it."""
+def _encode_records(states, element_list):
+    """The node records as sections 2 and 5 both write them; `element_list(field, out)` appends what
+    follows an elements field's tag and count to the list of byte strings `out`."""
     modes = {v: k for k, v in STATE_MODES.items()}
     out = [struct.pack("<Q", len(states))]
     for s in states:
@@ -486,11 +475,18 @@ def encode_states(states, list_offsets=None):
                 out.append(b"\x03" + _str(f["value"]))
             else:
                 out += [b"\x04", _str(f["tag"]), struct.pack("<Q", len(f["blobs"]))]
-                if list_offsets is not None:
-                    list_offsets.append(sum(len(x) for x in out))
-                out += [struct.pack("<Q", len(b)) for b in f["blobs"]]
-                out += f["blobs"]
+                element_list(f, out)
     return b"".join(out)
+
+
+def encode_states(states, list_offsets=None):
+    """Section 2; appends to `list_offsets` where each element list's lengths start in it."""
+    def element_list(f, out):
+        if list_offsets is not None:
+            list_offsets.append(sum(len(x) for x in out))
+        out += [struct.pack("<Q", len(b)) for b in f["blobs"]]
+        out += f["blobs"]
+    return _encode_records(states, element_list)
 
 
 def write_snapshot(snap, node_details=True, version=None):
