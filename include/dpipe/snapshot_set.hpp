@@ -10,7 +10,8 @@
 /// ones took), and elements in shuffle buffers, partial batches, worker queues and consumers' buffers
 /// are dealt to the new instances — not dropped, not re-read. Any other node with state makes the
 /// rescale fail with a SnapshotError naming it. It works on the records alone, without the element
-/// types, so the `dpipe` tool can rescale a set written by any program.
+/// types, so the `dpipe` tool can rescale a set written by any program; from a directory, on each old
+/// rank's state index, loading only the element lists it deals (read_rank, rescale_dir).
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -50,8 +51,9 @@ class SnapshotSet {
   /// Rank `to.rank`'s snapshot of the set in `dir`, for a run of layout `to`. On the set's own layout it
   /// lists the directory, checks from the names alone that every rank is there with one step and one
   /// tag, and reads this rank's file only (checking that it holds what its name says): what a rank
-  /// reads does not grow with the world size. Another layout reads every rank's file and rescales (with
-  /// `rescale`; refused without). Sets of names of before are read whole, as they always were.
+  /// reads does not grow with the world size. Another layout (with `rescale`; refused without) reads
+  /// every rank's state index and then only the element lists dealt to this rank (docs/snapshot-format.md,
+  /// "Snapshot sets"). Sets of names of before, or of files before format 3, are read whole.
   static Snapshot read_rank(const std::string& dir, const Layout& to, bool rescale);
   /// The name rank `m.layout.rank` writes its snapshot under (see above).
   static std::string file_name(const SnapshotMeta& m);
