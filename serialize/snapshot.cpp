@@ -456,6 +456,21 @@ void Snapshot::write_file(const std::string& path) const { write_file_atomically
 
 namespace {
 
+/// Bytes [offset, offset + length) of the open snapshot `file` at `path` (a SnapshotError naming it if
+/// they cannot be read).
+std::string read_at(const RegularFile& file, const std::string& path, std::uint64_t offset, std::uint64_t length) {
+  std::string bytes(static_cast<std::size_t>(length), '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t k = ::pread(file.fd(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0)
+      throw SnapshotError("'" + path + "': cannot read it: " + (k < 0 ? std::strerror(errno) : "it shrank"));
+    got += static_cast<std::size_t>(k);
+  }
+  return bytes;
+}
+
 /// A snapshot file read in parts: its header and section table (verified) from its first bytes, then
 /// sections one at a time, each verified against its checksum.
 class SnapshotFileParts {
@@ -525,17 +540,7 @@ class SnapshotFileParts {
     return body;
   }
   /// Bytes [offset, offset + length) of the file.
-  std::string read(std::uint64_t offset, std::uint64_t length) const {
-    std::string bytes(static_cast<std::size_t>(length), '\0');
-    std::size_t got = 0;
-    while (got < bytes.size()) {
-      const ssize_t k = ::pread(file_.fd(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) throw fail(std::string("cannot read it: ") + (k < 0 ? std::strerror(errno) : "it shrank"));
-      got += static_cast<std::size_t>(k);
-    }
-    return bytes;
-  }
+  std::string read(std::uint64_t offset, std::uint64_t length) const { return read_at(file_, path_, offset, length); }
   SnapshotError fail(const std::string& why) const { return SnapshotError("'" + path_ + "': " + why); }
 
  private:
@@ -599,11 +604,14 @@ std::optional<Snapshot> read_snapshot_plan(const std::string& path, std::uint32_
 }
 
 ElementBlobs load_stored_list(const std::string& path, const StoredList& list) {
-  const SnapshotFileParts parts(path);
-  const std::string bytes = parts.read(list.offset, list.bytes);
+  // The list's own bytes only: its checksum (from the verified state index) covers all that is used, so
+  // the header is not read and checked again for each list.
+  const RegularFile file(path, FileRole::snapshot);
+  const std::string bytes = read_at(file, path, list.offset, list.bytes);
+  const auto fail = [&](const std::string& why) { return SnapshotError("'" + path + "': " + why); };
   if (crc32c(bytes) != list.crc)
-    throw parts.fail("an element list at bytes [" + std::to_string(list.offset) + ", +" + std::to_string(list.bytes) +
-                     ") does not match its checksum in the state index");
+    throw fail("an element list at bytes [" + std::to_string(list.offset) + ", +" + std::to_string(list.bytes) +
+               ") does not match its checksum in the state index");
   ElementBlobs e;
   e.tag = list.tag;
   try {
@@ -611,7 +619,7 @@ ElementBlobs load_stored_list(const std::string& path, const StoredList& list) {
     decode_element_list(r, static_cast<std::size_t>(list.count), e, "list");
     if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after its elements");
   } catch (const SnapshotError& err) {
-    throw parts.fail(err.what());
+    throw fail(err.what());
   }
   return e;
 }
