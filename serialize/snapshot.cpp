@@ -226,8 +226,33 @@ void decode_element_list(ByteReader& r, std::size_t n, ElementBlobs& e, const st
   e.data = std::string(r.bytes(static_cast<std::size_t>(total)));
 }
 
-/// The node records of the node states or the state index; `list(r, field, record)` reads an element
-/// list after its type byte.
+/// One node record of the node states or the state index; `list(r, field, record)` reads an element list
+/// after its type byte.
+template <class ListReader>
+void decode_record(ByteReader& r, NodeState& s, ListReader& list) {
+  s.key = r.str();
+  s.kind = r.str();
+  s.instance = r.get<std::uint32_t>();
+  const auto mode = r.get<std::uint8_t>();
+  if (mode < 1 || mode > 3) r.fail("node '" + s.key + "' has an unknown state mode " + std::to_string(mode));
+  s.mode = static_cast<StateMode>(mode);
+  const std::size_t field_count = r.length(17);  // name length, type, and at least 8 bytes of value
+  s.fields.reserve(field_count);
+  for (std::size_t fi = 0; fi < field_count; ++fi) {
+    Field& f = s.fields.emplace_back();
+    f.name = r.str();
+    const auto type = r.get<std::uint8_t>();
+    switch (type) {
+      case 1: f.type = FieldType::u64; f.u = r.get<std::uint64_t>(); break;
+      case 2: f.type = FieldType::i64; f.i = r.get<std::int64_t>(); break;
+      case 3: f.type = FieldType::str; f.s = r.str(); break;
+      case 4: f.type = FieldType::elements; list(r, f, s); break;
+      default: r.fail("field '" + f.name + "' of node '" + s.key + "' has an unknown type " + std::to_string(type));
+    }
+  }
+}
+
+/// The node records of the node states or the state index (see decode_record).
 template <class ListReader>
 std::vector<NodeState> decode_records(ByteReader& r, std::string_view section, ListReader list) {
   // Counts are bounded by the bytes left over the smallest encoding of an item, and lists are reserved
@@ -236,29 +261,7 @@ std::vector<NodeState> decode_records(ByteReader& r, std::string_view section, L
   const std::size_t records = r.length(29);
   std::vector<NodeState> states;
   states.reserve(records);
-  for (std::size_t k = 0; k < records; ++k) {
-    NodeState& s = states.emplace_back();
-    s.key = r.str();
-    s.kind = r.str();
-    s.instance = r.get<std::uint32_t>();
-    const auto mode = r.get<std::uint8_t>();
-    if (mode < 1 || mode > 3) r.fail("node '" + s.key + "' has an unknown state mode " + std::to_string(mode));
-    s.mode = static_cast<StateMode>(mode);
-    const std::size_t field_count = r.length(17);  // name length, type, and at least 8 bytes of value
-    s.fields.reserve(field_count);
-    for (std::size_t fi = 0; fi < field_count; ++fi) {
-      Field& f = s.fields.emplace_back();
-      f.name = r.str();
-      const auto type = r.get<std::uint8_t>();
-      switch (type) {
-        case 1: f.type = FieldType::u64; f.u = r.get<std::uint64_t>(); break;
-        case 2: f.type = FieldType::i64; f.i = r.get<std::int64_t>(); break;
-        case 3: f.type = FieldType::str; f.s = r.str(); break;
-        case 4: f.type = FieldType::elements; list(r, f, s); break;
-        default: r.fail("field '" + f.name + "' of node '" + s.key + "' has an unknown type " + std::to_string(type));
-      }
-    }
-  }
+  for (std::size_t k = 0; k < records; ++k) decode_record(r, states.emplace_back(), list);
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the " + std::string(section));
   return states;
 }
@@ -270,37 +273,71 @@ std::vector<NodeState> decode_states(ByteReader& r) {
   });
 }
 
-/// Decodes a state index. Inline lists are loaded; every list with elements is also given as one range of
-/// a new entry of `lists` (file `file`), so the rescale rules deal ranges. Stored lists must lie inside
-/// the node-state section [states_begin, states_end).
-std::vector<NodeState> decode_state_index(ByteReader& r, std::uint32_t file, std::uint64_t states_begin,
-                                          std::uint64_t states_end, std::vector<detail::StoredList>& lists) {
-  return decode_records(r, "state index", [&](ByteReader& in, Field& f, const NodeState& s) {
-    auto& e = f.elements;
-    e.tag = in.str();
-    detail::StoredList l{.file = file, .tag = e.tag};
-    l.count = in.get<std::uint64_t>();
-    const auto stored = in.get<std::uint8_t>();
-    const std::string who = "field '" + f.name + "' of node '" + s.key + "'";
-    if (stored > 1) in.fail(who + " has a list flag " + std::to_string(stored));
-    if (stored) {
-      l.offset = in.get<std::uint64_t>();
-      l.bytes = in.get<std::uint64_t>();
-      l.crc = in.get<std::uint32_t>();
-      if (l.offset < states_begin || l.offset > states_end || l.bytes > states_end - l.offset || l.count > l.bytes / 8)
-        in.fail(who + " claims " + std::to_string(l.count) + " elements in bytes [" + std::to_string(l.offset) +
-                ", +" + std::to_string(l.bytes) + ") outside the node states");
-      l.stored = true;
-    } else {
-      if (l.count > in.remaining() / 8) in.fail(who + " claims more elements than fit");
-      decode_element_list(in, static_cast<std::size_t>(l.count), e, f.name);
-      l.loaded = e;
+/// Reads an element list of a state index (after its type byte) into `f`: an inline list is loaded;
+/// every list with elements is also given as one range of a new entry of `lists` (file `file`), so the
+/// rescale rules deal ranges. Stored lists must lie inside the node-state section [states_begin, states_end).
+void decode_index_list(ByteReader& in, Field& f, const NodeState& s, std::uint32_t file, std::uint64_t states_begin,
+                       std::uint64_t states_end, std::vector<detail::StoredList>& lists) {
+  auto& e = f.elements;
+  e.tag = in.str();
+  detail::StoredList l{.file = file, .tag = e.tag};
+  l.count = in.get<std::uint64_t>();
+  const auto stored = in.get<std::uint8_t>();
+  const std::string who = "field '" + f.name + "' of node '" + s.key + "'";
+  if (stored > 1) in.fail(who + " has a list flag " + std::to_string(stored));
+  if (stored) {
+    l.offset = in.get<std::uint64_t>();
+    l.bytes = in.get<std::uint64_t>();
+    l.crc = in.get<std::uint32_t>();
+    if (l.offset < states_begin || l.offset > states_end || l.bytes > states_end - l.offset || l.count > l.bytes / 8)
+      in.fail(who + " claims " + std::to_string(l.count) + " elements in bytes [" + std::to_string(l.offset) + ", +" +
+              std::to_string(l.bytes) + ") outside the node states");
+    l.stored = true;
+  } else {
+    if (l.count > in.remaining() / 8) in.fail(who + " claims more elements than fit");
+    decode_element_list(in, static_cast<std::size_t>(l.count), e, f.name);
+    l.loaded = std::make_unique<ElementBlobs>(e);
+  }
+  if (l.count > 0) {
+    e.ranges.push_back({lists.size(), 0, l.count});
+    lists.push_back(std::move(l));
+  }
+}
+
+/// Passes over one record of a state index without decoding it (the reads are bounded as decoding's
+/// are); returns its node key.
+std::string_view skip_index_record(ByteReader& r) {
+  const std::string_view key = r.str();
+  r.str();                       // kind
+  r.get<std::uint32_t>();        // instance
+  r.get<std::uint8_t>();         // mode
+  const std::size_t fields = r.length(17);
+  for (std::size_t i = 0; i < fields; ++i) {
+    r.str();  // name
+    switch (const auto type = r.get<std::uint8_t>()) {
+      case 1:
+      case 2: r.get<std::uint64_t>(); break;
+      case 3: r.str(); break;
+      case 4: {
+        r.str();  // tag
+        const auto count = r.get<std::uint64_t>();
+        if (r.get<std::uint8_t>() == 1) {
+          r.bytes(8 + 8 + 4);  // offset, bytes, checksum
+        } else {
+          if (count > r.remaining() / 8) r.fail("a list of node '" + std::string(key) + "' claims more elements than fit");
+          std::uint64_t total = 0;
+          for (std::uint64_t k = 0; k < count; ++k) {
+            total += r.get<std::uint64_t>();
+            if (total > r.remaining()) r.fail("a list of node '" + std::string(key) + "' runs past its end");
+          }
+          r.bytes(static_cast<std::size_t>(total));
+        }
+        break;
+      }
+      default: r.fail("a field of node '" + std::string(key) + "' has an unknown type " + std::to_string(type));
     }
-    if (l.count > 0) {
-      e.ranges.push_back({lists.size(), 0, l.count});
-      lists.push_back(std::move(l));
-    }
-  });
+  }
+  return key;
 }
 
 }  // namespace
@@ -568,7 +605,7 @@ SnapshotIdentity Snapshot::read_identity(const std::string& path) {
 
 namespace detail {
 
-std::optional<Snapshot> read_snapshot_plan(const std::string& path, std::uint32_t file, std::vector<StoredList>& lists) {
+std::optional<SnapshotPlan> read_snapshot_plan(const std::string& path) {
   const SnapshotFileParts parts(path);
   const auto* index = parts.find(kStateIndex);
   if (!index) return std::nullopt;  // before format 3: the caller reads the whole set
@@ -577,30 +614,49 @@ std::optional<Snapshot> read_snapshot_plan(const std::string& path, std::uint32_
   const auto* identity = parts.find(kIdentity);
   if (!meta || !states || !identity) throw parts.fail("snapshot lacks its metadata, node-state or identity section");
   try {
-    Snapshot s;
+    SnapshotPlan plan;
     {
       const std::string body = parts.section(*meta);
       ByteReader r(body, "snapshot metadata");
-      s.meta = decode_meta(r);
-      s.meta.format_version = parts.version();
+      plan.meta = decode_meta(r);
+      plan.meta.format_version = parts.version();
     }
     {
       const std::string body = parts.section(*identity);
       ByteReader r(body, "snapshot identity");
-      decode_identity(r, s.meta.id, s.meta.step);
+      decode_identity(r, plan.meta.id, plan.meta.step);
     }
     if (const auto* details = parts.find(kNodeDetails)) {
       const std::string body = parts.section(*details);
       ByteReader r(body, "snapshot node details");
-      decode_node_details(r, s.meta);
+      decode_node_details(r, plan.meta);
     }
-    const std::string body = parts.section(*index);
-    ByteReader r(body, "snapshot state index");
-    s.states = decode_state_index(r, file, states->offset, states->offset + states->length, lists);
-    return s;
+    plan.index = parts.section(*index);
+    plan.states_begin = states->offset;
+    plan.states_end = states->offset + states->length;
+    ByteReader r(plan.index, "snapshot state index");
+    const std::size_t records = r.length(29);
+    plan.records.reserve(records);
+    for (std::size_t k = 0; k < records; ++k) {
+      const auto offset = static_cast<std::size_t>(r.pos() - plan.index.data());
+      plan.records.push_back({std::string(skip_index_record(r)), offset});
+    }
+    if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the state index");
+    return plan;
   } catch (const SnapshotError& e) {
     throw parts.fail(e.what());
   }
+}
+
+NodeState decode_plan_record(const SnapshotPlan& plan, std::size_t offset, std::uint32_t file,
+                             std::vector<StoredList>& lists) {
+  ByteReader r(std::string_view(plan.index).substr(offset), "snapshot state index");
+  NodeState s;
+  auto list = [&](ByteReader& in, Field& f, const NodeState& st) {
+    decode_index_list(in, f, st, file, plan.states_begin, plan.states_end, lists);
+  };
+  decode_record(r, s, list);
+  return s;
 }
 
 ElementBlobs load_stored_list(const std::string& path, const StoredList& list) {

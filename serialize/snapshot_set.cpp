@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -41,13 +42,13 @@ std::string steps_text(const std::optional<std::uint64_t>& step) {
 
 namespace {
 
-/// Throws unless `ranks` is a complete, consistent set (rank r at index r).
-void check_set(const std::vector<Snapshot>& ranks) {
-  if (ranks.empty()) throw SnapshotError("a snapshot set needs at least one rank's snapshot");
-  const auto& m0 = ranks.front().meta;
-  const int world = static_cast<int>(ranks.size());
+/// Throws unless the metadata of `world` ranks (`meta_of(r)`, rank r's) make a complete, consistent set.
+template <class MetaOf>
+void check_metas(int world, MetaOf meta_of) {
+  if (world == 0) throw SnapshotError("a snapshot set needs at least one rank's snapshot");
+  const SnapshotMeta& m0 = meta_of(0);
   for (int r = 0; r < world; ++r) {
-    const auto& m = ranks[static_cast<std::size_t>(r)].meta;
+    const SnapshotMeta& m = meta_of(r);
     const std::string who = "snapshot set: rank " + std::to_string(r) + "'s snapshot";
     if (m.layout.rank != r || m.layout.world_size != world)
       throw SnapshotError(who + " says it is rank " + std::to_string(m.layout.rank) + " of " +
@@ -67,6 +68,11 @@ void check_set(const std::vector<Snapshot>& ranks) {
       throw SnapshotError(who + " has " + std::to_string(m.layout.num_workers) + " workers, rank 0's has " +
                           std::to_string(m0.layout.num_workers));
   }
+}
+
+/// Throws unless `ranks` is a complete, consistent set (rank r at index r).
+void check_set(const std::vector<Snapshot>& ranks) {
+  check_metas(static_cast<int>(ranks.size()), [&](int r) -> const SnapshotMeta& { return ranks[static_cast<std::size_t>(r)].meta; });
 }
 
 }  // namespace
@@ -312,31 +318,65 @@ Snapshot read_listed(const std::string& dir, const SetListing& l, int r) {
                       " and " + std::to_string(to.num_workers) + " workers; ask for a rescale to redistribute it");
 }
 
-/// The new ranks' snapshots of `ranks` (a consistent set) rescaled to {world_size, num_workers}: every
-/// rank's, or only rank `only_rank`'s when it is not negative (defined with the rescaling below).
-std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int world_size, int num_workers, int only_rank);
+/// The old records of a set, handed to the rescale driver one node at a time.
+class OldRecords {
+ public:
+  virtual ~OldRecords() = default;
+  /// Every node key once, in the order the ranks saved their records.
+  virtual const std::vector<std::string>& keys() const = 0;
+  /// The records of node `key` on every old instance, by instance (valid until the next call).
+  virtual const std::map<std::uint32_t, const NodeState*>& records(const std::string& key) = 0;
+  /// Loads the values of field `field` of the records last given, where a plan left them in the files (a
+  /// rule reads them, as a sampler does its skipped positions); false when none was left there.
+  virtual bool load(const std::string& field) {
+    (void)field;
+    return false;
+  }
+};
 
-/// Loads, on every old rank, the elements of field `field` of node `key` that a plan left in the files
-/// (a rule reads their values, as a sampler does its skipped positions). False when none was left.
-bool load_field(std::vector<Snapshot>& plans, std::vector<detail::StoredList>& lists, const std::string& key,
-                const std::string& field, const std::string& dir, const SetListing& l) {
-  bool loaded = false;
-  for (auto& plan : plans)
-    for (auto& st : plan.states) {
-      if (st.key != key) continue;
-      for (auto& f : st.fields) {
-        if (f.name != field || f.type != FieldType::elements || f.elements.loaded()) continue;
-        detail::StoredList& list = lists.at(f.elements.ranges.front().list);
-        list.loaded = with_rank_file(dir, l, static_cast<int>(list.file), [&](const std::string& path, const RankFileName&) {
-          return detail::load_stored_list(path, list);
-        });
-        list.stored = false;
-        f.elements.offsets = list.loaded.offsets;
-        f.elements.data = list.loaded.data;
-        loaded = true;
+[[noreturn]] void refuse(const std::string& msg) { throw SnapshotError("cannot rescale: " + msg); }
+
+/// Adds `st` to `by_instance`, refusing a second record of one instance.
+void place_record(std::map<std::uint32_t, const NodeState*>& by_instance, const NodeState& st) {
+  if (!by_instance.emplace(st.instance, &st).second)
+    refuse("node '" + st.key + "' has two records for instance " + std::to_string(st.instance));
+}
+
+/// The records of snapshots in memory.
+class SnapshotRecords final : public OldRecords {
+ public:
+  explicit SnapshotRecords(const std::vector<Snapshot>& ranks) {
+    for (const auto& snap : ranks)
+      for (const auto& st : snap.states) {
+        auto& slot = by_key_[st.key];
+        if (slot.empty()) keys_.push_back(st.key);
+        place_record(slot, st);
       }
-    }
-  return loaded;
+  }
+  const std::vector<std::string>& keys() const override { return keys_; }
+  const std::map<std::uint32_t, const NodeState*>& records(const std::string& key) override { return by_key_[key]; }
+
+ private:
+  std::vector<std::string> keys_;
+  std::map<std::string, std::map<std::uint32_t, const NodeState*>> by_key_;
+};
+
+/// The new ranks' snapshots of a consistent set (`old_world` ranks, rank 0's metadata `meta`, its records
+/// `old`) rescaled to {world_size, num_workers}: every rank's, or only rank `only_rank`'s when it is not
+/// negative (defined with the rescaling below).
+std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, OldRecords& old, int world_size,
+                                      int num_workers, int only_rank);
+
+std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int world_size, int num_workers, int only_rank) {
+  SnapshotRecords old(ranks);
+  return rescale_records(ranks.front().meta, static_cast<int>(ranks.size()), old, world_size, num_workers, only_rank);
+}
+
+/// Loads stored list `list` from its file of a listed set.
+void load_list(detail::StoredList& list, const std::string& dir, const SetListing& l) {
+  list.loaded = std::make_unique<ElementBlobs>(
+      with_rank_file(dir, l, static_cast<int>(list.file),
+                     [&](const std::string& path, const RankFileName&) { return detail::load_stored_list(path, list); }));
 }
 
 /// Replaces the ranges of every element list of `s` by the elements they name, reading each stored list
@@ -351,33 +391,33 @@ void load_ranges(Snapshot& s, std::vector<detail::StoredList>& lists, const std:
         if (range.list >= lists.size() || range.end > lists[range.list].count || range.begin > range.end)
           throw SnapshotError("cannot rescale: a plan's range names elements that are not there");
         detail::StoredList& list = lists[range.list];
-        if (list.stored) {
-          list.loaded = with_rank_file(dir, l, static_cast<int>(list.file), [&](const std::string& path, const RankFileName&) {
-            return detail::load_stored_list(path, list);
-          });
-          list.stored = false;
-        }
-        out.append_from(list.loaded, static_cast<std::size_t>(range.begin), static_cast<std::size_t>(range.end));
+        if (!list.loaded) load_list(list, dir, l);
+        out.append_from(*list.loaded, static_cast<std::size_t>(range.begin), static_cast<std::size_t>(range.end));
       }
       f.elements = std::move(out);
     }
 }
 
-/// A set read for a rescale: of every old rank its metadata and state index (a few numbers per node
-/// record, and the short element lists), with the long lists left in the files as ranges of `lists`.
+/// A set read for a rescale: of every old rank its metadata and its state index, kept encoded (a few
+/// numbers per node record, and the short element lists); the long lists stay in the files, as ranges
+/// of `lists`, which gains an entry per list of each node as the driver decodes it.
 struct SetPlan {
-  std::vector<Snapshot> ranks;
+  std::vector<detail::SnapshotPlan> files;  // rank r's at index r
   std::vector<detail::StoredList> lists;
 };
 
 /// The plan of a listed set, or nullopt when a file has no state index (written before format 3).
 std::optional<SetPlan> read_plan(const std::string& dir, const SetListing& l) {
   SetPlan plan;
-  plan.ranks.reserve(l.ranks.size());
+  plan.files.reserve(l.ranks.size());
   for (int r = 0; r < l.world; ++r) {
     auto rank = with_rank_file(dir, l, r, [&](const std::string& path, const RankFileName& f) {
-      auto p = detail::read_snapshot_plan(path, static_cast<std::uint32_t>(r), plan.lists);
-      if (p) check_named(*p, f);
+      auto p = detail::read_snapshot_plan(path);
+      if (p) {
+        Snapshot named;
+        named.meta = p->meta;  // check_named reads the metadata only
+        check_named(named, f);
+      }
       return p;
     });
     if (!rank) return std::nullopt;
@@ -385,23 +425,71 @@ std::optional<SetPlan> read_plan(const std::string& dir, const SetListing& l) {
       rank->meta.graph = {};
       rank->meta.user_metadata = {};
     }
-    plan.ranks.push_back(std::move(*rank));
+    plan.files.push_back(std::move(*rank));
   }
-  check_set(plan.ranks);
+  check_metas(l.world, [&](int r) -> const SnapshotMeta& { return plan.files[static_cast<std::size_t>(r)].meta; });
   return plan;
 }
 
-/// The new ranks' snapshots of a plan (see rescale_ranks), their element lists still ranges. A rule that
-/// reads a field's values has that field loaded on every old rank, and the rules deal again.
+/// The records of a plan, decoded from the kept state indexes one node at a time: the previous node's
+/// records are dropped when the next one's are asked for.
+class PlanRecords final : public OldRecords {
+ public:
+  PlanRecords(SetPlan& plan, const std::string& dir, const SetListing& l) : plan_(plan), dir_(dir), listing_(l) {
+    std::set<std::string_view> seen;
+    for (const auto& file : plan_.files)
+      for (const auto& rec : file.records)
+        if (seen.insert(rec.key).second) keys_.push_back(rec.key);
+  }
+  const std::vector<std::string>& keys() const override { return keys_; }
+  const std::map<std::uint32_t, const NodeState*>& records(const std::string& key) override {
+    by_instance_.clear();
+    decoded_.clear();
+    for (std::size_t r = 0; r < plan_.files.size(); ++r) {
+      const detail::SnapshotPlan& file = plan_.files[r];
+      for (const auto& rec : file.records) {
+        if (rec.key != key) continue;
+        try {
+          decoded_.push_back(detail::decode_plan_record(file, rec.offset, static_cast<std::uint32_t>(r), plan_.lists));
+        } catch (const SnapshotError& e) {  // named as a file of the set is when it is read
+          with_rank_file(dir_, listing_, static_cast<int>(r), [&](const std::string& path, const RankFileName&) -> int {
+            throw SnapshotError("'" + path + "': " + e.what());
+          });
+        }
+      }
+    }
+    for (const NodeState& st : decoded_) place_record(by_instance_, st);
+    return by_instance_;
+  }
+  bool load(const std::string& field) override {
+    bool loaded = false;
+    for (NodeState& st : decoded_)
+      for (Field& f : st.fields) {
+        if (f.name != field || f.type != FieldType::elements || f.elements.loaded()) continue;
+        detail::StoredList& list = plan_.lists.at(f.elements.ranges.front().list);
+        if (!list.loaded) load_list(list, dir_, listing_);
+        f.elements.offsets = list.loaded->offsets;
+        f.elements.data = list.loaded->data;
+        loaded = true;
+      }
+    return loaded;
+  }
+
+ private:
+  SetPlan& plan_;
+  const std::string& dir_;
+  const SetListing& listing_;
+  std::vector<std::string> keys_;
+  std::deque<NodeState> decoded_;  // the records of the node last asked for (stable addresses)
+  std::map<std::uint32_t, const NodeState*> by_instance_;
+};
+
+/// The new ranks' snapshots of a plan (see rescale_records), their element lists still ranges.
 std::vector<Snapshot> rescale_plan(SetPlan& plan, const std::string& dir, const SetListing& l, int world_size,
                                    int num_workers, int only_rank) {
-  for (;;) {
-    try {
-      return rescale_ranks(plan.ranks, world_size, num_workers, only_rank);
-    } catch (const ElementsNotLoaded& e) {
-      if (!load_field(plan.ranks, plan.lists, e.key, e.field, dir, l)) throw;
-    }
-  }
+  PlanRecords old(plan, dir, l);
+  return rescale_records(plan.files.front().meta, static_cast<int>(plan.files.size()), old, world_size, num_workers,
+                         only_rank);
 }
 
 /// Rank `to.rank`'s snapshot of a listed set rescaled to `to`, reading the set's plan and, of the long
@@ -630,8 +718,7 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
       if (on_rank) on_rank(s);
       s = Snapshot{};
       for (const std::uint64_t i : done_after[static_cast<std::size_t>(r)]) {
-        plan->lists[i].loaded = ElementBlobs{};
-        plan->lists[i].stored = true;  // no later rank asks for it; one that did would read it again
+        plan->lists[i].loaded.reset();  // no later rank asks for it; one that did would read it again
       }
     }
     sync_file_system(staging.string());
@@ -650,8 +737,6 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
 // engine's own consumer record ("run") is dealt here.
 
 namespace {
-
-[[noreturn]] void refuse(const std::string& msg) { throw SnapshotError("cannot rescale: " + msg); }
 
 /// The consumer's record of a Run: what it delivered and the elements it pulled and has not handed out.
 struct RunRecord {
@@ -672,12 +757,12 @@ SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
 
 namespace {
 
-std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int world_size, int num_workers, int only_rank) {
+std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, OldRecords& old_records, int world_size,
+                                      int num_workers, int only_rank) {
   if (!Layout{0, world_size, num_workers}.possible())
     throw SnapshotError("cannot rescale to world size " + std::to_string(world_size) + " with " +
                         std::to_string(num_workers) + " workers");
-  const SnapshotMeta& meta = ranks.front().meta;
-  const Layout from{0, static_cast<int>(ranks.size()), meta.layout.num_workers}, to{0, world_size, num_workers};
+  const Layout from{0, old_world, meta.layout.num_workers}, to{0, world_size, num_workers};
   const auto wanted = [&](std::size_t rank) { return only_rank < 0 || rank == static_cast<std::size_t>(only_rank); };
 
   // Which nodes run once per rank (the prefix before dispatch, the suffix after merge) and which per
@@ -686,28 +771,19 @@ std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int worl
   std::map<std::string, const GraphNodeRecord*> graph;
   for (const auto& n : meta.graph) graph[n.key] = &n;
 
-  // Every record of every rank, grouped by node key in the order the nodes were saved.
-  std::vector<std::string> order;
-  std::map<std::string, std::map<std::uint32_t, const NodeState*>> by_key;
-  for (const auto& snap : ranks)
-    for (const auto& st : snap.states) {
-      auto& slot = by_key[st.key];
-      if (slot.empty()) order.push_back(st.key);
-      if (!slot.emplace(st.instance, &st).second)
-        refuse("node '" + st.key + "' has two records for instance " + std::to_string(st.instance));
-    }
-
   std::vector<std::vector<NodeState>> per_rank(static_cast<std::size_t>(world_size));
 
   // The consumers' buffers, one record per rank (instance = rank): pooled and dealt to the new ranks.
   {
-    const auto it = by_key.find("run");
-    if (it == by_key.end() || it->second.size() != static_cast<std::size_t>(from.world_size))
+    const auto& keys = old_records.keys();
+    if (std::find(keys.begin(), keys.end(), "run") == keys.end()) refuse("the snapshots do not hold one run record per rank");
+    const auto& run_records = old_records.records("run");
+    if (run_records.size() != static_cast<std::size_t>(from.world_size))
       refuse("the snapshots do not hold one run record per rank");
-    RescaleInput in{{}, from, to, true, nullptr};
-    for (const auto& [instance, st] : it->second) in.old.push_back(st);
+    RescaleInput in{{}, from, to, true, nullptr, only_rank};
+    for (const auto& [instance, st] : run_records) in.old.push_back(st);
     const auto old = in.read<RunRecord>();
-    const auto dealt = rescale::deal(rescale::lists(old, &RunRecord::pending), in.new_slots());
+    const auto dealt = in.deal(rescale::lists(old, &RunRecord::pending));
     std::vector<RunRecord> out(dealt.size());
     for (std::size_t r = 0; r < out.size(); ++r) out[r].pending = dealt[r];
     auto records = in.write(out);
@@ -715,15 +791,15 @@ std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int worl
       if (wanted(r)) per_rank[r].push_back(std::move(records[r]));
   }
 
-  for (const auto& key : order) {
+  for (const auto& key : old_records.keys()) {
     if (key == "run") continue;
-    const auto& records = by_key[key];
+    const auto& records = old_records.records(key);
     const NodeState& first = *records.begin()->second;
     const auto g = graph.find(key);
     const GraphNodeRecord* node = g == graph.end() ? nullptr : g->second;
     // A node outside the graph is the engine's own (the merge a pipeline without one ends in): once per rank.
     const bool once_per_rank = !node || node->segment == "prefix" || node->segment == "suffix";
-    RescaleInput in{{}, from, to, once_per_rank, node};
+    RescaleInput in{{}, from, to, once_per_rank, node, only_rank};
     const auto workers = static_cast<std::uint32_t>(from.num_workers);
     const std::size_t slots = static_cast<std::size_t>(once_per_rank ? from.world_size : from.instances());
     for (std::size_t i = 0; i < slots; ++i) {
@@ -747,7 +823,14 @@ std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int worl
     if (first.mode == StateMode::stateless) {
       out = RescaleRule::replicated().apply(in);
     } else if (const KindInfo* kind = find_kind(first.kind)) {
-      out = kind->rescale.apply(in);
+      for (;;) {  // a rule that reads values a plan left in the files has them loaded, and deals again
+        try {
+          out = kind->rescale.apply(in);
+          break;
+        } catch (const ElementsNotLoaded& e) {
+          if (e.key != key || !old_records.load(e.field)) throw;
+        }
+      }
     } else {
       in.refuse("its kind is not registered, so no rescale rule is known for it");
     }

@@ -26,9 +26,17 @@ struct RescaleInput {
   Layout from, to;
   bool once_per_rank = false;
   const GraphNodeRecord* node = nullptr;  // the node's graph record (kind, parameters); null for engine nodes
+  /// The one new rank whose records are wanted (a rank resuming from a set), or -1 for every rank's.
+  int only_rank = -1;
 
   std::size_t new_slots() const {
     return static_cast<std::size_t>(once_per_rank ? to.world_size : to.instances());
+  }
+  /// Whether new slot `j`'s record is wanted: a rule computes every slot (the deal depends on all of
+  /// them) but builds the records of the wanted ones only, so a rank's rescale holds what it receives.
+  bool wanted(std::size_t j) const {
+    if (only_rank < 0) return true;
+    return (once_per_rank ? j : j / static_cast<std::size_t>(to.num_workers)) == static_cast<std::size_t>(only_rank);
   }
   /// Throws the SnapshotError of a refused rescale, naming this node.
   [[noreturn]] void refuse(const std::string& why) const {
@@ -46,17 +54,23 @@ struct RescaleInput {
     }
     return out;
   }
-  /// One new record per state, for slots 0, 1, …, keyed like the old ones.
+  /// One new record per state, for slots 0, 1, …, keyed like the old ones (a slot that is not wanted gets
+  /// an empty record, which the driver drops).
   template <class S>
   std::vector<NodeState> write(const std::vector<S>& states) const {
     std::vector<NodeState> out(states.size());
     for (std::size_t j = 0; j < states.size(); ++j) {
+      if (!wanted(j)) continue;
       out[j] = empty_record(j);
       StateWriter w(out[j]);
       w.write(states[j]);
     }
     return out;
   }
+  /// Element lists pooled in order and dealt in contiguous runs (rescale::deal) to `per_slot` parts of each
+  /// new slot (merge deals to every worker of a rank): the parts of wanted slots only are filled.
+  std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t per_slot = 1) const;
+
   /// A record of this node for new slot `j`, with no fields yet.
   NodeState empty_record(std::size_t j) const {
     NodeState s;
@@ -102,10 +116,11 @@ class RescaleRule {
     if (refuses()) in.refuse(reason_);
     if (deal_) return deal_(in);
     std::vector<NodeState> out;
-    for (std::size_t j = 0; j < in.new_slots(); ++j) {
-      NodeState s = *in.old.front();
-      s.instance = static_cast<std::uint32_t>(j);
-      out.push_back(std::move(s));
+    out.resize(in.new_slots());
+    for (std::size_t j = 0; j < out.size(); ++j) {
+      if (!in.wanted(j)) continue;
+      out[j] = *in.old.front();
+      out[j].instance = static_cast<std::uint32_t>(j);
     }
     return out;
   }
@@ -127,10 +142,17 @@ inline constexpr const char* kNotDealt =
     "it keeps state that cannot be dealt to another layout; rescalable pipelines read through a sampler and use "
     "shuffle, batch, flat_map and stateless nodes";
 
+/// Every slot is kept (deal's default).
+struct AllSlots {
+  bool operator()(std::size_t) const { return true; }
+};
+
 /// Pools element lists (in order) and deals them in contiguous runs: of N pooled elements, slot j gets
 /// elements [N·j/n, N·(j+1)/n). Slots differ by at most one element, and each takes its elements from as
-/// few old lists as it can, so a rescale that reads only what it deals opens few of them.
-inline std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t n) {
+/// few old lists as it can, so a rescale that reads only what it deals opens few of them. Slots for which
+/// `keep(j)` is false are left empty (their share is still counted).
+template <class Keep = AllSlots>
+std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t n, Keep keep = {}) {
   std::vector<ElementBlobs> out(n);
   if (lists.empty()) return out;
   const std::string& tag = lists.front()->tag;
@@ -149,7 +171,7 @@ inline std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& li
     for (std::size_t k = 0; k < len;) {
       while (first + k >= start(slot + 1)) ++slot;
       const std::size_t stop = std::min(len, start(slot + 1) - first);
-      out[slot].append_from(*l, k, stop);
+      if (keep(slot)) out[slot].append_from(*l, k, stop);
       k = stop;
     }
     first += len;
@@ -166,4 +188,10 @@ std::vector<const ElementBlobs*> lists(const std::vector<S>& states, M S::*membe
 }
 
 }  // namespace rescale
+
+inline std::vector<ElementBlobs> RescaleInput::deal(const std::vector<const ElementBlobs*>& lists,
+                                                    std::size_t per_slot) const {
+  return rescale::deal(lists, new_slots() * per_slot, [&](std::size_t k) { return wanted(k / per_slot); });
+}
+
 }  // namespace dpipe

@@ -597,6 +597,50 @@ TEST(SnapshotSetFiles, ASetOfFormatTwoIsRescaledWhole) {
           << dir;
 }
 
+// A rank that rescales for itself computes every new slot but builds only its own records and lists: the
+// ones it builds are those of the whole rescale, the others stay empty.
+TEST(Rescale, ARankRescalingForItselfBuildsOnlyItsOwnSlots) {
+  std::vector<ElementBlobs> lists(3);
+  for (int i = 0; i < 5; ++i) lists[0].append("a" + std::to_string(i));
+  for (int i = 0; i < 7; ++i) lists[2].append("c" + std::to_string(i));
+  const std::vector<const ElementBlobs*> pool = {&lists[0], &lists[1], &lists[2]};
+  NodeState old;
+  old.key = "batch@1";
+  old.kind = "batch";
+  // Per worker: 3 ranks × 2 workers; rank 1 wants slots 2 and 3.
+  const RescaleInput mine{{&old}, Layout{0, 2, 2}, Layout{0, 3, 2}, false, nullptr, 1};
+  const RescaleInput every{{&old}, Layout{0, 2, 2}, Layout{0, 3, 2}, false, nullptr};
+  const auto all = every.deal(pool), own = mine.deal(pool);
+  ASSERT_EQ(all.size(), 6u);
+  ASSERT_EQ(own.size(), 6u);
+  std::size_t dealt = 0;
+  for (std::size_t j = 0; j < 6; ++j) {
+    dealt += all[j].size();
+    EXPECT_EQ(mine.wanted(j), j == 2 || j == 3) << j;
+    if (mine.wanted(j)) {
+      EXPECT_EQ(own[j].data, all[j].data) << j;
+      EXPECT_EQ(own[j].offsets, all[j].offsets) << j;
+      EXPECT_GT(own[j].size(), 0u) << j;
+    } else {
+      EXPECT_EQ(own[j].size(), 0u) << j;
+    }
+  }
+  EXPECT_EQ(dealt, 12u);
+  const auto records = mine.write(std::vector<BatchState<ElementBlobs>>(6));
+  ASSERT_EQ(records.size(), 6u);
+  for (std::size_t j = 0; j < 6; ++j) {
+    EXPECT_EQ(records[j].key, mine.wanted(j) ? "batch@1" : "") << j;
+    EXPECT_EQ(records[j].fields.empty(), !mine.wanted(j)) << j;
+  }
+  // Once per rank (merge deals to every worker of a rank): rank 2 of 3 wants parts 4 and 5 of 6.
+  const RescaleInput merge_mine{{&old}, Layout{0, 2, 2}, Layout{0, 3, 2}, true, nullptr, 2};
+  const RescaleInput merge_every{{&old}, Layout{0, 2, 2}, Layout{0, 3, 2}, true, nullptr};
+  const auto parts = merge_mine.deal(pool, 2), all_parts = merge_every.deal(pool, 2);
+  ASSERT_EQ(parts.size(), 6u);
+  for (std::size_t k = 0; k < 6; ++k) EXPECT_EQ(parts[k].data, k >= 4 ? all_parts[k].data : "") << k;
+  EXPECT_EQ(parts[5].at(parts[5].size() - 1), "c6");
+}
+
 TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
   auto refused = [](auto p) {
     Engine e;

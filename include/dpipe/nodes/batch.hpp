@@ -124,7 +124,7 @@ struct BatchKind {
     return RescaleRule::dealt([](const RescaleInput& in) {
       using S = BatchState<ElementBlobs>;
       const auto old = in.read<S>();
-      const auto dealt = rescale::deal(rescale::lists(old, &S::partial), in.new_slots());
+      const auto dealt = in.deal(rescale::lists(old, &S::partial));
       std::vector<S> out(dealt.size());
       for (std::size_t j = 0; j < out.size(); ++j) out[j].partial = dealt[j];
       return in.write(out);

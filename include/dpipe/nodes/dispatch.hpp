@@ -276,7 +276,7 @@ struct DispatchKind {
         if (old[i].owner)
           for (const auto& b : old[i].backlogs) pool.push_back(&b);
       }
-      const auto dealt = rescale::deal(pool, in.new_slots());
+      const auto dealt = in.deal(pool);
       const auto workers = static_cast<std::size_t>(in.to.num_workers);
       std::vector<S> out(in.new_slots());
       for (std::size_t j = 0; j < out.size(); ++j) {

@@ -206,14 +206,14 @@ struct FlatMapKind {
       if (std::any_of(fields.begin(), fields.end(), [](const auto& f) { return f.name == "rests"; })) {
         using R = FlatMapRestState<ElementBlobs>;
         const auto old = in.read<R>();
-        const auto dealt = rescale::deal(rescale::lists(old, &R::rests), in.new_slots());
+        const auto dealt = in.deal(rescale::lists(old, &R::rests));
         std::vector<R> out(dealt.size());
         for (std::size_t j = 0; j < out.size(); ++j) out[j].rests = dealt[j];
         return in.write(out);
       }
       using S = FlatMapState<ElementBlobs>;
       const auto old = in.read<S>();
-      const auto dealt = rescale::deal(rescale::lists(old, &S::pending), in.new_slots());
+      const auto dealt = in.deal(rescale::lists(old, &S::pending));
       std::vector<S> out(dealt.size());
       for (std::size_t j = 0; j < out.size(); ++j) out[j].pending = dealt[j];
       return in.write(out);

@@ -234,7 +234,7 @@ struct MergeKind {
           pool.push_back(&old[r].lanes[w].pending);
         }
       const auto workers = static_cast<std::size_t>(in.to.num_workers);
-      const auto dealt = rescale::deal(pool, in.new_slots() * workers);
+      const auto dealt = in.deal(pool, workers);
       std::vector<S> out(in.new_slots());
       for (std::size_t r = 0; r < out.size(); ++r) {
         out[r].lanes.resize(workers);

@@ -147,7 +147,7 @@ struct ShuffleKind {
     return RescaleRule::dealt([](const RescaleInput& in) {
       using S = ShuffleState<ElementBlobs>;
       const auto old = in.read<S>();
-      const auto dealt = rescale::deal(rescale::lists(old, &S::buffer), in.new_slots());
+      const auto dealt = in.deal(rescale::lists(old, &S::buffer));
       bool all_done = true;
       for (const S& s : old) all_done = all_done && s.input_done;
       std::vector<S> out(dealt.size());
