@@ -223,7 +223,7 @@ void decode_element_list(ByteReader& r, std::size_t n, ElementBlobs& e, const st
     e.offsets[i + 1] = total;
   }
   if (total > r.remaining()) r.fail("the elements of field '" + field + "' run past their end");
-  e.data = std::string(r.bytes(static_cast<std::size_t>(total)));
+  e.data.assign(r.bytes(static_cast<std::size_t>(total)));
 }
 
 /// One node record of the node states or the state index; `list(r, field, record)` reads an element list
@@ -296,7 +296,7 @@ void decode_index_list(ByteReader& in, Field& f, const NodeState& s, std::uint32
   } else {
     if (l.count > in.remaining() / 8) in.fail(who + " claims more elements than fit");
     decode_element_list(in, static_cast<std::size_t>(l.count), e, f.name);
-    l.loaded = std::make_unique<ElementBlobs>(e);
+    if (l.count > 0) l.loaded = std::make_unique<ElementBlobs>(e);
   }
   if (l.count > 0) {
     e.ranges.push_back({lists.size(), 0, l.count});

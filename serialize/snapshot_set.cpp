@@ -480,7 +480,7 @@ class PlanRecords final : public OldRecords {
   const std::string& dir_;
   const SetListing& listing_;
   std::vector<std::string> keys_;
-  std::deque<NodeState> decoded_;  // the records of the node last asked for (stable addresses)
+  std::deque<NodeState> decoded_;  // the records of the node last asked for (no reallocation as it grows)
   std::map<std::uint32_t, const NodeState*> by_instance_;
 };
 
