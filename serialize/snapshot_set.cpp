@@ -362,14 +362,15 @@ class SnapshotRecords final : public OldRecords {
 };
 
 /// The new ranks' snapshots of a consistent set (`old_world` ranks, rank 0's metadata `meta`, its records
-/// `old`) rescaled to {world_size, num_workers}: every rank's, or only rank `only_rank`'s when it is not
-/// negative (defined with the rescaling below).
+/// `old`) rescaled to {world_size, num_workers}: the snapshots of new ranks [first, end) (`end` negative:
+/// every rank from `first` on; defined with the rescaling below).
 std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, OldRecords& old, int world_size,
-                                      int num_workers, int only_rank);
+                                      int num_workers, int first, int end);
 
-std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int world_size, int num_workers, int only_rank) {
+/// Every new rank's snapshot of `ranks` (a consistent set) rescaled to {world_size, num_workers}.
+std::vector<Snapshot> rescale_ranks(const std::vector<Snapshot>& ranks, int world_size, int num_workers) {
   SnapshotRecords old(ranks);
-  return rescale_records(ranks.front().meta, static_cast<int>(ranks.size()), old, world_size, num_workers, only_rank);
+  return rescale_records(ranks.front().meta, static_cast<int>(ranks.size()), old, world_size, num_workers, 0, -1);
 }
 
 /// Loads stored list `list` from its file of a listed set.
@@ -486,10 +487,10 @@ class PlanRecords final : public OldRecords {
 
 /// The new ranks' snapshots of a plan (see rescale_records), their element lists still ranges.
 std::vector<Snapshot> rescale_plan(SetPlan& plan, const std::string& dir, const SetListing& l, int world_size,
-                                   int num_workers, int only_rank) {
+                                   int num_workers, int first, int end) {
   PlanRecords old(plan, dir, l);
   return rescale_records(plan.files.front().meta, static_cast<int>(plan.files.size()), old, world_size, num_workers,
-                         only_rank);
+                         first, end);
 }
 
 /// Rank `to.rank`'s snapshot of a listed set rescaled to `to`, reading the set's plan and, of the long
@@ -497,7 +498,7 @@ std::vector<Snapshot> rescale_plan(SetPlan& plan, const std::string& dir, const 
 std::optional<Snapshot> read_rescaled(const std::string& dir, const SetListing& l, const Layout& to) {
   auto plan = read_plan(dir, l);
   if (!plan) return std::nullopt;
-  Snapshot out = std::move(rescale_plan(*plan, dir, l, to.world_size, to.num_workers, to.rank).front());
+  Snapshot out = std::move(rescale_plan(*plan, dir, l, to.world_size, to.num_workers, to.rank, to.rank + 1).front());
   load_ranges(out, plan->lists, dir, l);
   return out;
 }
@@ -641,6 +642,11 @@ Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool r
 
 namespace {
 
+// An offline rescale plans the new ranks in batches of at least kRescaleBatch, in at most kRescalePasses
+// passes over the old records: memory for a batch's records, time for the passes.
+constexpr int kRescaleBatch = 512;
+constexpr int kRescalePasses = 8;
+
 /// Removes the directories `PREFIX<pid>` in `parent` that a killed rescale_dir left (its process gone).
 void remove_stale_staging(const std::string& parent, const std::string& prefix) {
   DIR* d = ::opendir(parent.c_str());
@@ -680,23 +686,38 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
     throw FileError("cannot rescale into '" + out + "': it exists and is not an empty directory");
   const SetListing l = list_set(dir);
   if (l.all_tagged) check_one_snapshot(dir, l);
-  // The plan of the whole new set (ranges of the old lists), or, for a set without state indexes, the
-  // set read whole and rescaled.
+  // The set's plan (its state indexes, kept encoded), or, for a set without state indexes, the set read
+  // whole and rescaled.
   auto plan = l.all_tagged ? read_plan(dir, l) : std::nullopt;
-  std::vector<Snapshot> ranks =
-      plan ? rescale_plan(*plan, dir, l, world_size, num_workers, -1) : read_dir(dir).rescaled(world_size, num_workers).ranks_;
-  // The stored lists to drop once each new rank is written: those it is the last to be dealt from.
-  std::vector<std::vector<std::uint64_t>> done_after(static_cast<std::size_t>(world_size));
-  if (plan) {
+  // New ranks are planned a batch at a time (each batch deals the old records again and keeps only its
+  // own ranks' records), so memory holds the plan and one batch, never the whole new set.
+  const int batch = plan ? std::max(kRescaleBatch, (world_size + kRescalePasses - 1) / kRescalePasses) : world_size;
+  struct Batch {
+    int first = 0, end = 0;
+    std::vector<Snapshot> ranks;                         // new ranks [first, end), lists as ranges
+    std::vector<std::vector<std::uint64_t>> done_after;  // per rank: the stored lists it is the last to use
+  };
+  const auto plan_batch = [&](int first) {
+    Batch b{first, std::min(world_size, first + batch), {}, {}};
+    b.done_after.resize(static_cast<std::size_t>(b.end - first));
+    if (!plan) {
+      b.ranks = read_dir(dir).rescaled(world_size, num_workers).ranks_;
+      return b;
+    }
+    plan->lists.clear();  // the lists of the batch before, its ranges done with
+    b.ranks = rescale_plan(*plan, dir, l, world_size, num_workers, first, b.end);
+    // A list dealt to the next batch too is read again then.
     std::vector<int> last_use(plan->lists.size(), -1);
-    for (int r = 0; r < world_size; ++r)
-      for (const auto& st : ranks[static_cast<std::size_t>(r)].states)
+    for (int r = first; r < b.end; ++r)
+      for (const auto& st : b.ranks[static_cast<std::size_t>(r - first)].states)
         for (const auto& f : st.fields)
           for (const auto& range : f.elements.ranges)
-            if (range.list < last_use.size()) last_use[range.list] = r;
+            if (range.list < last_use.size()) last_use[range.list] = r - first;
     for (std::size_t i = 0; i < last_use.size(); ++i)
-      if (last_use[i] >= 0 && plan->lists[i].stored) done_after[static_cast<std::size_t>(last_use[i])].push_back(i);
-  }
+      if (last_use[i] >= 0 && plan->lists[i].stored) b.done_after[static_cast<std::size_t>(last_use[i])].push_back(i);
+    return b;
+  };
+  Batch next = plan_batch(0);  // the first before anything is created: a refused rescale leaves nothing
 
   // Written into a directory beside `out`, then made durable and renamed into place: `out` holds the
   // whole new set or nothing.
@@ -710,16 +731,21 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
   fs::remove_all(staging, ec);
   create_set_dir(staging.string());
   try {
-    for (int r = 0; r < world_size; ++r) {
-      Snapshot& s = ranks[static_cast<std::size_t>(r)];
-      if (plan) load_ranges(s, plan->lists, dir, l);
-      // Durable all at once below: one flush of the file system instead of two fsyncs per file.
-      write_file_atomically((staging / file_name(s.meta)).string(), s.to_bytes(), {.durability = Durability::by_caller});
-      if (on_rank) on_rank(s);
-      s = Snapshot{};
-      for (const std::uint64_t i : done_after[static_cast<std::size_t>(r)]) {
-        plan->lists[i].loaded.reset();  // no later rank asks for it; one that did would read it again
+    for (;;) {
+      Batch b = std::move(next);
+      for (int r = b.first; r < b.end; ++r) {
+        Snapshot& s = b.ranks[static_cast<std::size_t>(r - b.first)];
+        if (plan) load_ranges(s, plan->lists, dir, l);
+        // Durable all at once below: one flush of the file system instead of two fsyncs per file.
+        write_file_atomically((staging / file_name(s.meta)).string(), s.to_bytes(), {.durability = Durability::by_caller});
+        if (on_rank) on_rank(s);
+        s = Snapshot{};
+        for (const std::uint64_t i : b.done_after[static_cast<std::size_t>(r - b.first)]) plan->lists[i].loaded.reset();
       }
+      const int end = b.end;
+      if (end == world_size) break;
+      b = Batch{};  // freed before the next batch is planned
+      next = plan_batch(end);
     }
     sync_file_system(staging.string());
     fs::rename(staging, parent / name, ec);
@@ -752,18 +778,20 @@ struct RunRecord {
 }  // namespace
 
 SnapshotSet SnapshotSet::rescaled(int world_size, int num_workers) const {
-  return SnapshotSet(rescale_ranks(ranks_, world_size, num_workers, -1));
+  return SnapshotSet(rescale_ranks(ranks_, world_size, num_workers));
 }
 
 namespace {
 
 std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, OldRecords& old_records, int world_size,
-                                      int num_workers, int only_rank) {
+                                      int num_workers, int rank_begin, int rank_end) {
   if (!Layout{0, world_size, num_workers}.possible())
     throw SnapshotError("cannot rescale to world size " + std::to_string(world_size) + " with " +
                         std::to_string(num_workers) + " workers");
   const Layout from{0, old_world, meta.layout.num_workers}, to{0, world_size, num_workers};
-  const auto wanted = [&](std::size_t rank) { return only_rank < 0 || rank == static_cast<std::size_t>(only_rank); };
+  const auto wanted = [&](std::size_t rank) {
+    return rank >= static_cast<std::size_t>(rank_begin) && (rank_end < 0 || rank < static_cast<std::size_t>(rank_end));
+  };
 
   // Which nodes run once per rank (the prefix before dispatch, the suffix after merge) and which per
   // worker is recorded per node since the node-details section; a node without it is taken to run per
@@ -780,7 +808,7 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     const auto& run_records = old_records.records("run");
     if (run_records.size() != static_cast<std::size_t>(from.world_size))
       refuse("the snapshots do not hold one run record per rank");
-    RescaleInput in{{}, from, to, true, nullptr, only_rank};
+    RescaleInput in{{}, from, to, true, nullptr, rank_begin, rank_end};
     for (const auto& [instance, st] : run_records) in.old.push_back(st);
     const auto old = in.read<RunRecord>();
     const auto dealt = in.deal(rescale::lists(old, &RunRecord::pending));
@@ -799,7 +827,7 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     const GraphNodeRecord* node = g == graph.end() ? nullptr : g->second;
     // A node outside the graph is the engine's own (the merge a pipeline without one ends in): once per rank.
     const bool once_per_rank = !node || node->segment == "prefix" || node->segment == "suffix";
-    RescaleInput in{{}, from, to, once_per_rank, node, only_rank};
+    RescaleInput in{{}, from, to, once_per_rank, node, rank_begin, rank_end};
     const auto workers = static_cast<std::uint32_t>(from.num_workers);
     const std::size_t slots = static_cast<std::size_t>(once_per_rank ? from.world_size : from.instances());
     for (std::size_t i = 0; i < slots; ++i) {

@@ -26,8 +26,9 @@ struct RescaleInput {
   Layout from, to;
   bool once_per_rank = false;
   const GraphNodeRecord* node = nullptr;  // the node's graph record (kind, parameters); null for engine nodes
-  /// The one new rank whose records are wanted (a rank resuming from a set), or -1 for every rank's.
-  int only_rank = -1;
+  /// The new ranks whose records are wanted: [wanted_begin, wanted_end), or every rank from wanted_begin on
+  /// when wanted_end is negative. A rank resuming from a set wants its own; an offline rescale, a batch.
+  int wanted_begin = 0, wanted_end = -1;
 
   std::size_t new_slots() const {
     return static_cast<std::size_t>(once_per_rank ? to.world_size : to.instances());
@@ -35,8 +36,8 @@ struct RescaleInput {
   /// Whether new slot `j`'s record is wanted: a rule computes every slot (the deal depends on all of
   /// them) but builds the records of the wanted ones only, so a rank's rescale holds what it receives.
   bool wanted(std::size_t j) const {
-    if (only_rank < 0) return true;
-    return (once_per_rank ? j : j / static_cast<std::size_t>(to.num_workers)) == static_cast<std::size_t>(only_rank);
+    const std::size_t rank = once_per_rank ? j : j / static_cast<std::size_t>(to.num_workers);
+    return rank >= static_cast<std::size_t>(wanted_begin) && (wanted_end < 0 || rank < static_cast<std::size_t>(wanted_end));
   }
   /// Throws the SnapshotError of a refused rescale, naming this node.
   [[noreturn]] void refuse(const std::string& why) const {

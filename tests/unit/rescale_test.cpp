@@ -581,6 +581,31 @@ TEST(SnapshotSetFiles, AnOfflineRescaleWritesTheWholeNewSetOrNothing) {
 
 // Sets written before format 3 have no state index: a rescale reads them whole, as before, whether
 // their files carry the names of before or today's.
+// An offline rescale to many ranks plans them in batches (at least 512 new ranks each), dealing the old
+// records again for each: the files are those of the whole rescale, lists dealt across a batch boundary
+// included.
+TEST(SnapshotSetFiles, AnOfflineRescaleToManyRanksPlansThemInBatches) {
+  const auto p = range(0, 3000) | sampler() | shuffle({.buffer = 60}) | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = (d.path() / "old").string(), out = (d.path() / "new").string();
+  write_set(p, dir, 4, 2, 9, [](int) { return 50; });
+  constexpr int kWorld = 1100;  // batches of 512, 512 and 76 new ranks
+  const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(kWorld, 1);
+  int next = 0;
+  bool in_order = true;
+  SnapshotSet::rescale_dir(dir, out, kWorld, 1, [&](const Snapshot& s) {
+    in_order = in_order && s.meta.layout.rank == next;
+    ++next;
+  });
+  EXPECT_TRUE(in_order);
+  EXPECT_EQ(next, kWorld);
+  const SnapshotSet written = SnapshotSet::read_dir(out);
+  ASSERT_EQ(written.world_size(), kWorld);
+  std::size_t differing = 0;
+  for (int r = 0; r < kWorld; ++r) differing += written.rank(r).to_bytes() != expected.rank(r).to_bytes();
+  EXPECT_EQ(differing, 0u);
+}
+
 TEST(SnapshotSetFiles, ASetOfFormatTwoIsRescaledWhole) {
   const char* root = std::getenv("DPIPE_SOURCE_ROOT");
   if (!root) GTEST_SKIP() << "DPIPE_SOURCE_ROOT is not set (meson test sets it)";
@@ -608,7 +633,7 @@ TEST(Rescale, ARankRescalingForItselfBuildsOnlyItsOwnSlots) {
   old.key = "batch@1";
   old.kind = "batch";
   // Per worker: 3 ranks × 2 workers; rank 1 wants slots 2 and 3.
-  const RescaleInput mine{{&old}, Layout{0, 2, 2}, Layout{0, 3, 2}, false, nullptr, 1};
+  const RescaleInput mine{{&old}, Layout{0, 2, 2}, Layout{0, 3, 2}, false, nullptr, 1, 2};
   const RescaleInput every{{&old}, Layout{0, 2, 2}, Layout{0, 3, 2}, false, nullptr};
   const auto all = every.deal(pool), own = mine.deal(pool);
   ASSERT_EQ(all.size(), 6u);
