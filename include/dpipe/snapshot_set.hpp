@@ -71,9 +71,10 @@ class SnapshotSet {
   SnapshotSet rescaled(int world_size, int num_workers) const;
   /// Writes every rank's file into `dir`.
   void write_dir(const std::string& dir) const;
-  /// Rescales the set in `dir` onto {world_size, num_workers} into the directory `out` (absent or empty)
-  /// one new rank at a time, holding the old ranks' state indexes and one new rank's elements, not the
-  /// set (a set written before format 3 is read whole). The files are written into a directory beside
+  /// Rescales the set in `dir` onto {world_size, num_workers} into the directory `out` (absent or empty),
+  /// holding the old ranks' state indexes (kept encoded) and the records of one batch of new ranks (at
+  /// least 512, in at most 8 passes over the old records), writing one new rank at a time, not the set
+  /// (a set written before format 3 is read whole). The files are written into a directory beside
   /// `out`, made durable, and renamed into place: `out` ends up holding the whole new set or nothing.
   /// `on_rank` sees each new rank's snapshot once its file is written.
   static void rescale_dir(const std::string& dir, const std::string& out, int world_size, int num_workers,
