@@ -279,9 +279,9 @@ SetListing list_set(const std::string& dir) {
   return out;
 }
 
-/// Throws unless snapshot `s` is what its file name `f` says (a file of a set keeps the name its rank gave it).
-void check_named(const Snapshot& s, const RankFileName& f) {
-  const auto& m = s.meta;
+/// Throws unless a snapshot with metadata `m` is what its file name `f` says (a file of a set keeps the name
+/// its rank gave it).
+void check_named(const SnapshotMeta& m, const RankFileName& f) {
   if (f.tagged && (m.layout.rank != f.rank || m.layout.world_size != f.world_size ||
                    m.layout.num_workers != f.workers || m.step != f.step || set_tag(m) != f.tag))
     throw SnapshotError("the file holds rank " + std::to_string(m.layout.rank) + " of " +
@@ -307,7 +307,7 @@ auto with_rank_file(const std::string& dir, const SetListing& l, int r, Read rea
 Snapshot read_listed(const std::string& dir, const SetListing& l, int r) {
   return with_rank_file(dir, l, r, [](const std::string& path, const RankFileName& f) {
     Snapshot s = Snapshot::read_file(path);
-    check_named(s, f);
+    check_named(s.meta, f);
     return s;
   });
 }
@@ -414,11 +414,7 @@ std::optional<SetPlan> read_plan(const std::string& dir, const SetListing& l) {
   for (int r = 0; r < l.world; ++r) {
     auto rank = with_rank_file(dir, l, r, [&](const std::string& path, const RankFileName& f) {
       auto p = detail::read_snapshot_plan(path);
-      if (p) {
-        Snapshot named;
-        named.meta = p->meta;  // check_named reads the metadata only
-        check_named(named, f);
-      }
+      if (p) check_named(p->meta, f);
       return p;
     });
     if (!rank) return std::nullopt;
