@@ -433,26 +433,29 @@ std::optional<SetPlan> read_plan(const std::string& dir, const SetListing& l) {
 class PlanRecords final : public OldRecords {
  public:
   PlanRecords(SetPlan& plan, const std::string& dir, const SetListing& l) : plan_(plan), dir_(dir), listing_(l) {
-    std::set<std::string_view> seen;
-    for (const auto& file : plan_.files)
-      for (const auto& rec : file.records)
-        if (seen.insert(rec.key).second) keys_.push_back(rec.key);
+    std::map<std::string_view, std::size_t> index;  // key → its position in keys_
+    for (std::size_t r = 0; r < plan_.files.size(); ++r)
+      for (const auto& rec : plan_.files[r].records) {
+        const auto [it, added] = index.emplace(rec.key, keys_.size());
+        if (added) {
+          keys_.push_back(rec.key);
+          where_.emplace_back();
+        }
+        where_[it->second].push_back({r, rec.offset});
+      }
   }
   const std::vector<std::string>& keys() const override { return keys_; }
   const std::map<std::uint32_t, const NodeState*>& records(const std::string& key) override {
     by_instance_.clear();
     decoded_.clear();
-    for (std::size_t r = 0; r < plan_.files.size(); ++r) {
-      const detail::SnapshotPlan& file = plan_.files[r];
-      for (const auto& rec : file.records) {
-        if (rec.key != key) continue;
-        try {
-          decoded_.push_back(detail::decode_plan_record(file, rec.offset, static_cast<std::uint32_t>(r), plan_.lists));
-        } catch (const SnapshotError& e) {  // named as a file of the set is when it is read
-          with_rank_file(dir_, listing_, static_cast<int>(r), [&](const std::string& path, const RankFileName&) -> int {
-            throw SnapshotError("'" + path + "': " + e.what());
-          });
-        }
+    const auto k = static_cast<std::size_t>(std::find(keys_.begin(), keys_.end(), key) - keys_.begin());
+    for (const auto& [r, offset] : where_.at(k)) {  // the driver asks for the keys it was given
+      try {
+        decoded_.push_back(detail::decode_plan_record(plan_.files[r], offset, static_cast<std::uint32_t>(r), plan_.lists));
+      } catch (const SnapshotError& e) {  // named as a file of the set is when it is read
+        with_rank_file(dir_, listing_, static_cast<int>(r), [&](const std::string& path, const RankFileName&) -> int {
+          throw SnapshotError("'" + path + "': " + e.what());
+        });
       }
     }
     for (const NodeState& st : decoded_) place_record(by_instance_, st);
@@ -477,6 +480,8 @@ class PlanRecords final : public OldRecords {
   const std::string& dir_;
   const SetListing& listing_;
   std::vector<std::string> keys_;
+  // Per key (as in keys_): its records as (old rank, offset in that rank's state index), in rank order.
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> where_;
   std::deque<NodeState> decoded_;  // the records of the node last asked for (no reallocation as it grows)
   std::map<std::uint32_t, const NodeState*> by_instance_;
 };
