@@ -82,7 +82,7 @@ void BM_CanonicalPaired(benchmark::State& state) {
 
 // CPU-bound: every instance keeps its share of the positions and spins 2 µs on each element.
 auto spin_pipeline(std::int64_t depth) {
-  return dpipe::range(0, kSpinElements) | dpipe::sharding_filter() | dpipe::map(dpipe::builtins::Spin(kSpinNs)) |
+  return dpipe::range(0, kSpinElements) | dpipe::sharding_filter() | dpipe::map(dpipe::builtins::Passthrough::spin(kSpinNs)) |
          dpipe::batch({.size = 64}) | dpipe::prefetch({.depth = depth});
 }
 
@@ -99,7 +99,7 @@ void BM_SpinPrefetch(benchmark::State& state) {
 // The same work on raw oneTBB: a serial input stage cuts the range into chunks of 64, a parallel
 // stage spins on every element, a serial in-order stage consumes.
 void BM_SpinRawTbb(benchmark::State& state) {
-  const dpipe::builtins::Spin spin(kSpinNs);
+  const auto spin = dpipe::builtins::Passthrough::spin(kSpinNs);
   oneapi::tbb::task_arena arena(2, 0);
   for (auto _ : state) {
     std::int64_t next = 0;
@@ -137,7 +137,7 @@ void BM_SpinRawTbb(benchmark::State& state) {
 constexpr std::int64_t kPauseSpinNs = 1'000;
 auto pause_pipeline() {
   return dpipe::range(0, 1'000'000'000) | dpipe::shuffle({.buffer = 1'000}) | dpipe::sharding_filter() |
-         dpipe::map(dpipe::builtins::Spin(kPauseSpinNs)) | dpipe::batch({.size = 256}) | dpipe::prefetch({.depth = 8});
+         dpipe::map(dpipe::builtins::Passthrough::spin(kPauseSpinNs)) | dpipe::batch({.size = 256}) | dpipe::prefetch({.depth = 8});
 }
 
 void BM_SnapshotPause(benchmark::State& state) {
@@ -176,7 +176,7 @@ void BM_ReproduciblePause(benchmark::State& state) {
 // The time to produce one such batch on one core: the unit the pause is compared with.
 void BM_OneBatch(benchmark::State& state) {
   Engine engine({.threads = 1});
-  auto p = dpipe::range(0, 1'000'000'000) | dpipe::map(dpipe::builtins::Spin(kPauseSpinNs)) | dpipe::batch({.size = 256});
+  auto p = dpipe::range(0, 1'000'000'000) | dpipe::map(dpipe::builtins::Passthrough::spin(kPauseSpinNs)) | dpipe::batch({.size = 256});
   auto run = engine.start(p, options(1, true));
   for (auto _ : state) benchmark::DoNotOptimize(run.next());
 }

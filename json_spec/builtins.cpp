@@ -31,6 +31,10 @@ double spin_iterations_per_ns() {
   return rate;
 }
 
+void Passthrough::fail_at_index() const {
+  throw std::runtime_error("throw_at: failing on element " + std::to_string(index) + " as asked");
+}
+
 namespace {
 /// Copies a row into an array of N, checking that every value fits.
 template <class N>

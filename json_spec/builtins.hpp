@@ -45,46 +45,57 @@ struct Stack {
   Params describe() const { return {{"fn", "stack"}, {"dtype", dtype}}; }
 };
 
-/// map: returns its input.
-struct Identity {
-  template <class T>
-  T operator()(T x) const {
-    return x;
-  }
-  Params describe() const { return {{"fn", "identity"}}; }
-};
-
 /// Iterations of the spin loop per nanosecond on this machine, measured once on first use.
 double spin_iterations_per_ns();
 /// Runs `iterations` of dependent integer arithmetic the optimiser cannot remove.
 void spin_for(std::uint64_t iterations);
 
-/// map: a fixed amount of arithmetic that takes about `ns` nanoseconds on one core (calibrated at
-/// start-up, never a clock wait), then returns its input. Models CPU-bound decoding.
-struct Spin {
-  std::int64_t ns = 0;
-  std::uint64_t iterations = 0;
-  explicit Spin(std::int64_t ns_) : ns(ns_), iterations(static_cast<std::uint64_t>(double(ns_) * spin_iterations_per_ns())) {}
-  template <class T>
-  T operator()(T x) const {
-    spin_for(iterations);
-    return x;
-  }
-  Params describe() const { return {{"fn", "spin"}, {"ns", std::to_string(ns)}}; }
-};
+/// map: returns its input, and on the way does one of three things (the spec's map functions identity,
+/// spin and throw_at — one type, so a front end compiles the map nodes once per element type for all three):
+/// - `Passthrough{}`: nothing;
+/// - `Passthrough::spin(ns)`: a fixed amount of arithmetic that takes about `ns` nanoseconds on one core
+///   (calibrated at start-up, never a clock wait); models CPU-bound decoding;
+/// - `Passthrough::throw_at(index)`, for testing failure handling: throws std::runtime_error on the element
+///   at 0-based position `index` of the stream reaching it. Each iterator counts in its own copy (so in
+///   each worker), from 0 when it is built or restored; for map only (parallel_map calls it concurrently).
+struct Passthrough {
+  enum class Does { nothing, spin, throw_at };
+  Does does = Does::nothing;
+  std::int64_t ns = 0;             // spin: the time asked for
+  std::uint64_t iterations = 0;    // spin: ns on this machine
+  std::int64_t index = 0;          // throw_at: the position that fails
+  mutable std::int64_t seen = 0;   // throw_at: elements seen by this copy
 
-/// map, for testing failure handling: returns its input, but throws std::runtime_error on the element at
-/// 0-based position `index` of the stream reaching it. Each iterator counts in its own copy (so in each
-/// worker), from 0 when it is built or restored.
-struct ThrowAt {
-  std::int64_t index = 0;
-  mutable std::int64_t seen = 0;
+  static Passthrough spin(std::int64_t ns) {
+    Passthrough f;
+    f.does = Does::spin;
+    f.ns = ns;
+    f.iterations = static_cast<std::uint64_t>(double(ns) * spin_iterations_per_ns());
+    return f;
+  }
+  static Passthrough throw_at(std::int64_t index) {
+    Passthrough f;
+    f.does = Does::throw_at;
+    f.index = index;
+    return f;
+  }
   template <class T>
   T operator()(T x) const {
-    if (seen++ == index) throw std::runtime_error("throw_at: failing on element " + std::to_string(index) + " as asked");
+    if (does == Does::spin) spin_for(iterations);
+    else if (does == Does::throw_at && seen++ == index) fail_at_index();
     return x;
   }
-  Params describe() const { return {{"fn", "throw_at"}, {"index", std::to_string(index)}}; }
+  Params describe() const {
+    switch (does) {
+      case Does::spin: return {{"fn", "spin"}, {"ns", std::to_string(ns)}};
+      case Does::throw_at: return {{"fn", "throw_at"}, {"index", std::to_string(index)}};
+      case Does::nothing: break;
+    }
+    return {{"fn", "identity"}};
+  }
+
+ private:
+  [[noreturn]] void fail_at_index() const;
 };
 
 /// flat_map: x → `times` copies of x.

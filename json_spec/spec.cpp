@@ -12,6 +12,7 @@
 
 #include "builtins.hpp"
 #include "dpipe/kinds.hpp"
+#include "spec_runs.hpp"
 
 namespace dpipe {
 
@@ -154,7 +155,6 @@ class JsonNode {
       param("add", f.add);
       return apply(integers("affine"), f);
     }
-    if (fn == "identity") return input().apply([&](const auto& p) { return apply(p, builtins::Identity{}); });
     if (fn == "stack") {
       builtins::Stack f;
       param("dtype", f.dtype);
@@ -164,19 +164,23 @@ class JsonNode {
         fail("stack takes batches of rows of integers (token windows | batch), but its input yields " + input().type_name() + "s");
       return apply(input().get<std::vector<std::vector<SpecInt>>>(), f);
     }
+    // identity, spin and throw_at are one function type: one map node per element type for the three.
+    std::optional<builtins::Passthrough> pass;
+    if (fn == "identity") pass.emplace();
     if (fn == "spin") {
       std::int64_t ns = 0;
       required("ns", ns);
       if (ns < 0 || ns > 1'000'000'000) fail("ns must be between 0 and 1e9, got " + std::to_string(ns));
-      return input().apply([&](const auto& p) { return apply(p, builtins::Spin(ns)); });
+      pass = builtins::Passthrough::spin(ns);
     }
     if (fn == "throw_at") {
       if (concurrent) fail("throw_at counts positions, which a parallel_map does not have; use map");
-      builtins::ThrowAt f;
-      required("index", f.index);
-      if (f.index < 0) fail("index must not be negative, got " + std::to_string(f.index));
-      return input().apply([&](const auto& p) { return apply(p, f); });
+      std::int64_t index = 0;
+      required("index", index);
+      if (index < 0) fail("index must not be negative, got " + std::to_string(index));
+      pass = builtins::Passthrough::throw_at(index);
     }
+    if (pass) return input().apply([&](const auto& p) { return apply(p, *pass); });
     fail("unknown map function '" + fn + "' (known: affine, identity, stack, spin, throw_at)");
   }
   template <class Apply>
@@ -443,5 +447,16 @@ Spec parse_spec(std::string_view text, SpecOptions options) {
   SpecPipeline p = build_chain(j["pipeline"], "pipeline", &bytes);
   return Spec{seed, std::move(p), bytes};
 }
+
+// Run<T> for every spec element type (spec_runs.hpp): here, where the merge op has already compiled the
+// MergeIter<T> each of them needs.
+template class Run<SpecInt>;
+template class Run<SpecStr>;
+template class Run<std::vector<SpecInt>>;
+template class Run<std::vector<SpecStr>>;
+template class Run<std::vector<std::vector<SpecInt>>>;
+template class Run<std::vector<std::vector<SpecStr>>>;
+template class Run<Value>;
+template class Run<std::vector<Value>>;
 
 }  // namespace dpipe

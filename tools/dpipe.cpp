@@ -25,6 +25,7 @@
 #include "dpipe/dpipe.hpp"
 #include "dpipe/regular_file.hpp"
 #include "json_spec.hpp"
+#include "spec_runs.hpp"
 
 namespace {
 

@@ -203,12 +203,7 @@ class Run {
 
   /// Elements and time per node and instance, from the moment the run started (needs
   /// RunOptions::collect_stats for the times). Pauses production while it reads.
-  std::vector<NodeStats> node_stats() {
-    Paused paused(*root_);
-    std::vector<NodeStats> out;
-    detail::collect_node_stats(*root_, out);
-    return out;
-  }
+  std::vector<NodeStats> node_stats();
 
   const Layout& layout() const { return layout_; }
   const Graph& graph() const { return *graph_; }
@@ -224,31 +219,7 @@ class Run {
 
   Snapshot take_snapshot(std::map<std::string, std::string> user_metadata, std::optional<std::uint64_t> step,
                          bool settle)
-    requires Snapshottable<T>
-  {
-    if (failed_) throw SnapshotError("cannot snapshot a run that failed; use a snapshot taken before the failure");
-    Paused paused(*root_);
-    if (settle) root_->settle();
-    Snapshot s;
-    s.meta = detail::make_meta(*graph_, options_, layout_, delivered_);
-    s.meta.user_metadata = std::move(user_metadata);
-    s.meta.step = step;
-    s.meta.id = detail::snapshot_id(s.meta);
-    StateSink sink(s.states, &spare_states_);
-    NodeState& run = sink.add();
-    run.key = "run";
-    run.kind = "run";
-    run.instance = static_cast<std::uint32_t>(layout_.rank);
-    run.mode = StateMode::hook;
-    {
-      StateWriter w(run);
-      w("delivered", delivered_);
-      w("pending", std::vector<T>(buf_.begin() + std::ptrdiff_t(head_), buf_.end()));
-    }
-    root_->save(sink);
-    spare_states_.clear();
-    return s;
-  }
+    requires Snapshottable<T>;
 
   // Elements the consumer pulls from the graph at a time: batches and blocks one by one; strings four at a time,
   // so the blocks they own go back through the allocator's per-thread cache while still hot (records of
@@ -262,39 +233,8 @@ class Run {
     IterBase& root;
   };
 
-  Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor)
-      : executor_(std::move(executor)), pipeline_(std::move(p)), options_(std::move(o)) {
-    layout_ = detail::resolve_layout(options_);
-    graph_ = std::make_unique<Graph>(Graph::build(*pipeline_.def()));
-    graph_->check_layout(layout_);
-    warnings_ = graph_->warnings(layout_);
-    shared_ = std::make_unique<detail::RunShared>();
-    BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_->keys(), 0};
-    ctx.executor = executor_.get();
-    ctx.shared = shared_.get();
-    ctx.inline_workers = options_.inline_workers;
-    ctx.collect_stats = options_.collect_stats;
-    if (graph_->has_merge()) {
-      ctx.segment = Segment::suffix;
-      root_ = pipeline_.def()->instantiate(ctx);
-    } else {
-      root_ = std::make_unique<MergeIter<T>>(ctx, *pipeline_.def(), "merge@out");
-    }
-  }
-
-  void restore(const Snapshot& s, const ResumeOptions& resume) {
-    const auto t0 = std::chrono::steady_clock::now();
-    detail::check_snapshot(s, *graph_, options_, layout_, resume);
-    const StateIndex index(s.states);
-    const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
-    StateReader r(run);
-    r("delivered", delivered_);
-    r("pending", buf_);
-    head_ = 0;
-    r.finish();
-    root_->restore(index, report_);
-    report_.total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
+  Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor);
+  void restore(const Snapshot& s, const ResumeOptions& resume);
 
   // Destruction runs bottom-up: the root (which joins the workers) goes before the objects the
   // workers share and the executor they run on.
@@ -313,6 +253,83 @@ class Run {
   RestoreReport report_;
   std::vector<std::string> warnings_;
 };
+
+// The members that build, save and restore a run's iterators, defined outside the class so that an
+// explicit instantiation declaration (`extern template class Run<T>;`) keeps them out of a translation
+// unit: a front end that runs many element types instantiates them once (json_spec/runs.cpp).
+
+template <class T>
+Run<T>::Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor)
+    : executor_(std::move(executor)), pipeline_(std::move(p)), options_(std::move(o)) {
+  layout_ = detail::resolve_layout(options_);
+  graph_ = std::make_unique<Graph>(Graph::build(*pipeline_.def()));
+  graph_->check_layout(layout_);
+  warnings_ = graph_->warnings(layout_);
+  shared_ = std::make_unique<detail::RunShared>();
+  BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_->keys(), 0};
+  ctx.executor = executor_.get();
+  ctx.shared = shared_.get();
+  ctx.inline_workers = options_.inline_workers;
+  ctx.collect_stats = options_.collect_stats;
+  if (graph_->has_merge()) {
+    ctx.segment = Segment::suffix;
+    root_ = pipeline_.def()->instantiate(ctx);
+  } else {
+    root_ = std::make_unique<MergeIter<T>>(ctx, *pipeline_.def(), "merge@out");
+  }
+}
+
+template <class T>
+void Run<T>::restore(const Snapshot& s, const ResumeOptions& resume) {
+  const auto t0 = std::chrono::steady_clock::now();
+  detail::check_snapshot(s, *graph_, options_, layout_, resume);
+  const StateIndex index(s.states);
+  const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
+  StateReader r(run);
+  r("delivered", delivered_);
+  r("pending", buf_);
+  head_ = 0;
+  r.finish();
+  root_->restore(index, report_);
+  report_.total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <class T>
+Snapshot Run<T>::take_snapshot(std::map<std::string, std::string> user_metadata, std::optional<std::uint64_t> step,
+                               bool settle)
+  requires Snapshottable<T>
+{
+  if (failed_) throw SnapshotError("cannot snapshot a run that failed; use a snapshot taken before the failure");
+  Paused paused(*root_);
+  if (settle) root_->settle();
+  Snapshot s;
+  s.meta = detail::make_meta(*graph_, options_, layout_, delivered_);
+  s.meta.user_metadata = std::move(user_metadata);
+  s.meta.step = step;
+  s.meta.id = detail::snapshot_id(s.meta);
+  StateSink sink(s.states, &spare_states_);
+  NodeState& run = sink.add();
+  run.key = "run";
+  run.kind = "run";
+  run.instance = static_cast<std::uint32_t>(layout_.rank);
+  run.mode = StateMode::hook;
+  {
+    StateWriter w(run);
+    w("delivered", delivered_);
+    w("pending", std::vector<T>(buf_.begin() + std::ptrdiff_t(head_), buf_.end()));
+  }
+  root_->save(sink);
+  spare_states_.clear();
+  return s;
+}
+
+template <class T>
+std::vector<NodeStats> Run<T>::node_stats() {
+  Paused paused(*root_);
+  std::vector<NodeStats> out;
+  detail::collect_node_stats(*root_, out);
+  return out;
+}
 
 /// Owns the engine threads (a oneTBB arena, kept out of this header) and starts Runs on them.
 class Engine {

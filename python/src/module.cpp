@@ -18,6 +18,7 @@
 
 #include "dpipe/dpipe.hpp"
 #include "json_spec.hpp"
+#include "spec_runs.hpp"
 
 namespace py = pybind11;
 

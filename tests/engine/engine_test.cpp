@@ -342,7 +342,7 @@ TEST(Cancellation, SlowScalarElementsArriveAndCancelAboutOneAtATime) {
   const auto t0 = std::chrono::steady_clock::now();
   {
     Engine e({.threads = 1});
-    auto run = e.start(range(0, 100'000) | map(builtins::Spin(20'000'000)), layout(1));
+    auto run = e.start(range(0, 100'000) | map(builtins::Passthrough::spin(20'000'000)), layout(1));
     ASSERT_EQ(run.next(), std::optional<I64>(0));
     ASSERT_EQ(run.next(), std::optional<I64>(1));
   }
