@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dpipe/spec.hpp"
+#include "spec_runs.hpp"  // Run<T> of the spec element types: compiled once, in spec.cpp
 
 namespace dpipe {
 

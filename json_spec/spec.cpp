@@ -12,7 +12,6 @@
 
 #include "builtins.hpp"
 #include "dpipe/kinds.hpp"
-#include "spec_runs.hpp"
 
 namespace dpipe {
 

@@ -1,6 +1,6 @@
 #pragma once
 /// Runs of spec pipelines: `Run<T>` for every spec element type is compiled once, in spec.cpp, and
-/// the front ends that run specs (the tool, the Python module) include this header instead of each
+/// whatever includes json_spec.hpp (the tool, the Python module, tests) links it instead of each
 /// building a run's iterators (the merge, the lanes, snapshot and restore) for all of the types.
 /// A type added to SpecElementTypes without a line here still works: the front ends then compile its
 /// Run themselves.

@@ -25,7 +25,6 @@
 #include "dpipe/dpipe.hpp"
 #include "dpipe/regular_file.hpp"
 #include "json_spec.hpp"
-#include "spec_runs.hpp"
 
 namespace {
 

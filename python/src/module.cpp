@@ -18,7 +18,6 @@
 
 #include "dpipe/dpipe.hpp"
 #include "json_spec.hpp"
-#include "spec_runs.hpp"
 
 namespace py = pybind11;
 
