@@ -226,8 +226,10 @@ void decode_element_list(ByteReader& r, std::size_t n, ElementBlobs& e, const st
   e.data.assign(r.bytes(static_cast<std::size_t>(total)));
 }
 
-/// One node record of the node states or the state index; `list(r, field, record)` reads an element list
-/// after its type byte.
+/// One node record of the node states or the state index, the one reader of a record's layout;
+/// `list(r, field, record)` reads an element list after its type byte. `s` may hold an earlier record:
+/// its fields are reused, so a pass over many records into one NodeState allocates only when a string or
+/// list outgrows the storage it had.
 template <class ListReader>
 void decode_record(ByteReader& r, NodeState& s, ListReader& list) {
   s.key = r.str();
@@ -237,9 +239,11 @@ void decode_record(ByteReader& r, NodeState& s, ListReader& list) {
   if (mode < 1 || mode > 3) r.fail("node '" + s.key + "' has an unknown state mode " + std::to_string(mode));
   s.mode = static_cast<StateMode>(mode);
   const std::size_t field_count = r.length(17);  // name length, type, and at least 8 bytes of value
+  if (s.fields.size() > field_count) s.fields.resize(field_count);
   s.fields.reserve(field_count);
   for (std::size_t fi = 0; fi < field_count; ++fi) {
-    Field& f = s.fields.emplace_back();
+    Field& f = fi < s.fields.size() ? s.fields[fi] : s.fields.emplace_back();
+    f.clear();
     f.name = r.str();
     const auto type = r.get<std::uint8_t>();
     switch (type) {
@@ -273,71 +277,45 @@ std::vector<NodeState> decode_states(ByteReader& r) {
   });
 }
 
-/// Reads an element list of a state index (after its type byte) into `f`: an inline list is loaded;
-/// every list with elements is also given as one range of a new entry of `lists` (file `file`), so the
-/// rescale rules deal ranges. Stored lists must lie inside the node-state section [states_begin, states_end).
-void decode_index_list(ByteReader& in, Field& f, const NodeState& s, std::uint32_t file, std::uint64_t states_begin,
-                       std::uint64_t states_end, std::vector<detail::StoredList>& lists) {
+/// Reads an element list of a state index (after its type byte): an inline list's elements into
+/// `f.elements`, a stored list's place in the file into the result, which must lie inside the node-state
+/// section [states_begin, states_end).
+detail::StoredList read_index_list(ByteReader& in, Field& f, const NodeState& s, std::uint32_t file,
+                                   std::uint64_t states_begin, std::uint64_t states_end) {
   auto& e = f.elements;
   e.tag = in.str();
   detail::StoredList l{.file = file, .tag = e.tag};
   l.count = in.get<std::uint64_t>();
   const auto stored = in.get<std::uint8_t>();
-  const std::string who = "field '" + f.name + "' of node '" + s.key + "'";
-  if (stored > 1) in.fail(who + " has a list flag " + std::to_string(stored));
+  const auto who = [&] { return "field '" + f.name + "' of node '" + s.key + "'"; };  // for errors only
+  if (stored > 1) in.fail(who() + " has a list flag " + std::to_string(stored));
   if (stored) {
     l.offset = in.get<std::uint64_t>();
     l.bytes = in.get<std::uint64_t>();
     l.crc = in.get<std::uint32_t>();
     if (l.offset < states_begin || l.offset > states_end || l.bytes > states_end - l.offset || l.count > l.bytes / 8)
-      in.fail(who + " claims " + std::to_string(l.count) + " elements in bytes [" + std::to_string(l.offset) + ", +" +
+      in.fail(who() + " claims " + std::to_string(l.count) + " elements in bytes [" + std::to_string(l.offset) + ", +" +
               std::to_string(l.bytes) + ") outside the node states");
     l.stored = true;
   } else {
-    if (l.count > in.remaining() / 8) in.fail(who + " claims more elements than fit");
+    if (l.count > in.remaining() / 8) in.fail(who() + " claims more elements than fit");
     decode_element_list(in, static_cast<std::size_t>(l.count), e, f.name);
-    if (l.count > 0) l.loaded = std::make_unique<ElementBlobs>(e);
   }
+  return l;
+}
+
+/// Reads an element list of a state index (read_index_list): an inline list is loaded; every list with
+/// elements is also given as one range of a new entry of `lists` (file `file`), so the rescale rules deal
+/// ranges.
+void decode_index_list(ByteReader& in, Field& f, const NodeState& s, std::uint32_t file, std::uint64_t states_begin,
+                       std::uint64_t states_end, std::vector<detail::StoredList>& lists) {
+  detail::StoredList l = read_index_list(in, f, s, file, states_begin, states_end);
+  auto& e = f.elements;
+  if (l.count > 0 && !l.stored) l.loaded = std::make_unique<ElementBlobs>(e);
   if (l.count > 0) {
     e.ranges.push_back({lists.size(), 0, l.count});
     lists.push_back(std::move(l));
   }
-}
-
-/// Passes over one record of a state index without decoding it (the reads are bounded as decoding's
-/// are); returns its node key.
-std::string_view skip_index_record(ByteReader& r) {
-  const std::string_view key = r.str();
-  r.str();                       // kind
-  r.get<std::uint32_t>();        // instance
-  r.get<std::uint8_t>();         // mode
-  const std::size_t fields = r.length(17);
-  for (std::size_t i = 0; i < fields; ++i) {
-    r.str();  // name
-    switch (const auto type = r.get<std::uint8_t>()) {
-      case 1:
-      case 2: r.get<std::uint64_t>(); break;
-      case 3: r.str(); break;
-      case 4: {
-        r.str();  // tag
-        const auto count = r.get<std::uint64_t>();
-        if (r.get<std::uint8_t>() == 1) {
-          r.bytes(8 + 8 + 4);  // offset, bytes, checksum
-        } else {
-          if (count > r.remaining() / 8) r.fail("a list of node '" + std::string(key) + "' claims more elements than fit");
-          std::uint64_t total = 0;
-          for (std::uint64_t k = 0; k < count; ++k) {
-            total += r.get<std::uint64_t>();
-            if (total > r.remaining()) r.fail("a list of node '" + std::string(key) + "' runs past its end");
-          }
-          r.bytes(static_cast<std::size_t>(total));
-        }
-        break;
-      }
-      default: r.fail("a field of node '" + std::string(key) + "' has an unknown type " + std::to_string(type));
-    }
-  }
-  return key;
 }
 
 }  // namespace
@@ -634,12 +612,19 @@ std::optional<SnapshotPlan> read_snapshot_plan(const std::string& path) {
     plan.index = parts.section(*index);
     plan.states_begin = states->offset;
     plan.states_end = states->offset + states->length;
+    // Where each record starts: one pass through the records, read into one reused NodeState and its
+    // inline lists into its fields (bounded and checked as a decode is), nothing kept but the keys.
     ByteReader r(plan.index, "snapshot state index");
     const std::size_t records = r.length(29);
     plan.records.reserve(records);
+    NodeState scratch;
+    auto pass_list = [&](ByteReader& in, Field& f, const NodeState& st) {
+      read_index_list(in, f, st, 0, plan.states_begin, plan.states_end);
+    };
     for (std::size_t k = 0; k < records; ++k) {
       const auto offset = static_cast<std::size_t>(r.pos() - plan.index.data());
-      plan.records.push_back({std::string(skip_index_record(r)), offset});
+      decode_record(r, scratch, pass_list);
+      plan.records.push_back({scratch.key, offset});
     }
     if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the state index");
     return plan;
