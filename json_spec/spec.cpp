@@ -449,13 +449,8 @@ Spec parse_spec(std::string_view text, SpecOptions options) {
 
 // Run<T> for every spec element type (spec_runs.hpp): here, where the merge op has already compiled the
 // MergeIter<T> each of them needs.
-template class Run<SpecInt>;
-template class Run<SpecStr>;
-template class Run<std::vector<SpecInt>>;
-template class Run<std::vector<SpecStr>>;
-template class Run<std::vector<std::vector<SpecInt>>>;
-template class Run<std::vector<std::vector<SpecStr>>>;
-template class Run<Value>;
-template class Run<std::vector<Value>>;
+#define DPIPE_INSTANTIATE_SPEC_RUN(T) template class Run<T>;
+DPIPE_FOR_EACH_SPEC_RUN_TYPE(DPIPE_INSTANTIATE_SPEC_RUN)
+#undef DPIPE_INSTANTIATE_SPEC_RUN
 
 }  // namespace dpipe

@@ -7,15 +7,17 @@
 #include "dpipe/engine.hpp"
 #include "dpipe/spec.hpp"
 
+/// Calls DO(T) for each spec element type whose Run is compiled once: the one list behind both the
+/// declarations below and the instantiations in spec.cpp.
+#define DPIPE_FOR_EACH_SPEC_RUN_TYPE(DO)                                                              \
+  DO(SpecInt) DO(SpecStr) DO(std::vector<SpecInt>) DO(std::vector<SpecStr>)                         \
+  DO(std::vector<std::vector<SpecInt>>) DO(std::vector<std::vector<SpecStr>>) DO(Value)             \
+  DO(std::vector<Value>)
+
 namespace dpipe {
 
-extern template class Run<SpecInt>;
-extern template class Run<SpecStr>;
-extern template class Run<std::vector<SpecInt>>;
-extern template class Run<std::vector<SpecStr>>;
-extern template class Run<std::vector<std::vector<SpecInt>>>;
-extern template class Run<std::vector<std::vector<SpecStr>>>;
-extern template class Run<Value>;
-extern template class Run<std::vector<Value>>;
+#define DPIPE_DECLARE_SPEC_RUN(T) extern template class Run<T>;
+DPIPE_FOR_EACH_SPEC_RUN_TYPE(DPIPE_DECLARE_SPEC_RUN)
+#undef DPIPE_DECLARE_SPEC_RUN
 
 }  // namespace dpipe
