@@ -310,12 +310,10 @@ detail::StoredList read_index_list(ByteReader& in, Field& f, const NodeState& s,
 void decode_index_list(ByteReader& in, Field& f, const NodeState& s, std::uint32_t file, std::uint64_t states_begin,
                        std::uint64_t states_end, std::vector<detail::StoredList>& lists) {
   detail::StoredList l = read_index_list(in, f, s, file, states_begin, states_end);
-  auto& e = f.elements;
-  if (l.count > 0 && !l.stored) l.loaded = std::make_unique<ElementBlobs>(e);
-  if (l.count > 0) {
-    e.ranges.push_back({lists.size(), 0, l.count});
-    lists.push_back(std::move(l));
-  }
+  if (l.count == 0) return;
+  if (!l.stored) l.loaded = std::make_unique<ElementBlobs>(f.elements);
+  f.elements.ranges.push_back({lists.size(), 0, l.count});
+  lists.push_back(std::move(l));
 }
 
 }  // namespace
