@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/codec.hpp"
+#include "dpipe/crc32c.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/node_kind.hpp"
 #include "dpipe/rng.hpp"
@@ -142,12 +144,33 @@ std::string SnapshotSet::file_name(int rank, int world_size) {
   return "rank-" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".dpipe";
 }
 
-std::string SnapshotSet::file_name(const SnapshotMeta& m) {
-  std::string name = "rank-" + std::to_string(m.layout.rank) + "-of-" + std::to_string(m.layout.world_size) + ".w" +
-                     std::to_string(m.layout.num_workers);
-  if (m.step) name += ".s" + std::to_string(*m.step);
-  return name + "." + hex16(set_tag(m)) + ".dpipe";
+namespace {
+
+/// What the tagged name of every rank file of one snapshot shares, and the manifest records.
+struct SetIdentity {
+  int world = 0;
+  int workers = 0;
+  std::optional<std::uint64_t> step{};
+  std::uint64_t tag = 0;
+  bool operator==(const SetIdentity&) const = default;
+};
+
+SetIdentity identity_of(const SnapshotMeta& m) {
+  return {m.layout.world_size, m.layout.num_workers, m.step, set_tag(m)};
 }
+
+/// "-of-W.wK[.sS].TAG.dpipe": the part of the name after the rank, the same on every rank of the set.
+std::string set_suffix(const SetIdentity& s) {
+  std::string out = "-of-" + std::to_string(s.world) + ".w" + std::to_string(s.workers);
+  if (s.step) out += ".s" + std::to_string(*s.step);
+  return out + "." + hex16(s.tag) + ".dpipe";
+}
+
+std::string tagged_name(int rank, const SetIdentity& s) { return "rank-" + std::to_string(rank) + set_suffix(s); }
+
+}  // namespace
+
+std::string SnapshotSet::file_name(const SnapshotMeta& m) { return tagged_name(m.layout.rank, identity_of(m)); }
 
 std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) {
   const DotParts dots = split_dots(name);
@@ -176,6 +199,124 @@ std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) 
   out.tagged = true;
   return out;
 }
+
+// ---- the manifest -------------------------------------------------------------------------------
+// `set.dpipe-manifest` says that every rank's file of one snapshot was in the directory when it was
+// written, so a resume on that layout opens its own file by name and lists nothing. No collective
+// writes it: the rank whose write completes the set does (its own listing counts the set's names).
+// It never outlives the files it names: a rank removes it before its file changes, and removes one
+// naming another set after writing; a rank that wrote a manifest lists again and removes it if the set
+// changed meanwhile. Without it (or with one this version cannot read) a reader lists the directory.
+
+namespace {
+
+constexpr const char* kManifestName = "set.dpipe-manifest";
+
+std::string manifest_path(const std::string& dir) { return (fs::path(dir) / kManifestName).string(); }
+
+/// "dpipe-set 1 world=W workers=K step=S|- tag=TAG crc32c=CRC\n", CRC over what precedes " crc32c=".
+std::string manifest_text(const SetIdentity& s) {
+  const std::string body = "dpipe-set 1 world=" + std::to_string(s.world) + " workers=" + std::to_string(s.workers) +
+                           " step=" + (s.step ? std::to_string(*s.step) : "-") + " tag=" + hex16(s.tag);
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08x", crc32c(body));
+  return body + " crc32c=" + crc + "\n";
+}
+
+/// The value of `key=` at the start of `s`, up to the next space (consumed), or nullopt.
+std::optional<std::string_view> manifest_field(std::string_view& s, std::string_view key) {
+  if (!s.starts_with(key) || s.size() <= key.size() || s[key.size()] != '=') return std::nullopt;
+  s.remove_prefix(key.size() + 1);
+  const auto space = s.find(' ');
+  const std::string_view value = s.substr(0, space);
+  s.remove_prefix(space == std::string_view::npos ? s.size() : space + 1);
+  return value;
+}
+
+/// The set `dir`'s manifest names; nullopt when there is none, it is no regular file, or its text is not
+/// exactly what manifest_text writes (checksum included): the reader then lists the directory.
+std::optional<SetIdentity> read_manifest(const std::string& dir) {
+  // O_NONBLOCK: a FIFO in its place must not stall a resume.
+  const int fd = ::open(manifest_path(dir).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buf[160];
+  struct stat st {};
+  ssize_t n = -1;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < static_cast<off_t>(sizeof buf))
+    n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  if (n <= 0) return std::nullopt;
+  const std::string_view text(buf, static_cast<std::size_t>(n));
+  std::string_view rest = text;
+  if (!rest.starts_with("dpipe-set 1 ")) return std::nullopt;
+  rest.remove_prefix(12);
+  const auto world = manifest_field(rest, "world"), workers = manifest_field(rest, "workers"),
+             step = manifest_field(rest, "step"), tag = manifest_field(rest, "tag");
+  if (!world || !workers || !step || !tag || tag->size() != 16 ||
+      tag->find_first_not_of("0123456789abcdef") != std::string_view::npos)
+    return std::nullopt;
+  const auto w = decimal(*world), k = decimal(*workers);
+  const auto s = *step == "-" ? std::optional<std::uint64_t>{} : decimal(*step);
+  constexpr auto kMaxInt = std::uint64_t(std::numeric_limits<int>::max());
+  if (!w || !k || *w == 0 || *k == 0 || *w > kMaxInt || *k > kMaxInt || (*step != "-" && !s)) return std::nullopt;
+  const SetIdentity out{static_cast<int>(*w), static_cast<int>(*k), s, std::stoull(std::string(*tag), nullptr, 16)};
+  if (manifest_text(out) != text) return std::nullopt;  // the checksum, and nothing before or after
+  return out;
+}
+
+/// Removes `dir`'s manifest, durably (a crash must not bring back one that names files now gone).
+void drop_manifest(const std::string& dir) {
+  const std::string path = manifest_path(dir);
+  if (::unlink(path.c_str()) == 0) {
+    detail::fsync_directory(dir, path);
+    return;
+  }
+  if (errno != ENOENT)
+    throw SnapshotError("cannot remove '" + path + "' before changing the set it describes: " + std::strerror(errno));
+}
+
+/// Removes `dir`'s manifest unless it names `set`.
+void drop_manifest_unless(const std::string& dir, const SetIdentity& set) {
+  if (read_manifest(dir) != set) drop_manifest(dir);
+}
+
+/// How many entries of `dir` are the rank files of `set` (names rank-R plus its suffix, 0 <= R < world).
+class SetFileCounter {
+ public:
+  explicit SetFileCounter(const SetIdentity& set) : set_(set), suffix_(set_suffix(set)) {}
+  void see(std::string_view name) {
+    if (!name.starts_with("rank-") || !name.ends_with(suffix_)) return;
+    const auto r = decimal(name.substr(5, name.size() - 5 - suffix_.size()));
+    if (r && *r < std::uint64_t(set_.world)) ++count_;
+  }
+  bool complete() const { return count_ == std::size_t(set_.world); }
+
+ private:
+  SetIdentity set_;
+  std::string suffix_;
+  std::size_t count_ = 0;
+};
+
+/// Counts the rank files of `set` in `dir` (one readdir pass).
+bool set_is_complete(const std::string& dir, const SetIdentity& set) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return false;
+  SetFileCounter counter(set);
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) counter.see(e->d_name);
+  const bool ok = errno == 0 && counter.complete();
+  ::closedir(d);
+  return ok;
+}
+
+/// Writes the manifest of `set`, complete in `dir`; lists again and removes it if the set changed while
+/// it was written (a rank of it has written another snapshot since the listing that found it complete).
+void write_manifest(const std::string& dir, const SetIdentity& set) {
+  write_file_atomically(manifest_path(dir), manifest_text(set));
+  if (!set_is_complete(dir, set) && read_manifest(dir) == set) drop_manifest(dir);
+}
+
+}  // namespace
 
 namespace {
 
@@ -292,24 +433,39 @@ void check_named(const SnapshotMeta& m, const RankFileName& f) {
 
 /// Runs `read` on rank `r`'s file of a listed set, naming the set, the rank and the file in its errors.
 template <class Read>
-auto with_rank_file(const std::string& dir, const SetListing& l, int r, Read read) {
-  const std::string& name = l.ranks[static_cast<std::size_t>(r)].first;
+auto with_rank_file(const std::string& dir, int r, const std::string& name, const RankFileName& f, Read read) {
   try {
-    return read((fs::path(dir) / name).string(), l.ranks[static_cast<std::size_t>(r)].second);
+    return read((fs::path(dir) / name).string(), f);
   } catch (const ElementsNotLoaded&) {
     throw;
   } catch (const SnapshotError& e) {
     throw SnapshotError("snapshot set '" + dir + "', rank " + std::to_string(r) + " ('" + name + "'): " + e.what());
   }
 }
+template <class Read>
+auto with_rank_file(const std::string& dir, const SetListing& l, int r, Read read) {
+  const auto& [name, f] = l.ranks[static_cast<std::size_t>(r)];
+  return with_rank_file(dir, r, name, f, read);
+}
 
-/// Reads rank `r`'s file of a listed set and checks that it holds what its name says.
-Snapshot read_listed(const std::string& dir, const SetListing& l, int r) {
-  return with_rank_file(dir, l, r, [](const std::string& path, const RankFileName& f) {
-    Snapshot s = Snapshot::read_file(path);
-    check_named(s.meta, f);
-    return s;
-  });
+/// Reads a rank's file and checks that it holds what its name says.
+Snapshot read_named(const std::string& path, const RankFileName& f) {
+  Snapshot s = Snapshot::read_file(path);
+  check_named(s.meta, f);
+  return s;
+}
+
+/// Reads rank `r`'s file of a listed set.
+Snapshot read_listed(const std::string& dir, const SetListing& l, int r) { return with_rank_file(dir, l, r, read_named); }
+
+/// Rank `r`'s file of the set a manifest names, opened by its name; nullopt when it is not there (the
+/// set is then listed, and the listing says what is wrong with it).
+std::optional<Snapshot> read_by_manifest(const std::string& dir, const SetIdentity& set, int r) {
+  const std::string name = tagged_name(r, set);
+  struct stat st {};
+  if (::stat((fs::path(dir) / name).c_str(), &st) != 0) return std::nullopt;
+  const RankFileName f{r, set.world, set.workers, set.step, set.tag, true};
+  return with_rank_file(dir, r, name, f, read_named);
 }
 
 [[noreturn]] void refuse_layout(int world, int workers, const Layout& to) {
@@ -518,7 +674,9 @@ void create_set_dir(const std::string& dir) {
 /// name in `written_by_rank`) under another name: a set directory written into again holds one file
 /// per rank. Only the given ranks' names are touched, so ranks writing at once need no
 /// collective. The removals are made as durable as the writes (a crash must not bring one back).
-void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank) {
+/// `counter` sees every name listed.
+void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank,
+                        SetFileCounter& counter) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(errno));
   // One rank written (write_rank): only its names are parsed, the rest of a big set's listing is passed
@@ -532,6 +690,7 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
   errno = 0;
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
+    counter.see(name);
     if (!name.starts_with(prefix)) continue;
     const auto f = SnapshotSet::parse_file_name(name);
     if (!f || f->world_size != world || static_cast<std::size_t>(f->rank) >= written_by_rank.size()) continue;
@@ -556,21 +715,32 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
 
 void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   create_set_dir(dir);
-  const std::string name = file_name(s.meta);
+  drop_manifest(dir);  // before this rank's file changes
+  const SetIdentity set = identity_of(s.meta);
+  const std::string name = tagged_name(s.meta.layout.rank, set);
   s.write_file((fs::path(dir) / name).string());
   std::vector<std::string> written(static_cast<std::size_t>(s.meta.layout.rank) + 1);
   written.back() = name;
-  remove_older_files(dir, s.meta.layout.world_size, written);
+  SetFileCounter counter(set);
+  remove_older_files(dir, s.meta.layout.world_size, written, counter);
+  // The write that completes the set writes its manifest; any other removes one that names another set
+  // (a rank that found the set before complete may have written it after this rank's first removal).
+  if (counter.complete()) write_manifest(dir, set);
+  else drop_manifest_unless(dir, set);
 }
 
 void SnapshotSet::write_dir(const std::string& dir) const {
   create_set_dir(dir);
+  drop_manifest(dir);
   std::vector<std::string> written;
   for (const auto& s : ranks_) {
     written.push_back(file_name(s.meta));
     s.write_file((fs::path(dir) / written.back()).string());
   }
-  remove_older_files(dir, world_size(), written);  // one listing for the whole set
+  const SetIdentity set = identity_of(ranks_.front().meta);
+  SetFileCounter counter(set);
+  remove_older_files(dir, world_size(), written, counter);  // one listing for the whole set
+  if (counter.complete()) write_manifest(dir, set);
 }
 
 const Snapshot& SnapshotSet::rank(int r) const {
@@ -617,6 +787,10 @@ void check_one_snapshot(const std::string& dir, const SetListing& l) {
 }  // namespace
 
 Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool rescale) {
+  // A manifest of this layout: this rank's file by its name, and no listing.
+  if (const auto set = read_manifest(dir);
+      set && set->world == to.world_size && set->workers == to.num_workers && to.rank >= 0 && to.rank < set->world)
+    if (auto s = read_by_manifest(dir, *set, to.rank)) return std::move(*s);
   const SetListing l = list_set(dir);
   if (l.all_tagged) {
     // The names say it all: one snapshot (one step and tag on every rank), and its layout.
@@ -731,6 +905,7 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
   const fs::path staging = parent / (staging_prefix + std::to_string(::getpid()));
   fs::remove_all(staging, ec);
   create_set_dir(staging.string());
+  std::optional<SetIdentity> new_set;  // every new rank's, for the manifest
   try {
     for (;;) {
       Batch b = std::move(next);
@@ -740,6 +915,7 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
         // Durable all at once below: one flush of the file system instead of two fsyncs per file.
         write_file_atomically((staging / file_name(s.meta)).string(), s.to_bytes(), {.durability = Durability::by_caller});
         if (on_rank) on_rank(s);
+        new_set = identity_of(s.meta);
         s = Snapshot{};
         for (const std::uint64_t i : b.done_after[static_cast<std::size_t>(r - b.first)]) plan->lists[i].loaded.reset();
       }
@@ -748,6 +924,8 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
       b = Batch{};  // freed before the next batch is planned
       next = plan_batch(end);
     }
+    write_file_atomically((staging / kManifestName).string(), manifest_text(*new_set),
+                          {.durability = Durability::by_caller});
     sync_file_system(staging.string());
     fs::rename(staging, parent / name, ec);
     if (ec) throw FileError("cannot move the rescaled set into '" + out + "': " + ec.message());

@@ -548,7 +548,11 @@ def _():
     assert summary["world_size"] == 4 and summary["num_workers"] == 1
     got += run_ranks(spec, 4, 1, resume_dir=c, tag="p")  # the layout matches: no --rescale needed
     assert sorted(got) == list(range(5000))
+    # A rank whose file is gone finds the set incomplete; so does every rank once no manifest vouches for it.
     os.remove(rank_file(a, 1, 2))
+    r = dpipe("run", spec, "--rank", 1, "--world-size", 2, "--workers", 2, "--resume-dir", a, check=False)
+    assert r.returncode == 1 and "incomplete" in r.stderr and "1 of 2" in r.stderr, r.stderr
+    os.remove(os.path.join(a, "set.dpipe-manifest"))
     r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--workers", 2, "--resume-dir", a, check=False)
     assert r.returncode == 1 and "incomplete" in r.stderr and "1 of 2" in r.stderr, r.stderr
     sharded = json.dumps({"pipeline": [{"op": "range", "stop": 100}, {"op": "sharding_filter"}]})

@@ -33,6 +33,7 @@ rng = random.Random(SEED)
 TMP = tempfile.mkdtemp(prefix="dpipe-crash-")
 TEMPORARY = re.compile(r"^\..+\.dpipe-tmp\.\d+\.[0-9a-f]+$")
 # A rank's file in a set: rank-R-of-W.wK[.sS].TAG.dpipe (docs/snapshot-format.md).
+MANIFEST = "set.dpipe-manifest"
 RANK_FILE = re.compile(r"^rank-(\d+)-of-(\d+)\.w\d+(?:\.s\d+)?\.[0-9a-f]{16}\.dpipe$")
 
 
@@ -184,6 +185,8 @@ def rescale():
         tally.kills += 1
         tally.alive += kill_at_random(cmd(out), window)
         names = set(os.listdir(out)) if os.path.isdir(out) else set()
+        assert not names or MANIFEST in names, f"a rescaled set without its manifest: {sorted(names)}"
+        names.discard(MANIFEST)
         assert all(RANK_FILE.match(n) for n in names), f"unexpected files in a rescaled set: {sorted(names)}"
         ranks = {int(RANK_FILE.match(n).group(1)) for n in names}
         assert len(ranks) == len(names) and ranks in (set(), expected), f"a partial rescaled set: {sorted(names)}"
@@ -196,7 +199,7 @@ def rescale():
         partial += 0 < len(ranks) < len(expected)
         if not ranks:  # killed before the rename: the next rescale completes and clears the leftovers
             run(cmd(out))
-            assert len(os.listdir(out)) == len(expected), os.listdir(out)
+            assert len(os.listdir(out)) == len(expected) + 1, os.listdir(out)  # and the manifest
         left = [n for n in os.listdir(TMP) if n.startswith(f".rescale-{i}.dpipe-rescale.")]
         assert not left, f"a killed rescale's directory is still there: {left}"
         shutil.rmtree(out, ignore_errors=True)

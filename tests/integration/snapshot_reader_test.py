@@ -254,11 +254,21 @@ def main():
             dpipe("run", json.dumps(SAMPLED), "--rank", r, "--world-size", 2, "--workers", 2, "--take", 13,
                   "--snapshot-dir", set_dir, "--output", os.path.join(TMP, f"set-{r}.jsonl"))
         names = sorted(os.listdir(set_dir))
-        assert len(names) == 2 and all(re.fullmatch(rf"rank-{r}-of-2\.w2\.[0-9a-f]{{16}}\.dpipe", n)
-                                       for r, n in enumerate(names)), names
+        assert len(names) == 3 and names[2] == "set.dpipe-manifest", names
+        names = names[:2]
+        assert all(re.fullmatch(rf"rank-{r}-of-2\.w2\.[0-9a-f]{{16}}\.dpipe", n) for r, n in enumerate(names)), names
         for r in range(2):
             files[f"set rank {r}"] = os.path.join(set_dir, names[r])
-    check("set: two ranks write rank-R-of-2.w2.TAG.dpipe", make_set)
+    check("set: two ranks write rank-R-of-2.w2.TAG.dpipe and the manifest", make_set)
+
+    def manifest_as_documented():
+        """The manifest line, rebuilt from the document: the set's world, workers, step and the TAG of its
+        file names, then the CRC-32C of everything before " crc32c=", as 8 lowercase hex digits."""
+        text = open(os.path.join(set_dir, "set.dpipe-manifest"), "rb").read()
+        tag = re.fullmatch(r"rank-0-of-2\.w2\.([0-9a-f]{16})\.dpipe", os.path.basename(files["set rank 0"])).group(1)
+        body = f"dpipe-set 1 world=2 workers=2 step=- tag={tag}".encode()
+        assert text == body + b" crc32c=" + f"{sr.crc32c(body):08x}".encode() + b"\n", text
+    check("set: the manifest reads as documented, its checksum included", manifest_as_documented)
 
     for name, path in files.items():
         check(f"{name}: every checksum verifies, sections laid out as documented", checksums_verify, path)

@@ -298,9 +298,13 @@ void write_set(const P& p, const std::string& dir, int world, int workers, int t
   }
 }
 
+constexpr const char* kManifest = "set.dpipe-manifest";
+
+/// The names in `dir`, but for the set's manifest.
 std::vector<std::string> names_in(const std::string& dir) {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != kManifest) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -413,6 +417,7 @@ TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReada
   write_set(p, old.path().string(), 3, 2, 4, [](int) { return 20; });
   EXPECT_EQ(names_in(old.path().string()), names);
   fs::copy_file(fs::path(dir) / names[0], fs::path(dir) / SnapshotSet::file_name(0, 3));
+  fs::remove(fs::path(dir) / kManifest);  // which vouched for the set as written: now the listing checks it
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 3, 2}, false); },
                                             "holds 2 files for rank 0");
   // Rescaling through a directory gives what rescaling the set gives.
@@ -425,6 +430,69 @@ TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReada
   EXPECT_EQ(names_in(over.path().string()), names);
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{1, 2, 3}, true).to_bytes(),
             SnapshotSet::read_dir(dir).rescaled(2, 3).rank(1).to_bytes());
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(SnapshotSetFiles, TheWriteThatCompletesASetWritesAManifestThatSparesTheListing) {
+  const auto p = range(0, 400) | sampler() | shuffle({.buffer = 5}) | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  const fs::path manifest = fs::path(dir) / kManifest;
+  Engine e;
+  const auto write = [&](int r, std::uint64_t step) {
+    auto run = e.start(p, at(r, 3, 2));
+    for (int i = 0; i < 3; ++i) run.next();
+    SnapshotSet::write_rank(dir, run.reproducible_snapshot({}, step));
+  };
+  write(0, 10);
+  write(1, 10);
+  EXPECT_FALSE(fs::exists(manifest));
+  write(2, 10);
+  ASSERT_TRUE(fs::exists(manifest));
+  const std::string name0 = name_of(dir, 0), tag = name0.substr(name0.size() - 22, 16);
+  const std::string text = read_text(manifest);
+  EXPECT_TRUE(text.starts_with("dpipe-set 1 world=3 workers=2 step=10 tag=" + tag + " crc32c=")) << text;
+  // With the manifest a rank opens its own file by name: a stray file the listing refuses is not seen.
+  fs::copy_file(fs::path(dir) / name0, fs::path(dir) / "rank-1-of-03.dpipe");
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{1, 3, 2}, false).meta.step, std::optional<std::uint64_t>(10));
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_dir(dir); }, "rank-1-of-03.dpipe");
+  // A damaged manifest is not trusted: the set is listed.
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text.substr(0, text.size() - 2) << "0\n";
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{1, 3, 2}, false); },
+                                            "rank-1-of-03.dpipe");
+  fs::remove(fs::path(dir) / "rank-1-of-03.dpipe");
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text;
+  // A rank writing its next snapshot removes the manifest before its file changes: the mixed set is
+  // found by the listing.
+  write(0, 20);
+  EXPECT_FALSE(fs::exists(manifest));
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{1, 3, 2}, false); },
+                                            "mixes the snapshots of different steps");
+  // A manifest of the old step written late (by a rank that had found that set complete) is removed by
+  // the next rank that writes another set; the write completing the new set writes its own.
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text;
+  write(1, 20);
+  EXPECT_FALSE(fs::exists(manifest));
+  write(2, 20);
+  EXPECT_TRUE(read_text(manifest).starts_with("dpipe-set 1 world=3 workers=2 step=20 ")) << read_text(manifest);
+  // A manifest whose rank file is gone: that rank lists the set and finds it incomplete.
+  fs::remove(fs::path(dir) / name_of(dir, 2));
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{2, 3, 2}, false); },
+                                            "ranks present: 2 of 3");
+  write(2, 20);
+  // A whole set written, or rescaled offline, comes with its manifest.
+  testing::TempDir copy, out;
+  SnapshotSet::read_dir(dir).write_dir(copy.path().string());
+  EXPECT_EQ(read_text(copy.path() / kManifest), read_text(manifest));
+  fs::remove(out.path());
+  SnapshotSet::rescale_dir(dir, out.path().string(), 2, 1);
+  EXPECT_TRUE(read_text(out.path() / kManifest).starts_with("dpipe-set 1 world=2 workers=1 step=20 "));
+  EXPECT_EQ(SnapshotSet::read_rank(out.path().string(), Layout{1, 2, 1}, false).to_bytes(),
+            SnapshotSet::read_dir(dir).rescaled(2, 1).rank(1).to_bytes());
 }
 
 // ---- a rescale through a directory reads the state indexes and the element lists it deals ----------
