@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -49,13 +50,21 @@ void fix_record_checksums(std::string& b) {
 }
 #endif
 
+std::filesystem::path temp_dir() {
+  return std::filesystem::temp_directory_path() / ("dpipe-fuzz-" + std::to_string(::getpid()));
+}
+
+/// The input file, in this process's directory (removed when the process exits).
 std::string temp_path() {
-  static const std::string dir = [] {
-    const auto d = std::filesystem::temp_directory_path() / ("dpipe-fuzz-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d.string();
+  static const std::string path = [] {
+    std::filesystem::create_directories(temp_dir());
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(temp_dir(), ec);
+    });
+    return (temp_dir() / "input").string();
   }();
-  return dir + "/input";
+  return path;
 }
 
 std::string spec_for(std::uint8_t sel, const std::string& path) {

@@ -5,6 +5,7 @@ Writes JUnit XML to $DPIPE_BUILD_ROOT/test-results/cli.xml so the test summary c
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -782,4 +783,8 @@ for name, err in results:
     if err:
         print(f"FAIL {name}\n{err}")
 print(f"cli: {len(results) - len(failed)} passed, {len(failed)} failed")
+if failed:
+    print(f"files kept in {TMP}")
+else:
+    shutil.rmtree(TMP, ignore_errors=True)
 sys.exit(1 if failed else 0)
