@@ -2,8 +2,10 @@
 /// A snapshot set: one directory, one snapshot file per rank, each written atomically by its own rank
 /// with no collective, and named for what the set's consistency needs: `rank-R-of-W.wK[.sS].TAG.dpipe`
 /// (K workers, step S, TAG a digest of pipeline, seed, epoch, W, K and step). A set is usable only when
-/// every rank's file is there and they agree on graph, seed, epoch, step and layout; a resume on the
-/// set's own layout checks that from the directory listing and reads its own file only.
+/// every rank's file is there and they agree on graph, seed, epoch, step and layout. The write that
+/// completes a set also writes its manifest (`set.dpipe-manifest`, one line: W, K, step, TAG); a resume
+/// on the set's own layout opens its own file by the name the manifest gives, or without a manifest
+/// checks the set from the directory listing, and reads its own file only.
 ///
 /// Rescaling (DESIGN §6) turns a set taken on {W ranks, K workers} into one for {W', K'}: samplers are
 /// re-sliced (the new instances continue from the slowest old instance's position and skip what faster
@@ -45,13 +47,15 @@ class SnapshotSet {
 
   /// Writes one rank's snapshot into `dir` (created if needed), atomically, then removes this rank's
   /// older files there (another step, or the names of before): the directory holds one file per rank.
+  /// The write that completes the set writes its manifest; every write first removes the manifest
+  /// (docs/snapshot-format.md, "Snapshot sets").
   static void write_rank(const std::string& dir, const Snapshot& s);
   /// Reads every rank's file of `dir`; refuses a missing, extra or inconsistent rank, naming it.
   static SnapshotSet read_dir(const std::string& dir);
   /// Rank `to.rank`'s snapshot of the set in `dir`, for a run of layout `to`. On the set's own layout it
-  /// lists the directory, checks from the names alone that every rank is there with one step and one
-  /// tag, and reads this rank's file only (checking that it holds what its name says): what a rank
-  /// reads does not grow with the world size. Another layout (with `rescale`; refused without) reads
+  /// reads this rank's file only (checking that it holds what its name says), by the name the set's
+  /// manifest gives, or, without one, after checking from the directory listing that every rank is
+  /// there with one step and one tag: what a rank reads does not grow with the world size. Another layout (with `rescale`; refused without) reads
   /// every rank's state index and then only the element lists dealt to this rank (docs/snapshot-format.md,
   /// "Snapshot sets"). Sets of names of before, or of files before format 3, are read whole.
   static Snapshot read_rank(const std::string& dir, const Layout& to, bool rescale);
