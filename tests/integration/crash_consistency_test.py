@@ -117,9 +117,9 @@ SET_SPEC = json.dumps({"seed": 11, "pipeline": [{"op": "range", "stop": 1000000}
                                                 {"op": "shuffle", "buffer": 2000}, {"op": "batch", "size": 4}]})
 
 
-def snapshot_writer(name, kills, path, command, takes=(200, 300)):
+def snapshot_writer(name, kills, path, command, takes=(200, 300), after_kill=lambda: None):
     """Kills `command(take)` (a writer of the snapshot file `path`), alternating the take so that old and
-    new differ; after each kill, one complete write of the same command."""
+    new differ; after each kill, `after_kill()` and one complete write of the same command."""
     tally = Tally()
     window = 1.2 * duration(command(takes[1]))
     old = snapshot_state(path)
@@ -128,6 +128,7 @@ def snapshot_writer(name, kills, path, command, takes=(200, 300)):
         tally.kills += 1
         tally.alive += kill_at_random(command(new), window)
         check_old_or_new(tally, snapshot_state(path), old, new)
+        after_kill()
         run(command(new))
         assert snapshot_state(path) == new
         left = temporaries(os.path.dirname(path))
@@ -155,18 +156,57 @@ def snapshot_out():
                            lambda take: [DPIPE, "run", SNAPSHOT_SPEC, "--take", str(take), "--snapshot-out", path])
 
 
+def manifest_names_present_files(d):
+    """A set's manifest, when there is one, names files that are all there (the rank files of its W, K,
+    step and TAG): a killed writer never leaves one vouching for a file it removed."""
+    path = os.path.join(d, MANIFEST)
+    if not os.path.exists(path):
+        return
+    m = re.fullmatch(rb"dpipe-set 1 world=(\d+) workers=(\d+) step=(\d+|-) tag=([0-9a-f]{16}) crc32c=[0-9a-f]{8}\n",
+                     open(path, "rb").read())
+    assert m, open(path, "rb").read()
+    world, workers, step, tag = int(m[1]), int(m[2]), m[3].decode(), m[4].decode()
+    names = [f"rank-{r}-of-{world}.w{workers}{'' if step == '-' else '.s' + step}.{tag}.dpipe" for r in range(world)]
+    missing = [n for n in names if not os.path.exists(os.path.join(d, n))]
+    assert not missing, f"the manifest names files that are gone: {missing}; the set holds {sorted(os.listdir(d))}"
+
+
 def snapshot_dir_rank():
     d = os.path.join(TMP, "set")
     for r in (0, 1):
         run([DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take", "100", "--snapshot-dir", d])
+    assert os.path.exists(os.path.join(d, MANIFEST))
     path = rank_file(d, 1, 2)
     summary = snapshot_writer("snapshot_dir", 40, path,
                               lambda take: [DPIPE, "run", SET_SPEC, "--rank", "1", "--world-size", "2", "--take",
-                                            str(take), "--snapshot-dir", d])
+                                            str(take), "--snapshot-dir", d],
+                              after_kill=lambda: manifest_names_present_files(d))
     # The untouched rank is intact and the set reads as a whole.
     assert snapshot_state(rank_file(d, 0, 2)) == 100
     run([DPIPE, "snapshot", "show", d])
     return summary
+
+
+def set_manifest():
+    """Rank 1 of a set writes steps 1 and 2 by turns (rank 0 stays at step 1), killed at random: a
+    manifest left behind always names files that are there, and after each complete write there is one
+    exactly when the set is whole (rank 1 at step 1)."""
+    d = os.path.join(TMP, "set-steps")
+    writer = lambda r, step: [DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take",  # noqa: E731
+                              str(100 * step), "--snapshot-dir", d, "--step", str(step)]
+    for r in (0, 1):
+        run(writer(r, 1))
+    window = 1.2 * duration(writer(1, 2), times=1)
+    kills = alive = with_manifest = 0
+    for i in range(30):
+        step = 2 - i % 2
+        kills += 1
+        alive += kill_at_random(writer(1, step), window)
+        manifest_names_present_files(d)
+        with_manifest += os.path.exists(os.path.join(d, MANIFEST))
+        run(writer(1, step))
+        assert os.path.exists(os.path.join(d, MANIFEST)) == (step == 1), (step, sorted(os.listdir(d)))
+    return f"{kills} kills ({alive} while writing); a manifest after {with_manifest} of them, each naming files present"
 
 
 def rescale():
@@ -268,6 +308,7 @@ def main():
     t0 = time.monotonic()
     case("crash/snapshot_out", snapshot_out)
     case("crash/snapshot_dir_rank_file", snapshot_dir_rank)
+    case("crash/set_manifest", set_manifest)
     case("crash/snapshot_rescale", rescale)
     case("crash/records_file", records)
     case("crash/tool_output", tool_output)
