@@ -89,7 +89,9 @@ class LineBlocksDef final : public NodeDef<TextBlock> {
                         param_text(block_bytes_));
     for (auto& [key, value] : table_.file_params()) add_param(std::move(key), std::move(value));
   }
-  std::unique_ptr<Iter<TextBlock>> instantiate(BuildContext& ctx) const override;
+  // Declared inline (it is defined below the Iter): a class without a non-inline virtual has its vtable
+  // emitted only where an object is made, not in every file that includes this header.
+  inline std::unique_ptr<Iter<TextBlock>> instantiate(BuildContext& ctx) const override;
   const detail::LineShardTable& table() const { return table_; }
   std::uint64_t block_bytes() const { return static_cast<std::uint64_t>(block_bytes_); }
 

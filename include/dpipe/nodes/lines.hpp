@@ -33,7 +33,9 @@ class LinesDef final : public NodeDef<std::string> {
         table_(std::move(files), o.logical_shards, o.epochs, o.shuffle_shards, node_label("lines", o.name)) {
     for (auto& [key, value] : table_.file_params()) add_param(std::move(key), std::move(value));
   }
-  std::unique_ptr<Iter<std::string>> instantiate(BuildContext& ctx) const override;
+  // Declared inline (it is defined below the Iter): a class without a non-inline virtual has its vtable
+  // emitted only where an object is made, not in every file that includes this header.
+  inline std::unique_ptr<Iter<std::string>> instantiate(BuildContext& ctx) const override;
   const detail::LineShardTable& table() const { return table_; }
 
  private:

@@ -25,7 +25,9 @@ class RangeDef final : public NodeDef<std::int64_t>, public RandomAccess<std::in
     const __int128 n = o.step > 0 ? (span + o.step - 1) / o.step : (span + o.step + 1) / o.step;
     count_ = n > 0 ? static_cast<std::uint64_t>(n) : 0;
   }
-  std::unique_ptr<Iter<std::int64_t>> instantiate(BuildContext& ctx) const override;
+  // Declared inline (it is defined below the Iter): a class without a non-inline virtual has its vtable
+  // emitted only where an object is made, not in every file that includes this header.
+  inline std::unique_ptr<Iter<std::int64_t>> instantiate(BuildContext& ctx) const override;
   std::int64_t start() const { return start_; }
   std::int64_t step() const { return step_; }
   std::uint64_t count() const { return count_; }

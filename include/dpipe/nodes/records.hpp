@@ -64,7 +64,9 @@ std::string read_record(const MappedFile& file, const RecordSpan& r);
 class RecordsDef final : public NodeDef<std::string>, public RandomAccess<std::string> {
  public:
   RecordsDef(const std::vector<std::string>& files, RecordsOptions o);
-  std::unique_ptr<Iter<std::string>> instantiate(BuildContext& ctx) const override;
+  // Declared inline (it is defined below the Iter): a class without a non-inline virtual has its vtable
+  // emitted only where an object is made, not in every file that includes this header.
+  inline std::unique_ptr<Iter<std::string>> instantiate(BuildContext& ctx) const override;
   std::uint64_t size() const override { return index_.size(); }
   std::string at(std::uint64_t i) const override {
     const auto& r = index_[i];
