@@ -312,7 +312,14 @@ bool set_is_complete(const std::string& dir, const SetIdentity& set) {
 /// Writes the manifest of `set`, complete in `dir`; lists again and removes it if the set changed while
 /// it was written (a rank of it has written another snapshot since the listing that found it complete).
 void write_manifest(const std::string& dir, const SetIdentity& set) {
-  write_file_atomically(manifest_path(dir), manifest_text(set));
+  try {
+    write_file_atomically(manifest_path(dir), manifest_text(set));
+  } catch (const FileError&) {
+    // Two ranks on two hosts completing the set at once write the same manifest, and each may take the
+    // other's temporary for a killed writer's (its process is not on this host) and remove it. The set
+    // is whole either way; without a manifest its readers list it.
+    return;
+  }
   if (!set_is_complete(dir, set) && read_manifest(dir) == set) drop_manifest(dir);
 }
 
