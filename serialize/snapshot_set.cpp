@@ -236,8 +236,12 @@ std::optional<std::string_view> manifest_field(std::string_view& s, std::string_
 /// The set `dir`'s manifest names; nullopt when there is none, it is no regular file, or its text is not
 /// exactly what manifest_text writes (checksum included): the reader then lists the directory.
 std::optional<SetIdentity> read_manifest(const std::string& dir) {
-  // O_NONBLOCK: a FIFO in its place must not stall a resume.
-  const int fd = ::open(manifest_path(dir).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  // A stat first, so a device in its place is not opened (as RegularFile does); O_NONBLOCK: a FIFO put
+  // there in between must not stall a resume.
+  const std::string path = manifest_path(dir);
+  struct stat first {};
+  if (::stat(path.c_str(), &first) != 0 || !S_ISREG(first.st_mode)) return std::nullopt;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   char buf[160];
   struct stat st {};
@@ -280,20 +284,24 @@ void drop_manifest_unless(const std::string& dir, const SetIdentity& set) {
   if (read_manifest(dir) != set) drop_manifest(dir);
 }
 
-/// How many entries of `dir` are the rank files of `set` (names rank-R plus its suffix, 0 <= R < world).
+/// Which ranks of `set` have their file among the names seen (rank-R plus the set's suffix, 0 <= R <
+/// world): each rank counted once, should a listing return a name twice.
 class SetFileCounter {
  public:
-  explicit SetFileCounter(const SetIdentity& set) : set_(set), suffix_(set_suffix(set)) {}
+  explicit SetFileCounter(const SetIdentity& set) : suffix_(set_suffix(set)), seen_(std::size_t(set.world)) {}
   void see(std::string_view name) {
     if (!name.starts_with("rank-") || !name.ends_with(suffix_)) return;
     const auto r = decimal(name.substr(5, name.size() - 5 - suffix_.size()));
-    if (r && *r < std::uint64_t(set_.world)) ++count_;
+    if (r && *r < seen_.size() && !seen_[*r]) {
+      seen_[*r] = true;
+      ++count_;
+    }
   }
-  bool complete() const { return count_ == std::size_t(set_.world); }
+  bool complete() const { return count_ == seen_.size(); }
 
  private:
-  SetIdentity set_;
   std::string suffix_;
+  std::vector<bool> seen_;
   std::size_t count_ = 0;
 };
 
@@ -681,9 +689,11 @@ void create_set_dir(const std::string& dir) {
 /// name in `written_by_rank`) under another name: a set directory written into again holds one file
 /// per rank. Only the given ranks' names are touched, so ranks writing at once need no
 /// collective. The removals are made as durable as the writes (a crash must not bring one back).
-/// `counter` sees every name listed.
+/// `counter` sees every name listed. When a file was removed, a manifest naming another set than
+/// `set` is removed at once, before the removals are made durable (one that names the removed file may
+/// have been written since this rank's first removal of it).
 void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank,
-                        SetFileCounter& counter) {
+                        SetFileCounter& counter, const SetIdentity& set) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(errno));
   // One rank written (write_rank): only its names are parsed, the rest of a big set's listing is passed
@@ -715,7 +725,9 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
   const int err = errno;
   ::closedir(d);
   if (err) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(err));
-  if (removed) detail::fsync_directory(dir, dir);
+  if (!removed) return;
+  drop_manifest_unless(dir, set);
+  detail::fsync_directory(dir, dir);
 }
 
 }  // namespace
@@ -729,7 +741,7 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   std::vector<std::string> written(static_cast<std::size_t>(s.meta.layout.rank) + 1);
   written.back() = name;
   SetFileCounter counter(set);
-  remove_older_files(dir, s.meta.layout.world_size, written, counter);
+  remove_older_files(dir, s.meta.layout.world_size, written, counter, set);
   // The write that completes the set writes its manifest; any other removes one that names another set
   // (a rank that found the set before complete may have written it after this rank's first removal).
   if (counter.complete()) write_manifest(dir, set);
@@ -746,7 +758,7 @@ void SnapshotSet::write_dir(const std::string& dir) const {
   }
   const SetIdentity set = identity_of(ranks_.front().meta);
   SetFileCounter counter(set);
-  remove_older_files(dir, world_size(), written, counter);  // one listing for the whole set
+  remove_older_files(dir, world_size(), written, counter, set);  // one listing for the whole set
   if (counter.complete()) write_manifest(dir, set);
 }
 

@@ -460,8 +460,10 @@ TEST(SnapshotSetFiles, TheWriteThatCompletesASetWritesAManifestThatSparesTheList
   fs::copy_file(fs::path(dir) / name0, fs::path(dir) / "rank-1-of-03.dpipe");
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{1, 3, 2}, false).meta.step, std::optional<std::uint64_t>(10));
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_dir(dir); }, "rank-1-of-03.dpipe");
-  // A damaged manifest is not trusted: the set is listed.
-  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text.substr(0, text.size() - 2) << "0\n";
+  // A damaged manifest (its checksum's last digit changed) is not trusted: the set is listed.
+  std::string damaged = text;
+  damaged[damaged.size() - 2] = damaged[damaged.size() - 2] == '0' ? '1' : '0';
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << damaged;
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{1, 3, 2}, false); },
                                             "rank-1-of-03.dpipe");
   fs::remove(fs::path(dir) / "rank-1-of-03.dpipe");
@@ -472,8 +474,9 @@ TEST(SnapshotSetFiles, TheWriteThatCompletesASetWritesAManifestThatSparesTheList
   EXPECT_FALSE(fs::exists(manifest));
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{1, 3, 2}, false); },
                                             "mixes the snapshots of different steps");
-  // A manifest of the old step written late (by a rank that had found that set complete) is removed by
-  // the next rank that writes another set; the write completing the new set writes its own.
+  // A manifest of the old step put back (as a rank that had found that set complete could write it
+  // late) is removed by the next rank that writes, before its file changes; the write completing the
+  // new set writes its own.
   std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text;
   write(1, 20);
   EXPECT_FALSE(fs::exists(manifest));
