@@ -204,9 +204,10 @@ std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) 
 // `set.dpipe-manifest` says that every rank's file of one snapshot was in the directory when it was
 // written, so a resume on that layout opens its own file by name and lists nothing. No collective
 // writes it: the rank whose write completes the set does (its own listing counts the set's names).
-// It never outlives the files it names: a rank removes it before its file changes, and removes one
-// naming another set after writing; a rank that wrote a manifest lists again and removes it if the set
-// changed meanwhile. Without it (or with one this version cannot read) a reader lists the directory.
+// A rank removes it before its file changes, and one naming another set after removing its older file
+// and after writing; a rank that wrote a manifest lists again and removes it if the set changed
+// meanwhile. What a kill between those steps leaves open: docs/snapshot-format.md, "Snapshot sets".
+// Without a manifest (or with one this version cannot read) a reader lists the directory.
 
 namespace {
 
