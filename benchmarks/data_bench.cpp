@@ -305,12 +305,19 @@ void BM_RestoreSet(benchmark::State& state) {
 // Baseline: read every rank file of the set and checksum its bytes.
 void BM_ReadSetBytes(benchmark::State& state) {
   const std::string& dir = lines_set();
+  std::vector<std::string> rank_files;  // the names the ranks wrote
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (dpipe::SnapshotSet::parse_file_name(e.path().filename().string())) rank_files.push_back(e.path().string());
+  if (rank_files.size() != static_cast<std::size_t>(kWorld)) {
+    state.SkipWithError("the set does not hold one file per rank");
+    return;
+  }
   std::size_t bytes = 0;
   for (auto _ : state) {
     std::uint32_t crc = 0;
     bytes = 0;
-    for (int r = 0; r < kWorld; ++r) {
-      std::ifstream in(dir + "/" + dpipe::SnapshotSet::file_name(r, kWorld), std::ios::binary);
+    for (const auto& path : rank_files) {
+      std::ifstream in(path, std::ios::binary);
       const std::string b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       crc ^= dpipe::crc32c(b);
       bytes += b.size();
