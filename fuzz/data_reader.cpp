@@ -50,20 +50,9 @@ void fix_record_checksums(std::string& b) {
 }
 #endif
 
-std::filesystem::path temp_dir() {
-  return std::filesystem::temp_directory_path() / ("dpipe-fuzz-" + std::to_string(::getpid()));
-}
-
 /// The input file, in this process's directory (removed when the process exits).
 std::string temp_path() {
-  static const std::string path = [] {
-    std::filesystem::create_directories(temp_dir());
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(temp_dir(), ec);
-    });
-    return (temp_dir() / "input").string();
-  }();
+  static const std::string path = process_temp_dir("dpipe-fuzz") + "/input";
   return path;
 }
 

@@ -2,9 +2,12 @@
 // What the fuzz targets share: the representative pipelines, running one with bounds, and the rule that
 // dpipe::Error (ConfigError, SnapshotError, DataError, FileError, NodeError) is an expected refusal while
 // anything else (another exception, a crash, a hang, a sanitizer report) is a finding. See docs/fuzzing.md.
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,6 +26,20 @@ inline constexpr std::uint64_t kMaxElements = 400;
   std::fprintf(stderr, "dpipe fuzz finding: %s\n", what.c_str());
   std::fflush(stderr);
   std::abort();
+}
+
+/// `PREFIX-PID` under the system's temporary directory, made now and removed, with what it holds, when
+/// the process exits.
+inline std::string process_temp_dir(const std::string& prefix) {
+  static auto* const made = new std::vector<std::string>;  // never destroyed: the exit handler reads it
+  if (made->empty())
+    std::atexit([] {
+      std::error_code ec;
+      for (const auto& d : *made) std::filesystem::remove_all(d, ec);
+    });
+  made->push_back((std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(::getpid()))).string());
+  std::filesystem::create_directories(made->back());
+  return made->back();
 }
 
 /// One engine for the whole process (a oneTBB arena); runs use inline workers, so a run is deterministic

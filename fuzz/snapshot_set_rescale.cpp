@@ -44,21 +44,11 @@ bool write_set_dir(const std::vector<std::string>& ranks, const std::string& dir
   return true;
 }
 
-std::string set_dir_path() {
-  return (std::filesystem::temp_directory_path() / ("dpipe-fuzz-set-" + std::to_string(::getpid()))).string();
-}
-
 /// Every new rank rescaled through the directory; compared with the in-memory rescale `expected` (when
 /// there is one) for canonical files.
 void rescale_through_dir(const std::vector<std::string>& ranks, const std::optional<dpipe::SnapshotSet>& expected, int w,
                          int k) {
-  static const std::string dir = [] {
-    std::atexit([] {  // the directory goes with the process
-      std::error_code ec;
-      std::filesystem::remove_all(set_dir_path(), ec);
-    });
-    return set_dir_path();
-  }();
+  static const std::string dir = process_temp_dir("dpipe-fuzz-set");
   bool canonical = false;
   if (!write_set_dir(ranks, dir, canonical)) return;
   for (int r = 0; r < w && r < 8; ++r) {
