@@ -22,6 +22,7 @@
 #include "dpipe/crc32c.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/node_kind.hpp"
+#include "dpipe/regular_file.hpp"
 #include "dpipe/rng.hpp"
 #include "durable_dir.hpp"
 #include "snapshot_plan.hpp"
@@ -237,21 +238,18 @@ std::optional<std::string_view> manifest_field(std::string_view& s, std::string_
 /// The set `dir`'s manifest names; nullopt when there is none, it is no regular file, or its text is not
 /// exactly what manifest_text writes (checksum included): the reader then lists the directory.
 std::optional<SetIdentity> read_manifest(const std::string& dir) {
-  // A stat first, so a device in its place is not opened (as RegularFile does); O_NONBLOCK: a FIFO put
-  // there in between must not stall a resume.
+  constexpr std::uint64_t kMaxBytes = 160;  // the longest manifest is about 110 bytes
   const std::string path = manifest_path(dir);
-  struct stat first {};
-  if (::stat(path.c_str(), &first) != 0 || !S_ISREG(first.st_mode)) return std::nullopt;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  char buf[160];
-  struct stat st {};
-  ssize_t n = -1;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < static_cast<off_t>(sizeof buf))
-    n = ::read(fd, buf, sizeof buf);
-  ::close(fd);
-  if (n <= 0) return std::nullopt;
-  const std::string_view text(buf, static_cast<std::size_t>(n));
+  if (::access(path.c_str(), F_OK) != 0) return std::nullopt;  // the usual case on a rank's write
+  std::string bytes;
+  try {
+    const RegularFile file(path, FileRole::snapshot);  // no device opened, no FIFO waited on
+    if (file.size() > kMaxBytes) return std::nullopt;
+    bytes = file.read_all();
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const std::string_view text = bytes;
   std::string_view rest = text;
   if (!rest.starts_with("dpipe-set 1 ")) return std::nullopt;
   rest.remove_prefix(12);
