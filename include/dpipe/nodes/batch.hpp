@@ -27,17 +27,19 @@ struct BatchOptions {
   std::string name{};
 };
 
+/// The options' parameters as the fingerprint writes them; throws ConfigError on invalid options (compiled
+/// once, not once per element type).
+inline Params checked_params(const BatchOptions& o) {
+  if (o.size <= 0) throw ConfigError(node_label("batch", o.name) + ": size must be positive, got " + param_text(o.size));
+  return {{"size", param_text(o.size)}, {"drop_last", param_text(o.drop_last)}};
+}
+
 template <Snapshottable T>
 class BatchDef final : public NodeDef<std::vector<T>> {
  public:
   BatchDef(std::shared_ptr<const NodeDef<T>> in, BatchOptions o)
-      : NodeDef<std::vector<T>>("batch", o.name,
-                                {{"size", param_text(o.size)}, {"drop_last", param_text(o.drop_last)}}, {in}),
-        input_(std::move(in)), drop_last_(o.drop_last) {
-    if (o.size <= 0)
-      throw ConfigError(node_label("batch", o.name) + ": size must be positive, got " + param_text(o.size));
-    size_ = static_cast<std::size_t>(o.size);
-  }
+      : NodeDef<std::vector<T>>("batch", o.name, checked_params(o), {in}),
+        input_(std::move(in)), size_(static_cast<std::size_t>(o.size)), drop_last_(o.drop_last) {}
   std::unique_ptr<Iter<std::vector<T>>> instantiate(BuildContext& ctx) const override;
   const NodeDef<T>& input() const { return *input_; }
   std::size_t size() const { return size_; }

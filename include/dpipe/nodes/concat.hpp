@@ -19,6 +19,12 @@ template <class T>
 std::vector<std::shared_ptr<const NodeDefBase>> untyped(const std::vector<std::shared_ptr<const NodeDef<T>>>& v) {
   return {v.begin(), v.end()};
 }
+
+/// Throws the ConfigError of a node that combines inputs (concat, zip, mux) given fewer than two (not a
+/// template, so compiled once rather than once per element type).
+inline void check_other_input(std::size_t inputs, const char* kind, const std::string& name) {
+  if (inputs < 2) throw ConfigError(node_label(kind, name) + ": needs at least one other input");
+}
 template <class T>
 std::vector<std::shared_ptr<const NodeDef<T>>> defs_of(const std::vector<Pipeline<T>>& ps) {
   std::vector<std::shared_ptr<const NodeDef<T>>> v;
@@ -44,7 +50,7 @@ class ConcatDef final : public NodeDef<T> {
  public:
   ConcatDef(std::vector<std::shared_ptr<const NodeDef<T>>> ins, ConcatOptions o)
       : NodeDef<T>("concat", o.name, {}, untyped(ins)), inputs_(std::move(ins)) {
-    if (inputs_.size() < 2) throw ConfigError(node_label("concat", o.name) + ": needs at least one other input");
+    check_other_input(inputs_.size(), "concat", o.name);
   }
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const auto& typed_inputs() const { return inputs_; }

@@ -44,15 +44,19 @@ constexpr std::uint64_t cycle_epoch(std::uint64_t epoch, std::uint64_t pass) {
   return pass == 0 ? epoch : mix64(epoch ^ mix64(pass ^ 0xc7c1e5ULL));
 }
 
+/// The options' parameters as the fingerprint writes them; throws ConfigError on invalid options (compiled
+/// once, not once per element type).
+inline Params checked_params(const CycleOptions& o) {
+  if (o.count && *o.count < 0)
+    throw ConfigError(node_label("cycle", o.name) + ": count must not be negative, got " + param_text(*o.count));
+  return {{"count", o.count ? param_text(*o.count) : std::string("forever")}};
+}
+
 template <class T>
 class CycleDef final : public NodeDef<T> {
  public:
   CycleDef(std::shared_ptr<const NodeDef<T>> in, CycleOptions o)
-      : NodeDef<T>("cycle", o.name, {{"count", o.count ? param_text(*o.count) : std::string("forever")}}, {in}),
-        input_(std::move(in)), count_(o.count) {
-    if (count_ && *count_ < 0)
-      throw ConfigError(node_label("cycle", o.name) + ": count must not be negative, got " + param_text(*count_));
-  }
+      : NodeDef<T>("cycle", o.name, checked_params(o), {in}), input_(std::move(in)), count_(o.count) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const NodeDef<T>& input() const { return *input_; }
   std::optional<std::int64_t> count() const { return count_; }

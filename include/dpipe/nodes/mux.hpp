@@ -23,7 +23,7 @@ class MuxDef final : public NodeDef<T> {
   MuxDef(std::vector<std::shared_ptr<const NodeDef<T>>> ins, bool longest, MuxOptions o)
       : NodeDef<T>(longest ? "mux_longest" : "mux", o.name, {}, untyped(ins)), inputs_(std::move(ins)),
         longest_(longest) {
-    if (inputs_.size() < 2) throw ConfigError(node_label(this->kind(), o.name) + ": needs at least one other input");
+    check_other_input(inputs_.size(), longest ? "mux_longest" : "mux", o.name);
   }
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const auto& typed_inputs() const { return inputs_; }

@@ -22,6 +22,16 @@ struct ParallelMapOptions {
 template <class In, class Fn>
 class ParallelMapDef;
 
+/// The function's parameters and the window, as the fingerprint writes them; throws ConfigError on an
+/// invalid window (compiled once, not once per function and element type).
+inline Params checked_params(Params fn_params, const ParallelMapOptions& o) {
+  if (o.max_in_flight < 1 || o.max_in_flight > (1 << 20))
+    throw ConfigError(node_label("parallel_map", o.name) + ": max_in_flight must be between 1 and 1048576, got " +
+                      param_text(o.max_in_flight));
+  fn_params.emplace_back("max_in_flight", param_text(o.max_in_flight));
+  return fn_params;
+}
+
 template <class In, class Fn>
 class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
  public:
@@ -76,13 +86,8 @@ class ParallelMapDef final : public NodeDef<map_result_t<In, Fn>> {
  public:
   using Out = map_result_t<In, Fn>;
   ParallelMapDef(std::shared_ptr<const NodeDef<In>> in, Fn fn, ParallelMapOptions o)
-      : NodeDef<Out>("parallel_map", o.name, with_window(describe_fn(fn), o.max_in_flight), {in}),
-        input_(std::move(in)), fn_(std::move(fn)) {
-    if (o.max_in_flight < 1 || o.max_in_flight > (1 << 20))
-      throw ConfigError(node_label("parallel_map", o.name) + ": max_in_flight must be between 1 and 1048576, got " +
-                        param_text(o.max_in_flight));
-    window_ = static_cast<std::size_t>(o.max_in_flight);
-  }
+      : NodeDef<Out>("parallel_map", o.name, checked_params(describe_fn(fn), o), {in}), input_(std::move(in)),
+        fn_(std::move(fn)), window_(static_cast<std::size_t>(o.max_in_flight)) {}
   std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
     return std::make_unique<ParallelMapIter<In, Fn>>(ctx, *this);
   }
@@ -91,10 +96,6 @@ class ParallelMapDef final : public NodeDef<map_result_t<In, Fn>> {
   std::size_t max_in_flight() const { return window_; }
 
  private:
-  static Params with_window(Params p, std::int64_t w) {
-    p.emplace_back("max_in_flight", param_text(w));
-    return p;
-  }
   std::shared_ptr<const NodeDef<In>> input_;
   Fn fn_;
   std::size_t window_ = 1;

@@ -30,15 +30,20 @@ class PrefetchIter final : public Stateless<T> {
   std::unique_ptr<Iter<T>> input_;
 };
 
+/// The options' parameters as the fingerprint writes them; throws ConfigError on invalid options (compiled
+/// once, not once per element type).
+inline Params checked_params(const PrefetchOptions& o) {
+  if (o.depth < 1 || o.depth > (1 << 24))
+    throw ConfigError(node_label(kPrefetchKind, o.name) + ": depth must be between 1 and 16777216, got " +
+                      param_text(o.depth));
+  return {{"depth", param_text(o.depth)}};
+}
+
 template <class T>
 class PrefetchDef final : public NodeDef<T> {
  public:
   PrefetchDef(std::shared_ptr<const NodeDef<T>> in, PrefetchOptions o)
-      : NodeDef<T>(kPrefetchKind, o.name, {{"depth", param_text(o.depth)}}, {in}), input_(std::move(in)) {
-    if (o.depth < 1 || o.depth > (1 << 24))
-      throw ConfigError(node_label(kPrefetchKind, o.name) + ": depth must be between 1 and 16777216, got " +
-                        param_text(o.depth));
-  }
+      : NodeDef<T>(kPrefetchKind, o.name, checked_params(o), {in}), input_(std::move(in)) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override {
     return std::make_unique<PrefetchIter<T>>(ctx, *input_);
   }

@@ -14,14 +14,19 @@ struct RepeatOptions {
   std::string name{};
 };
 
+/// The parameters as the fingerprint writes them; throws ConfigError on an invalid count (compiled once,
+/// not once per element type).
+inline Params checked_params(std::int64_t times, const RepeatOptions& o) {
+  if (times < 1) throw ConfigError(node_label("repeat", o.name) + ": times must be at least 1, got " + param_text(times));
+  return {{"times", param_text(times)}};
+}
+
 template <Snapshottable T>
 class RepeatDef final : public NodeDef<T> {
  public:
   RepeatDef(std::shared_ptr<const NodeDef<T>> in, std::int64_t times, RepeatOptions o)
-      : NodeDef<T>("repeat", o.name, {{"times", param_text(times)}}, {in}), input_(std::move(in)) {
-    if (times < 1) throw ConfigError(node_label("repeat", o.name) + ": times must be at least 1, got " + param_text(times));
-    times_ = static_cast<std::uint64_t>(times);
-  }
+      : NodeDef<T>("repeat", o.name, checked_params(times, o), {in}), input_(std::move(in)),
+        times_(static_cast<std::uint64_t>(times)) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const NodeDef<T>& input() const { return *input_; }
   std::uint64_t times() const { return times_; }

@@ -27,24 +27,25 @@ inline const char* to_string(ShardLevel l) {
   }
 }
 
+/// The options' parameters as the fingerprint writes them; throws ConfigError on invalid options. Not a
+/// member of the template, so that it is compiled once, not once per element type (as in every kind).
+inline Params checked_params(const ShardingOptions& o) {
+  const std::string who = node_label("sharding_filter", o.name);
+  if (o.num_shards < 0) throw ConfigError(who + ": num_shards must be positive, got " + param_text(o.num_shards));
+  if (o.shard_id < 0) throw ConfigError(who + ": shard_id must not be negative, got " + param_text(o.shard_id));
+  if (o.num_shards == 0 && o.shard_id != 0)
+    throw ConfigError(who + ": shard_id " + param_text(o.shard_id) + " needs num_shards (they go together)");
+  if (o.num_shards > 0 && o.shard_id >= o.num_shards)
+    throw ConfigError(who + ": shard_id " + param_text(o.shard_id) + " must be below num_shards " +
+                      param_text(o.num_shards));
+  return {{"level", to_string(o.level)}, {"num_shards", param_text(o.num_shards)}, {"shard_id", param_text(o.shard_id)}};
+}
+
 template <class T>
 class ShardingFilterDef final : public NodeDef<T> {
  public:
   ShardingFilterDef(std::shared_ptr<const NodeDef<T>> in, ShardingOptions o)
-      : NodeDef<T>("sharding_filter", o.name,
-                   {{"level", to_string(o.level)}, {"num_shards", param_text(o.num_shards)},
-                    {"shard_id", param_text(o.shard_id)}},
-                   {in}),
-        input_(std::move(in)), opts_(std::move(o)) {
-    const std::string who = node_label("sharding_filter", opts_.name);
-    if (opts_.num_shards < 0) throw ConfigError(who + ": num_shards must be positive, got " + param_text(opts_.num_shards));
-    if (opts_.shard_id < 0) throw ConfigError(who + ": shard_id must not be negative, got " + param_text(opts_.shard_id));
-    if (opts_.num_shards == 0 && opts_.shard_id != 0)
-      throw ConfigError(who + ": shard_id " + param_text(opts_.shard_id) + " needs num_shards (they go together)");
-    if (opts_.num_shards > 0 && opts_.shard_id >= opts_.num_shards)
-      throw ConfigError(who + ": shard_id " + param_text(opts_.shard_id) + " must be below num_shards " +
-                        param_text(opts_.num_shards));
-  }
+      : NodeDef<T>("sharding_filter", o.name, checked_params(o), {in}), input_(std::move(in)), opts_(std::move(o)) {}
 
   /// (N, id) for one worker of a layout.
   std::pair<std::uint64_t, std::uint64_t> shard(const Layout& l, int worker) const {

@@ -30,15 +30,20 @@ struct ShuffleOptions {
   std::string name{};
 };
 
+/// The options' parameters as the fingerprint writes them; throws ConfigError on invalid options (compiled
+/// once, not once per element type).
+inline Params checked_params(const ShuffleOptions& o) {
+  if (o.buffer <= 0)
+    throw ConfigError(node_label("shuffle", o.name) + ": buffer must be positive, got " + param_text(o.buffer));
+  return {{"buffer", param_text(o.buffer)}};
+}
+
 template <Snapshottable T>
 class ShuffleDef final : public NodeDef<T> {
  public:
   ShuffleDef(std::shared_ptr<const NodeDef<T>> in, ShuffleOptions o)
-      : NodeDef<T>("shuffle", o.name, {{"buffer", param_text(o.buffer)}}, {in}), input_(std::move(in)) {
-    if (o.buffer <= 0)
-      throw ConfigError(node_label("shuffle", o.name) + ": buffer must be positive, got " + param_text(o.buffer));
-    buffer_ = static_cast<std::size_t>(o.buffer);
-  }
+      : NodeDef<T>("shuffle", o.name, checked_params(o), {in}), input_(std::move(in)),
+        buffer_(static_cast<std::size_t>(o.buffer)) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const NodeDef<T>& input() const { return *input_; }
   std::size_t buffer() const { return buffer_; }

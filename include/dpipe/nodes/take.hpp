@@ -26,14 +26,19 @@ struct TakeOptions {
   std::string name{};
 };
 
+/// The parameters as the fingerprint writes them; throws ConfigError on an invalid count (compiled once,
+/// not once per element type).
+inline Params checked_params(std::int64_t count, const TakeOptions& o) {
+  if (count < 0) throw ConfigError(node_label("take", o.name) + ": count must not be negative, got " + param_text(count));
+  return {{"count", param_text(count)}};
+}
+
 template <class T>
 class TakeDef final : public NodeDef<T> {
  public:
   TakeDef(std::shared_ptr<const NodeDef<T>> in, std::int64_t count, TakeOptions o)
-      : NodeDef<T>("take", o.name, {{"count", param_text(count)}}, {in}), input_(std::move(in)) {
-    if (count < 0) throw ConfigError(node_label("take", o.name) + ": count must not be negative, got " + param_text(count));
-    count_ = static_cast<std::uint64_t>(count);
-  }
+      : NodeDef<T>("take", o.name, checked_params(count, o), {in}), input_(std::move(in)),
+        count_(static_cast<std::uint64_t>(count)) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const NodeDef<T>& input() const { return *input_; }
   std::uint64_t count() const { return count_; }

@@ -85,7 +85,7 @@ class ZipAllDef final : public NodeDef<std::vector<T>> {
  public:
   ZipAllDef(std::vector<std::shared_ptr<const NodeDef<T>>> ins, ZipOptions o)
       : NodeDef<std::vector<T>>("zip", o.name, {}, untyped(ins)), inputs_(std::move(ins)) {
-    if (inputs_.size() < 2) throw ConfigError(node_label("zip", o.name) + ": needs at least one other input");
+    check_other_input(inputs_.size(), "zip", o.name);
   }
   std::unique_ptr<Iter<std::vector<T>>> instantiate(BuildContext& ctx) const override;
   const auto& typed_inputs() const { return inputs_; }
