@@ -275,7 +275,7 @@ void drop_manifest(const std::string& dir) {
     return;
   }
   if (errno != ENOENT)
-    throw SnapshotError("cannot remove '" + path + "' before changing the set it describes: " + std::strerror(errno));
+    throw SnapshotError("cannot remove the set manifest '" + path + "': " + std::strerror(errno));
 }
 
 /// Removes `dir`'s manifest unless it names `set`.
@@ -324,10 +324,14 @@ void write_manifest(const std::string& dir, const SetIdentity& set) {
   } catch (const FileError&) {
     // Two ranks on two hosts completing the set at once write the same manifest, and each may take the
     // other's temporary for a killed writer's (its process is not on this host) and remove it. The set
-    // is whole either way; without a manifest its readers list it.
-    return;
+    // is whole either way; without a manifest its readers list it. The error may also come after the
+    // rename (the directory's fsync), with the manifest in place: the check below runs either way.
   }
-  if (!set_is_complete(dir, set) && read_manifest(dir) == set) drop_manifest(dir);
+  if (set_is_complete(dir, set)) return;
+  // Removed when it names this set or cannot be read (a manifest that does not read as one names no set
+  // for any reader); kept when it names another set, written by the rank that completed that one.
+  const auto now = read_manifest(dir);
+  if (!now || *now == set) drop_manifest(dir);
 }
 
 }  // namespace

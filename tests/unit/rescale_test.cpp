@@ -151,8 +151,13 @@ TEST(SamplerRescale, RefusesInstancesFarApartInsteadOfListingThem) {
 }
 
 TEST(Sampler, FollowsOnlyRandomAccessSources) {
-  EXPECT_THROW(range(0, 5) | map([](I64 x) { return x; }) | sampler(), ConfigError);
-  EXPECT_THROW(range(0, 5) | sampler({.epochs = 0}), ConfigError);
+  testing::expect_throw_with<ConfigError>([] { range(0, 5) | map([](I64 x) { return x; }) | sampler(); },
+                                         "must follow a random-access source (range, from_vector), not map");
+  testing::expect_throw_with<ConfigError>([] { range(0, 5) | sampler({.epochs = 0}); },
+                                         "epochs must be between 1 and 4294967296, got 0");
+  // Both wrong: the input is the mistake to name first (the epochs are checked for the sampler it can be).
+  testing::expect_throw_with<ConfigError>([] { range(0, 5) | map([](I64 x) { return x; }) | sampler({.epochs = 0}); },
+                                         "not map");
 }
 
 /// Runs every rank of `layout` from `set` (or from the start), delivering `take(rank)` elements each,

@@ -26,29 +26,27 @@ struct SamplerOptions {
   std::string name{};
 };
 
-/// The options' parameters as the fingerprint writes them; throws ConfigError on invalid options (compiled
-/// once, not once per element type).
-inline Params checked_params(const SamplerOptions& o) {
+/// The options' parameters as the fingerprint writes them; throws ConfigError when the input (of kind
+/// `input_kind`) is not random-access or an option is invalid (compiled once, not once per element type).
+inline Params checked_params(const SamplerOptions& o, bool random_access_input, const std::string& input_kind) {
+  if (!random_access_input)
+    throw ConfigError(node_label("sampler", o.name) + ": a sampler reads its input by index, so it must follow a "
+                      "random-access source (range, from_vector), not " + input_kind);
   if (o.epochs < 1 || o.epochs > (std::int64_t{1} << 32))
     throw ConfigError(node_label("sampler", o.name) + ": epochs must be between 1 and 4294967296, got " +
                       param_text(o.epochs));
   return {{"shuffle", o.shuffle == SamplerShuffle::global ? "global" : "none"}, {"epochs", param_text(o.epochs)}};
 }
 
-namespace detail {
-[[noreturn]] inline void sampler_needs_random_access(const SamplerOptions& o, const std::string& source_kind) {
-  throw ConfigError(node_label("sampler", o.name) + ": a sampler reads its input by index, so it must follow a "
-                    "random-access source (range, from_vector), not " + source_kind);
-}
-}  // namespace detail
-
 template <class T>
 class SamplerDef final : public NodeDef<T> {
  public:
   SamplerDef(std::shared_ptr<const NodeDef<T>> source, SamplerOptions o)
-      : NodeDef<T>("sampler", o.name, checked_params(o), {source}), source_(std::move(source)), shuffle_(o.shuffle) {
-    access_ = dynamic_cast<const RandomAccess<T>*>(source_.get());
-    if (!access_) detail::sampler_needs_random_access(o, source_->kind());
+      : NodeDef<T>("sampler", o.name,
+                   checked_params(o, dynamic_cast<const RandomAccess<T>*>(source.get()) != nullptr, source->kind()),
+                   {source}),
+        source_(std::move(source)), shuffle_(o.shuffle) {
+    access_ = dynamic_cast<const RandomAccess<T>*>(source_.get());  // not null: checked above
     epochs_ = static_cast<std::uint64_t>(o.epochs);
     detail::check_position_count(access_->size(), epochs_, node_label("sampler", o.name), "elements", "positions");
   }
