@@ -317,12 +317,94 @@ struct PyCallable {
   GilHeld chunk_scope() const { return GilHeld(); }
 };
 
-template <class In, class Out>
-struct PyMap : PyCallable {
-  Out operator()(In x) const {
-    return in_python([&] { return FromPython<Out>::get(call(std::move(x)), label); });
-  }
+// A map over a Python callable is a "map" node like dpipe::map makes (the same kind, parameters, keys and
+// fingerprint), but one node class per output type whose input is reached through PyMapInput, one class
+// per input type: 8 + 8 classes for the spec's element types instead of 64 input × output nodes.
+
+/// The input side of a Python map on one instance: pulls a chunk of the input and calls the callable on
+/// its elements.
+class PyMapInput {
+ public:
+  virtual ~PyMapInput() = default;
+  /// Pulls up to `max` elements of the input (the GIL not held); returns how many.
+  virtual std::size_t pull(std::size_t max) = 0;
+  /// Under the GIL: the callable's result for pulled element `i` (each element once).
+  virtual py::object call(std::size_t i) = 0;
+  virtual IterBase* iter() const = 0;
+  virtual std::size_t min_useful_pull() const = 0;
 };
+
+template <class In>
+class TypedMapInput final : public PyMapInput {
+ public:
+  TypedMapInput(std::unique_ptr<Iter<In>> input, const PyCallable& fn) : input_(std::move(input)), fn_(fn) {}
+  std::size_t pull(std::size_t max) override {
+    chunk_.clear();  // keeps its capacity
+    return input_->pull(chunk_, max);
+  }
+  py::object call(std::size_t i) override { return fn_.call(std::move(chunk_[i])); }
+  IterBase* iter() const override { return input_.get(); }
+  std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
+
+ private:
+  std::unique_ptr<Iter<In>> input_;
+  PyCallable fn_;  // a copy per worker
+  std::vector<In> chunk_;
+};
+
+/// Instantiates a map's input (a NodeDef<In>) on one instance, behind PyMapInput.
+using MakeMapInput = std::unique_ptr<PyMapInput> (*)(const NodeDefBase& input, BuildContext& ctx, const PyCallable& fn);
+template <class In>
+std::unique_ptr<PyMapInput> make_map_input(const NodeDefBase& input, BuildContext& ctx, const PyCallable& fn) {
+  return std::make_unique<TypedMapInput<In>>(static_cast<const NodeDef<In>&>(input).instantiate(ctx), fn);
+}
+
+template <class Out>
+class PyMapDef;
+
+template <class Out>
+class PyMapIter final : public Stateless<Out> {
+ public:
+  // The input is instantiated after this node, as dpipe::map's is, so both number their nodes alike.
+  PyMapIter(BuildContext& ctx, const PyMapDef<Out>& def) : Stateless<Out>(ctx, "map"), input_(def.make_input(ctx)), label_(def.label()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    const std::size_t n = input_->pull(max);
+    std::size_t i = 0;
+    const GilHeld gil;  // once per chunk, never while pulling the input
+    try {
+      for (; i < n; ++i) out.push_back(in_python([&] { return FromPython<Out>::get(input_->call(i), label_); }));
+    } catch (...) {
+      return this->fail_after(i);
+    }
+    return n;
+  }
+  std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
+  std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
+
+ private:
+  std::unique_ptr<PyMapInput> input_;
+  std::string label_;
+};
+
+template <class Out>
+class PyMapDef final : public NodeDef<Out> {
+ public:
+  PyMapDef(std::shared_ptr<const NodeDefBase> input, MakeMapInput make, PyCallable fn, const std::string& name)
+      : NodeDef<Out>("map", name, fn.describe(), {input}), input_(std::move(input)), make_(make), fn_(std::move(fn)) {}
+  std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
+    return std::make_unique<PyMapIter<Out>>(ctx, *this);
+  }
+  std::unique_ptr<PyMapInput> make_input(BuildContext& ctx) const { return make_(*input_, ctx, fn_); }
+  const std::string& label() const { return fn_.label; }
+
+ private:
+  std::shared_ptr<const NodeDefBase> input_;
+  MakeMapInput make_;
+  PyCallable fn_;
+};
+
 template <class In>
 struct PyFilter : PyCallable {
   bool operator()(const In& x) const {
@@ -415,12 +497,17 @@ class PythonFunctions final : public ExternalFunctions {
   SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const std::string& name,
                    bool input_bytes) const override {
     const PyCallable f = at(id, input_bytes);
-    return input.visit([&]<class In>(const Pipeline<In>& p) -> SpecPipeline {
-      const std::string out_name = out.empty() ? SpecElement<In>::name() : out;
-      return with_element_type(out_name, [&]<class Out>() -> SpecPipeline {
-        return p | dpipe::map(PyMap<In, Out>{f}, MapOptions{.name = name});
-      }, SpecElementTypes{});
+    struct Input {
+      std::shared_ptr<const NodeDefBase> def;
+      MakeMapInput make;
+      std::string type_name;
+    };
+    const Input in = input.visit([&]<class In>(const Pipeline<In>& p) {
+      return Input{p.def(), &make_map_input<In>, SpecElement<In>::name()};
     });
+    return with_element_type(out.empty() ? in.type_name : out, [&]<class Out>() -> SpecPipeline {
+      return make_pipeline<PyMapDef<Out>>(in.def, in.make, f, name);
+    }, SpecElementTypes{});
   }
   SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const std::string& name, bool input_bytes) const override {
     const PyCallable f = at(id, input_bytes);
