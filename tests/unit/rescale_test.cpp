@@ -837,18 +837,22 @@ std::vector<T> drain(Run<T>& run) {
   return out;
 }
 
-// Two ranks × 3 workers consume `before` elements each and take a reproducible snapshot (step 7); the
-// set is rescaled to 3 ranks × 2 workers, whose ranks consume `before / 2` and snapshot again; that set
-// is rescaled to 1 rank × 3 workers, which runs to the end. Returns every rank's stream, stage by stage.
-// Also checks that a snapshot resumes on its own layout into exactly what the run itself delivers next.
+/// One layout of a rescaled_streams sequence: `take` elements per rank before the snapshot.
+struct Stage {
+  int world, workers;
+  std::size_t take;
+};
+constexpr std::size_t kToTheEnd = std::numeric_limits<std::size_t>::max();
+
+// Each stage's ranks consume their `take` elements and take a reproducible snapshot (step 7), and the next
+// stage resumes that set rescaled to its layout; the last stage runs to the end. By default 2 ranks × 3
+// workers take `before` each, then 3 × 2 take `before / 2`, then 1 × 3. Returns every rank's stream, stage
+// by stage. Also checks that a snapshot resumes on its own layout into exactly what the run delivers next.
 template <class T>
-std::vector<std::vector<T>> rescaled_streams(const Pipeline<T>& p, Timing t, std::size_t before) {
+std::vector<std::vector<T>> rescaled_streams(const Pipeline<T>& p, Timing t, std::size_t before,
+                                             std::vector<Stage> stages = {}) {
   Engine e({.threads = t.threads});
-  struct Stage {
-    int world, workers;
-    std::size_t take;
-  };
-  const Stage stages[] = {{2, 3, before}, {3, 2, before / 2}, {1, 3, std::numeric_limits<std::size_t>::max()}};
+  if (stages.empty()) stages = {{2, 3, before}, {3, 2, before / 2}, {1, 3, kToTheEnd}};
   std::vector<std::vector<T>> out;
   std::optional<SnapshotSet> set;
   for (const Stage& st : stages) {
@@ -863,7 +867,7 @@ std::vector<std::vector<T>> rescaled_streams(const Pipeline<T>& p, Timing t, std
         if (!x) break;
         got.push_back(std::move(*x));
       }
-      if (st.take == std::numeric_limits<std::size_t>::max()) continue;
+      if (st.take == kToTheEnd) continue;
       if (t.consumer_sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(t.consumer_sleep_ms));
       ranks.push_back(run.reproducible_snapshot({}, 7));
       if (r == 0) {
@@ -881,9 +885,10 @@ std::vector<std::vector<T>> rescaled_streams(const Pipeline<T>& p, Timing t, std
 // to the same layouts, twice: every rank's stream is identical, and every element comes exactly once.
 TEST(ReproducibleRescale, TheSameSetRescaledGivesTheSameStreamsWhateverTheTiming) {
   const std::vector<Timing> timings = {{1, true, 0}, {2, false, 30}, {4, false, 0}};
-  auto check = [&](const auto& p, std::size_t before, auto flatten, std::size_t n, const char* what) {
+  auto check = [&](const auto& p, std::size_t before, auto flatten, std::size_t n, const char* what,
+                   std::vector<Stage> stages = {}) {
     SCOPED_TRACE(what);
-    const auto first = rescaled_streams(p, timings[0], before);
+    const auto first = rescaled_streams(p, timings[0], before, stages);
     std::vector<I64> all;
     for (const auto& stream : first) flatten(stream, all);
     const auto c = counts(all);
@@ -891,10 +896,10 @@ TEST(ReproducibleRescale, TheSameSetRescaledGivesTheSameStreamsWhateverTheTiming
     EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](const auto& kv) { return kv.second == 1; }));
     EXPECT_GE(c.begin()->first, 0);
     for (std::size_t i = 1; i < timings.size(); ++i) {
-      const auto again = rescaled_streams(p, timings[i], before);
+      const auto again = rescaled_streams(p, timings[i], before, stages);
       ASSERT_EQ(again.size(), first.size());
       for (std::size_t r = 0; r < first.size(); ++r)
-        EXPECT_EQ(again[r], first[r]) << "stream " << r << " (stages 2×3, 3×2, 1×3) differs with timing " << i;
+        EXPECT_EQ(again[r], first[r]) << "stream " << r << " differs with timing " << i;
     }
   };
   auto scalars = [](const std::vector<I64>& s, std::vector<I64>& all) { all.insert(all.end(), s.begin(), s.end()); };
@@ -913,6 +918,10 @@ TEST(ReproducibleRescale, TheSameSetRescaledGivesTheSameStreamsWhateverTheTiming
   // An explicit merge with a suffix in the consumer's thread.
   check(range(0, 6000) | sampler() | map(jitter) | prefetch({.depth = 2}) | merge() | shuffle({.buffer = 30}),
         500, scalars, 6000, "sampler → map → prefetch(2) → merge → shuffle");
+  // One worker per rank: the merge hands the consumer runs of elements, and how many the run holds
+  // (saved as its pending elements, dealt per rank) must not depend on how the worker's chunks were cut.
+  check(range(0, 6000) | sampler() | map(jitter) | shuffle({.buffer = 20}), 300, scalars, 6000,
+        "one worker per rank: sampler → map → shuffle", {{2, 1, 300}, {3, 1, 150}, {2, 2, 100}, {1, 1, kToTheEnd}});
 }
 
 }  // namespace

@@ -120,10 +120,20 @@ class MergeIter final : public Hooked<T> {
     start_lanes();
     const std::size_t k = lanes_.size();
     if (k == 1) {  // one worker: its elements move on in runs, not one at a time
-      if (finished_[0]) return 0;
-      const std::size_t got = lanes_[0]->take_into(out, max);
-      if (got == 0) finished_[0] = true;
-      return got;
+      // As many as asked unless the worker ends, like the round-robin below: how many the consumer holds
+      // must not depend on how the worker's chunks happened to be cut (a reproducible snapshot saves it).
+      std::size_t n = 0;
+      while (n < max && !finished_[0]) {
+        std::size_t got = 0;
+        try {
+          got = lanes_[0]->take_into(out, max - n);
+        } catch (...) {
+          return this->fail_after(n);  // the worker failed: what came before it is delivered first
+        }
+        if (got == 0) finished_[0] = true;
+        n += got;
+      }
+      return n;
     }
     std::size_t n = 0, skipped = 0;
     while (n < max && skipped < k) {
