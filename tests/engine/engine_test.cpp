@@ -125,6 +125,43 @@ TEST(Dispatch, BroadcastSharesOneObjectWithEveryWorker) {
   EXPECT_LE(addresses->size(), 6u);  // one object per shard, whatever the number of workers
 }
 
+// A map that describes itself as the spec's "unshare", over shared elements: the graph a spec broadcast
+// had before the spec used broadcast_copies.
+struct UnshareShared {
+  template <class T>
+  T operator()(const std::shared_ptr<const T>& p) const {
+    return *p;
+  }
+  Params describe() const { return {{"fn", "unshare"}}; }
+};
+
+TEST(Dispatch, BroadcastCopiesGivesEveryWorkerItsOwnCopyAndTheSharedBroadcastsSnapshots) {
+  const auto shards = range(0, 40) | map([](I64 m) { return std::vector<I64>(3, m); });
+  auto copies = shards | dispatch(broadcast_copies) | map(DispatchKind::Unshare{}) | merge();
+  auto shared = shards | dispatch(broadcast) | map(UnshareShared{}) | merge();
+  std::vector<std::vector<I64>> expected;
+  for (I64 m = 0; m < 40; ++m)
+    for (int w = 0; w < 3; ++w) expected.push_back(std::vector<I64>(3, m));
+  EXPECT_EQ(testing::collect(copies, layout(3)), expected);
+  EXPECT_EQ(testing::collect(shared, layout(3)), expected);
+  // The same graph, and at every point the same bytes: a spec snapshot written while its broadcast was
+  // shared resumes with the copying one.
+  Engine e({.threads = 2});
+  auto a = e.start(copies, layout(3));
+  auto b = e.start(shared, layout(3));
+  EXPECT_EQ(a.graph().fingerprint(), b.graph().fingerprint());
+  for (int step : {0, 5, 31, 77}) {
+    while (static_cast<int>(a.delivered()) < step) a.next();
+    while (static_cast<int>(b.delivered()) < step) b.next();
+    const std::string bytes = b.reproducible_snapshot().to_bytes();
+    EXPECT_EQ(a.reproducible_snapshot().to_bytes(), bytes) << "at " << step;
+    auto resumed = e.resume(copies, Snapshot::from_bytes(bytes), layout(3));
+    EXPECT_EQ(drain(resumed), std::vector<std::vector<I64>>(expected.begin() + step, expected.end())) << "at " << step;
+  }
+  for (const auto& n : a.graph().nodes())
+    if (n.kind == "dispatch") EXPECT_EQ(n.params, (Params{{"mode", "broadcast"}}));
+}
+
 TEST(Segments, MisplacedBoundariesAreConfigErrors) {
   auto msg = [](auto make) {
     try {

@@ -2,8 +2,10 @@
 /// Starts the worker segment: its input (the main prefix) runs once per rank, and its elements are
 /// handed to the workers — `dispatch(round_robin)` gives element i to worker i mod num_workers;
 /// `dispatch(broadcast)` gives every element to every worker as one shared, immutable object
-/// (`std::shared_ptr<const T>`), never copied, so each worker can take its own part of a large shard.
-/// In: T → Out: T (round_robin) or std::shared_ptr<const T> (broadcast).
+/// (`std::shared_ptr<const T>`), never copied, so each worker can take its own part of a large shard;
+/// `dispatch(broadcast_copies)` gives every worker its own copy of every element instead (small elements:
+/// no shared object, no reference counts; the copies are made as the element is dealt).
+/// In: T → Out: T (round_robin, broadcast_copies) or std::shared_ptr<const T> (broadcast).
 /// State: the prefix's states, whose turn it is, and each worker's elements not yet taken.
 #include <algorithm>
 #include <deque>
@@ -47,6 +49,8 @@ inline constexpr struct RoundRobin {
 } round_robin{};
 inline constexpr struct Broadcast {
 } broadcast{};
+inline constexpr struct BroadcastCopies {
+} broadcast_copies{};
 
 namespace detail {
 
@@ -55,10 +59,12 @@ namespace detail {
 template <class T, class Out>
 class Dispatcher {
  public:
-  static constexpr bool kBroadcast = !std::is_same_v<T, Out>;
+  static constexpr bool kShared = !std::is_same_v<T, Out>;
 
-  Dispatcher(std::unique_ptr<Iter<T>> prefix, int workers, std::size_t end_key)
-      : end_key(end_key), prefix_(std::move(prefix)), backlog_(static_cast<std::size_t>(workers)) {}
+  /// `copies`: every element to every worker as its own copy (broadcast_copies; Out is T).
+  Dispatcher(std::unique_ptr<Iter<T>> prefix, int workers, std::size_t end_key, bool copies = false)
+      : end_key(end_key), prefix_(std::move(prefix)), backlog_(static_cast<std::size_t>(workers)),
+        broadcast_(kShared || copies) {}
 
   const std::size_t end_key;  // key cursor after the prefix: where the other workers' builds go on
 
@@ -89,7 +95,7 @@ class Dispatcher {
   /// the snapshot being taken is refused.
   void settle() {
     std::lock_guard lock(mu_);
-    const std::size_t per_refill = kBroadcast ? 1 : (refill_size() + backlog_.size() - 1) / backlog_.size();
+    const std::size_t per_refill = broadcast_ ? 1 : (refill_size() + backlog_.size() - 1) / backlog_.size();
     auto short_of = [&] {
       return std::any_of(backlog_.begin(), backlog_.end(), [&](const auto& q) { return q.size() <= per_refill; });
     };
@@ -128,7 +134,7 @@ class Dispatcher {
   // Broadcast elements are large units (a whole shard): one at a time. Round-robin: a chunk, or one
   // element per worker when the elements are bulky (batches, text blocks).
   std::size_t refill_size() const {
-    return kBroadcast ? 1 : is_bulk_element_v<T> ? backlog_.size() : std::max<std::size_t>(backlog_.size(), dpipe::kChunk);
+    return broadcast_ ? 1 : is_bulk_element_v<T> ? backlog_.size() : std::max<std::size_t>(backlog_.size(), dpipe::kChunk);
   }
   void refill() {
     scratch_.clear();
@@ -140,9 +146,12 @@ class Dispatcher {
   }
   void deal(std::vector<T>& elements) {
     for (auto& x : elements) {
-      if constexpr (kBroadcast) {
+      if constexpr (kShared) {
         auto shared = std::make_shared<const T>(std::move(x));
         for (auto& q : backlog_) q.push_back(shared);
+      } else if (broadcast_) {
+        for (std::size_t i = 0; i + 1 < backlog_.size(); ++i) backlog_[i].push_back(x);
+        backlog_.back().push_back(std::move(x));
       } else {
         backlog_[next_].push_back(std::move(x));
         next_ = next_ + 1 == backlog_.size() ? 0 : next_ + 1;
@@ -153,6 +162,7 @@ class Dispatcher {
   std::mutex mu_;
   std::unique_ptr<Iter<T>> prefix_;
   std::vector<std::deque<Out>> backlog_;
+  const bool broadcast_;
   std::uint64_t next_ = 0;
   bool prefix_done_ = false;
   std::exception_ptr settle_failure_;
@@ -180,7 +190,8 @@ class DispatchIter final : public Hooked<Out> {
       c.segment = Segment::prefix;
       c.worker = 0;
       auto prefix = def.input().instantiate(c);
-      slot = std::make_shared<detail::Dispatcher<T, Out>>(std::move(prefix), ctx.layout.num_workers, c.cursor);
+      slot = std::make_shared<detail::Dispatcher<T, Out>>(std::move(prefix), ctx.layout.num_workers, c.cursor,
+                                                          def.copies());
       owner_ = true;
     }
     dispatcher_ = std::static_pointer_cast<detail::Dispatcher<T, Out>>(slot);
@@ -225,17 +236,20 @@ class DispatchIter final : public Hooked<Out> {
 template <class T, class Out>
 class DispatchDef final : public NodeDef<Out> {
  public:
-  DispatchDef(std::shared_ptr<const NodeDef<T>> in, DispatchOptions o)
+  /// `copies`: broadcast_copies (Out is T). Both broadcasts are mode "broadcast" in the graph.
+  DispatchDef(std::shared_ptr<const NodeDef<T>> in, DispatchOptions o, bool copies = false)
       : NodeDef<Out>("dispatch", o.name,
-                     {{"mode", std::is_same_v<T, Out> ? "round_robin" : "broadcast"}}, {in}),
-        input_(std::move(in)) {}
+                     {{"mode", std::is_same_v<T, Out> && !copies ? "round_robin" : "broadcast"}}, {in}),
+        input_(std::move(in)), copies_(copies) {}
   std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
     return std::make_unique<DispatchIter<T, Out>>(ctx, *this);
   }
   const NodeDef<T>& input() const { return *input_; }
+  bool copies() const { return copies_; }
 
  private:
   std::shared_ptr<const NodeDef<T>> input_;
+  bool copies_;
 };
 
 inline auto dispatch(RoundRobin, DispatchOptions o = {}) {
@@ -250,6 +264,13 @@ inline auto dispatch(Broadcast, DispatchOptions o = {}) {
     using T = typename std::decay_t<decltype(p)>::element_type;
     static_assert(Snapshottable<T>, "dispatch keeps elements in its state: the element type must be Snapshottable");
     return make_pipeline<DispatchDef<T, std::shared_ptr<const T>>>(p.def(), o);
+  });
+}
+inline auto dispatch(BroadcastCopies, DispatchOptions o = {}) {
+  return make_closure([o = std::move(o)](const auto& p) {
+    using T = typename std::decay_t<decltype(p)>::element_type;
+    static_assert(Snapshottable<T>, "dispatch keeps elements in its state: the element type must be Snapshottable");
+    return make_pipeline<DispatchDef<T, T>>(p.def(), o, true);
   });
 }
 inline auto dispatch(DispatchOptions o = {}) { return dispatch(round_robin, std::move(o)); }
@@ -289,19 +310,22 @@ struct DispatchKind {
   }
 
   /// `{"op": "dispatch", "mode": "round_robin" | "broadcast"}`. Spec elements are small values, so a
-  /// broadcast hands each worker its own copy after the shared hand-off.
+  /// broadcast gives each worker its own copy (broadcast_copies): no shared element type per spec type.
+  /// It is followed by the map "unshare", which once copied a shared element and now passes the copy on:
+  /// it keeps the graph, and so the fingerprint of snapshots written before, unchanged (the dispatch's
+  /// record is the same bytes, since a shared element is encoded as the element itself).
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     DispatchOptions o{.name = s.name()};
     bool broadcast_mode = false;
     s.choice("mode", broadcast_mode, {{"round_robin", false}, {"broadcast", true}});
     if (!broadcast_mode) return s.input().apply([&](const auto& p) { return p | dispatch(round_robin, o); });
-    return s.input().apply([&](const auto& p) { return p | dispatch(broadcast, o) | map(Unshare{}); });
+    return s.input().apply([&](const auto& p) { return p | dispatch(broadcast_copies, o) | map(Unshare{}); });
   }
   struct Unshare {
     template <class T>
-    T operator()(const std::shared_ptr<const T>& p) const {
-      return *p;
+    T operator()(T&& x) const {
+      return std::move(x);
     }
     Params describe() const { return {{"fn", "unshare"}}; }
   };
