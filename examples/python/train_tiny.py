@@ -107,8 +107,11 @@ def main():
             print(f"rank {rank}: step {step} loss {loss.item():.3f}", flush=True)
         if step == args.stop_at:
             break
-    log.write(json.dumps({"undelivered": loader.undelivered, "end_step": step}) + "\n")
-    print(f"rank {rank}: stopped after step {step}, {loader.undelivered} windows undelivered", flush=True)
+    # loader.undelivered counts elements (batches here); the windows they hold are in the carried elements.
+    held = sum(len(b) for b in loader.state_dict().get("carried", ()))
+    log.write(json.dumps({"undelivered": loader.undelivered, "undelivered_windows": held, "end_step": step}) + "\n")
+    print(f"rank {rank}: stopped after step {step}, {loader.undelivered} batches ({held} windows) undelivered",
+          flush=True)
     log.close()
 
     if args.stop_at and step == args.stop_at:

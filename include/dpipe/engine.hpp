@@ -115,7 +115,7 @@ class Run {
       buf_.clear();
       head_ = 0;
       try {
-        if (root_->pull(buf_, kRunChunk) == 0) return std::nullopt;
+        if (root_->pull(buf_, pull_size()) == 0) return std::nullopt;
       } catch (...) {
         failed_ = std::current_exception();
         root_->stop();
@@ -226,6 +226,18 @@ class Run {
   // 1 KiB read 30 % faster than 256 at a time); other values in chunks.
   static constexpr std::size_t kRunChunk =
       is_bulk_element_v<T> ? 1 : std::is_same_v<T, std::string> ? 4 : kChunk;
+  /// How many elements the next pull asks for (the consumer's side is empty): up to the next position
+  /// that is a power of two below kRunChunk and a multiple of it from there on. A pull returns what it asks
+  /// for unless the stream ends, so what the run holds is a function of its position, which a reproducible
+  /// snapshot needs (it is saved and dealt per rank); and the first elements of a stream arrive after
+  /// one, two, four … are produced instead of after a whole chunk.
+  std::size_t pull_size() const {
+    const std::uint64_t at = delivered_;
+    if (at >= kRunChunk) return kRunChunk - static_cast<std::size_t>(at % kRunChunk);
+    std::uint64_t next = 1;
+    while (next <= at) next *= 2;
+    return static_cast<std::size_t>(next - at);
+  }
 
   struct Paused {
     explicit Paused(IterBase& r) : root(r) { root.pause(); }

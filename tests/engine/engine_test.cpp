@@ -159,7 +159,9 @@ TEST(Dispatch, BroadcastCopiesGivesEveryWorkerItsOwnCopyAndTheSharedBroadcastsSn
     EXPECT_EQ(drain(resumed), std::vector<std::vector<I64>>(expected.begin() + step, expected.end())) << "at " << step;
   }
   for (const auto& n : a.graph().nodes())
-    if (n.kind == "dispatch") EXPECT_EQ(n.params, (Params{{"mode", "broadcast"}}));
+    if (n.kind == "dispatch") {
+      EXPECT_EQ(n.params, (Params{{"mode", "broadcast"}}));
+    }
 }
 
 TEST(Segments, MisplacedBoundariesAreConfigErrors) {

@@ -101,7 +101,7 @@ def read_logs(root, ranks):
                 seen += [tuple(w) for w in rec["windows"]]
                 losses.setdefault(rec["step"], []).append(rec["loss"])
             else:
-                undelivered += rec["undelivered"]
+                undelivered += rec["undelivered_windows"]  # ("undelivered" counts batches)
     return seen, losses, undelivered
 
 

@@ -918,8 +918,8 @@ TEST(ReproducibleRescale, TheSameSetRescaledGivesTheSameStreamsWhateverTheTiming
   // An explicit merge with a suffix in the consumer's thread.
   check(range(0, 6000) | sampler() | map(jitter) | prefetch({.depth = 2}) | merge() | shuffle({.buffer = 30}),
         500, scalars, 6000, "sampler → map → prefetch(2) → merge → shuffle");
-  // One worker per rank: the merge hands the consumer runs of elements, and how many the run holds
-  // (saved as its pending elements, dealt per rank) must not depend on how the worker's chunks were cut.
+  // One worker per rank: the merge hands the consumer the runs of elements its worker has ready, and
+  // how many the run holds (saved as its pending elements, dealt per rank) must not depend on that.
   check(range(0, 6000) | sampler() | map(jitter) | shuffle({.buffer = 20}), 300, scalars, 6000,
         "one worker per rank: sampler → map → shuffle", {{2, 1, 300}, {3, 1, 150}, {2, 2, 100}, {1, 1, kToTheEnd}});
 }
