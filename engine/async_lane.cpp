@@ -223,6 +223,13 @@ bool AsyncLaneBase::producer_done() const {
   return done_;
 }
 
+bool AsyncLaneBase::holds(std::size_t n, std::size_t at_hand) const {
+  std::lock_guard lock(mu_);
+  // Not running (and not ended): the queue is full or the producer waits for the consumer to take it
+  // below half, so no more comes until the consumer takes.
+  return at_hand + buffered_ >= n || !running_ || done_ || error_ != nullptr;
+}
+
 std::exception_ptr AsyncLaneBase::producer_error() const {
   std::lock_guard lock(mu_);
   return error_;

@@ -132,7 +132,7 @@ class Run {
   /// consumer that must stay responsive while it waits (the Python package checks for Ctrl-C between).
   bool wait_ready(std::chrono::nanoseconds limit) {
     if (head_ < buf_.size() || failed_) return true;
-    return root_->wait_ready(limit);
+    return root_->wait_ready(limit, pull_size());
   }
 
   /// The input iterator of `for (auto&& x : run)`. It owns the current element by value, so a

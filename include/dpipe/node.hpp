@@ -268,13 +268,13 @@ class IterBase {
     for (IterBase* in : inputs()) in->settle();
   }
 
-  /// Waits up to `limit` until a pull would not start by waiting for production on another thread (a
-  /// worker queue holds a chunk, or has ended); false if the limit passed first. Nothing is taken. For a
-  /// consumer that must stay responsive while it waits (Ctrl-C in Python). Nodes fed by other threads
-  /// answer for their queues; a node of one input asks it; a node of several cannot tell (true).
-  virtual bool wait_ready(std::chrono::nanoseconds limit) {
+  /// Waits up to `limit` until a pull of `want` elements would not wait for production on another thread
+  /// (the worker queues hold them, or have ended); false if the limit passed first. Nothing is taken. For
+  /// a consumer that must stay responsive while it waits (Ctrl-C in Python). Nodes fed by other threads
+  /// answer for their queues; a node of one input asks it for as many; a node of several cannot tell (true).
+  virtual bool wait_ready(std::chrono::nanoseconds limit, std::size_t want) {
     const std::vector<IterBase*> in = inputs();
-    return in.size() == 1 ? in.front()->wait_ready(limit) : true;
+    return in.size() == 1 ? in.front()->wait_ready(limit, want) : true;
   }
 
   /// Nanoseconds spent in pull(), inputs included (only when the run collects statistics).

@@ -389,6 +389,22 @@ TEST(Cancellation, SlowScalarElementsArriveAndCancelAboutOneAtATime) {
   EXPECT_LT(s, 4.0);  // a bound against the old behaviour, far above the ~0.1 s it takes
 }
 
+TEST(Cancellation, WaitReadyMeansTheNextPullDoesNotWaitForTheWorkers) {
+  // 4 ms per element on one worker. Past its first 256 elements the run pulls 256 at a time, and a pull
+  // returns what it asks for: wait_ready (what the Python loader waits in, looking for Ctrl-C between
+  // slices) must wait for all of them, not for the first chunk, or next() would block ~1 s after it.
+  Engine e({.threads = 2});
+  auto run = e.start(range(0, 100'000) | map(builtins::Passthrough::spin(4'000'000)), layout(1));
+  for (int i = 0; i < 256; ++i) ASSERT_TRUE(run.next().has_value());
+  int slices = 0;
+  while (!run.wait_ready(std::chrono::milliseconds(10))) ++slices;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(run.next(), std::optional<I64>(256));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(slices, 10);  // it did wait, in slices: 256 elements take about 1 s to produce
+  EXPECT_LT(s, 0.3) << "next() waited " << s << " s after wait_ready said it would not";
+}
+
 TEST(Cancellation, DestroyingARunMidStreamJoinsPromptly) {
   auto slow = [](I64 x) {
     builtins::spin_for(200'000);  // far more work than the test waits for

@@ -22,6 +22,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "dpipe/detail/executor.hpp"
@@ -53,6 +54,10 @@ class AsyncLaneBase {
   bool wait_published(std::chrono::nanoseconds limit);
   /// Whether the chain has ended (no more chunks will come).
   bool producer_done() const;
+  /// Consumer: whether `n` elements, `at_hand` of them on the consumer's side, can be taken without
+  /// waiting for the producer: the rest is queued, or the producer is not running (it waits for the
+  /// consumer to take, so waiting longer brings no more), or the lane has ended or failed.
+  bool holds(std::size_t n, std::size_t at_hand) const;
   /// The chain's failure, if it failed (the consumer sees it after the elements before it).
   std::exception_ptr producer_error() const;
 
@@ -140,6 +145,18 @@ class AsyncLane final : public AsyncLaneBase {
   }
   /// Consumer: waits up to `limit` until ready() would not wait (see wait_published).
   bool wait_ready(std::chrono::nanoseconds limit) { return head_ < current_.size() || wait_published(limit); }
+  /// Consumer: waits up to `limit` until `n` elements can be taken without waiting for the producer, or
+  /// the lane has ended; false if the limit passed first. After the first chunk it looks every 1 ms.
+  bool wait_available(std::size_t n, std::chrono::nanoseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    if (!wait_ready(limit)) return false;
+    for (;;) {
+      if (inline_mode() || holds(n, current_.size() - head_)) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(1)));
+    }
+  }
   /// Consumer: the next element; only after ready() returned true.
   T take() {
     ++taken_;

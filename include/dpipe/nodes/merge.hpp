@@ -4,6 +4,8 @@
 /// pure function of (pipeline, seed, layout). Nodes after it run in the consumer's thread.
 /// A pipeline without `merge` gets one at its end. In: T → Out: T.
 /// State: the merge cursor and, per worker, the elements produced but not yet delivered.
+#include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "dpipe/detail/async_lane.hpp"
@@ -109,10 +111,21 @@ class MergeIter final : public Hooked<T> {
     for (auto& l : lanes_) l->chain().settle();
   }
   bool runs_inputs_inline() const override { return false; }
-  /// Ready when the worker the round-robin takes from next has a chunk queued, or has ended.
-  bool wait_ready(std::chrono::nanoseconds limit) override {
+  /// Ready when every worker the round robin takes from for `want` elements, from the cursor on, has its
+  /// share queued or has ended (a pull returns what it asks for, so it would wait for those).
+  bool wait_ready(std::chrono::nanoseconds limit, std::size_t want) override {
     start_lanes();
-    return finished_[st_.cursor] || lanes_[st_.cursor]->wait_ready(limit);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    const std::size_t k = lanes_.size();
+    for (std::size_t j = 0; j < k && j < want; ++j) {
+      const std::size_t i = (st_.cursor + j) % k;
+      if (finished_[i]) continue;
+      const std::size_t share = want / k + (j < want % k ? 1 : 0);
+      const auto left = std::max(std::chrono::nanoseconds(0), std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                                   deadline - std::chrono::steady_clock::now()));
+      if (!lanes_[i]->wait_available(share, left)) return false;
+    }
+    return true;
   }
 
  protected:
