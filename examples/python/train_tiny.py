@@ -107,15 +107,15 @@ def main():
             print(f"rank {rank}: step {step} loss {loss.item():.3f}", flush=True)
         if step == args.stop_at:
             break
+    state = loader.state_dict(step=step)  # every rank takes its own: no collective
     # loader.undelivered counts elements (batches here); the windows they hold are in the carried elements.
-    held = sum(len(b) for b in loader.state_dict().get("carried", ()))
+    held = sum(len(b) for b in state.get("carried", ()))
     log.write(json.dumps({"undelivered": loader.undelivered, "undelivered_windows": held, "end_step": step}) + "\n")
     print(f"rank {rank}: stopped after step {step}, {loader.undelivered} batches ({held} windows) undelivered",
           flush=True)
     log.close()
 
     if args.stop_at and step == args.stop_at:
-        state = loader.state_dict(step=step)  # every rank writes its own: no collective
         ckpt.mkdir(parents=True, exist_ok=True)
         torch.save(state, ckpt / f"loader-rank{rank}.pt")
         if rank == 0:

@@ -145,16 +145,16 @@ class AsyncLane final : public AsyncLaneBase {
   }
   /// Consumer: waits up to `limit` until ready() would not wait (see wait_published).
   bool wait_ready(std::chrono::nanoseconds limit) { return head_ < current_.size() || wait_published(limit); }
-  /// Consumer: waits up to `limit` until `n` elements can be taken without waiting for the producer, or
-  /// the lane has ended; false if the limit passed first. After the first chunk it looks every 1 ms.
-  bool wait_available(std::size_t n, std::chrono::nanoseconds limit) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    if (!wait_ready(limit)) return false;
+  /// Consumer: waits until `deadline` for `n` elements that can be taken without waiting for the producer,
+  /// or the lane's end; false if the deadline passed first. After the first chunk it looks every 1 ms.
+  bool wait_available(std::size_t n, std::chrono::steady_clock::time_point deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!wait_ready(std::max<std::chrono::nanoseconds>(deadline - now, std::chrono::nanoseconds(0)))) return false;
     for (;;) {
       if (inline_mode() || holds(n, current_.size() - head_)) return true;
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) return false;
-      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(1)));
+      const auto at = std::chrono::steady_clock::now();
+      if (at >= deadline) return false;
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(deadline - at, std::chrono::milliseconds(1)));
     }
   }
   /// Consumer: the next element; only after ready() returned true.

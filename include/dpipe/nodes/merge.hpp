@@ -4,7 +4,6 @@
 /// pure function of (pipeline, seed, layout). Nodes after it run in the consumer's thread.
 /// A pipeline without `merge` gets one at its end. In: T → Out: T.
 /// State: the merge cursor and, per worker, the elements produced but not yet delivered.
-#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -121,9 +120,7 @@ class MergeIter final : public Hooked<T> {
       const std::size_t i = (st_.cursor + j) % k;
       if (finished_[i]) continue;
       const std::size_t share = want / k + (j < want % k ? 1 : 0);
-      const auto left = std::max(std::chrono::nanoseconds(0), std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                                   deadline - std::chrono::steady_clock::now()));
-      if (!lanes_[i]->wait_available(share, left)) return false;
+      if (!lanes_[i]->wait_available(share, deadline)) return false;
     }
     return true;
   }
