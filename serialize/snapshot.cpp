@@ -610,6 +610,7 @@ std::optional<SnapshotPlan> read_snapshot_plan(const std::string& path) {
     plan.index = parts.section(*index);
     plan.states_begin = states->offset;
     plan.states_end = states->offset + states->length;
+    plan.index_begin = index->offset;
     // Where each record starts: one pass through the records, read into one reused NodeState and its
     // inline lists into its fields (bounded and checked as a decode is), nothing kept but the keys.
     ByteReader r(plan.index, "snapshot state index");
@@ -640,6 +641,43 @@ NodeState decode_plan_record(const SnapshotPlan& plan, std::size_t offset, std::
   };
   decode_record(r, s, list);
   return s;
+}
+
+void for_each_located_record(const SnapshotPlan& plan, std::uint32_t file,
+                             const std::function<void(const NodeState&, const std::vector<StoredList>&)>& each) {
+  ByteReader r(plan.index, "snapshot state index");
+  const std::size_t records = r.length(29);
+  NodeState scratch;
+  std::vector<StoredList> lists;
+  auto located = [&](ByteReader& in, Field& f, const NodeState& st) {
+    // An inline list's lengths and bytes follow its flag byte, laid out as a stored list's are.
+    const char* flag = nullptr;
+    auto& e = f.elements;
+    {
+      ByteReader peek = in;  // the tag, the count and the flag, to find where an inline list begins
+      peek.str();
+      peek.get<std::uint64_t>();
+      flag = peek.pos();
+    }
+    StoredList l = read_index_list(in, f, st, file, plan.states_begin, plan.states_end);
+    if (l.count == 0) return;
+    if (!l.stored) {
+      const char* begin = flag + 1;
+      l.offset = plan.index_begin + static_cast<std::uint64_t>(begin - plan.index.data());
+      l.bytes = static_cast<std::uint64_t>(in.pos() - begin);
+      l.crc = crc32c_raw(begin, static_cast<std::size_t>(l.bytes));
+      l.stored = true;
+      l.loaded = std::make_unique<ElementBlobs>(e);
+    }
+    e.ranges.assign(1, {lists.size(), 0, l.count});
+    lists.push_back(std::move(l));
+  };
+  for (std::size_t k = 0; k < records; ++k) {
+    lists.clear();
+    decode_record(r, scratch, located);
+    each(scratch, lists);
+  }
+  if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the state index");
 }
 
 ElementBlobs load_stored_list(const std::string& path, const StoredList& list) {

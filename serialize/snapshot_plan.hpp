@@ -2,6 +2,7 @@
 // A snapshot file read for a rescale plan (inside the library: SnapshotSet::read_rank): the metadata and
 // the state index only, with the long element lists left in the file until a rank needs them.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,7 @@ struct SnapshotPlan {
   SnapshotMeta meta;
   std::string index;  // the state index's bytes, verified against its checksum
   std::uint64_t states_begin = 0, states_end = 0;  // the node-state section, where stored lists lie
+  std::uint64_t index_begin = 0;                    // where the state index starts in the file
   struct Record {
     std::string key;
     std::size_t offset = 0;  // in `index`
@@ -45,6 +47,13 @@ std::optional<SnapshotPlan> read_snapshot_plan(const std::string& path);
 /// The record at `offset` of a plan's state index, every element list with elements given as one range of
 /// a new entry of `lists` (file `file`); inline lists are loaded as well, stored ones are not.
 NodeState decode_plan_record(const SnapshotPlan& plan, std::size_t offset, std::uint32_t file, std::vector<StoredList>& lists);
+
+/// Every record of a plan's state index, in order, handed to `each` with its element lists located: each
+/// list with elements gets one range of `lists` (cleared per record), stored where section 2 holds it or,
+/// for an inline list, where the state index itself holds its lengths and bytes, with the CRC-32C of
+/// those bytes computed here; an inline list is loaded as well. For the set index (set_index.hpp).
+void for_each_located_record(const SnapshotPlan& plan, std::uint32_t file,
+                             const std::function<void(const NodeState&, const std::vector<StoredList>&)>& each);
 
 /// The elements of a stored list, read from `path` (the list's file) and verified against its checksum.
 ElementBlobs load_stored_list(const std::string& path, const StoredList& list);

@@ -25,6 +25,7 @@
 #include "dpipe/regular_file.hpp"
 #include "dpipe/rng.hpp"
 #include "durable_dir.hpp"
+#include "set_index.hpp"
 #include "snapshot_plan.hpp"
 
 namespace dpipe {
@@ -213,8 +214,10 @@ std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) 
 namespace {
 
 constexpr const char* kManifestName = "set.dpipe-manifest";
+constexpr const char* kIndexName = "set.dpipe-index";
 
 std::string manifest_path(const std::string& dir) { return (fs::path(dir) / kManifestName).string(); }
+std::string index_path(const std::string& dir) { return (fs::path(dir) / kIndexName).string(); }
 
 /// "dpipe-set 1 world=W workers=K step=S|- tag=TAG crc32c=CRC\n", CRC over what precedes " crc32c=".
 std::string manifest_text(const SetIdentity& s) {
@@ -267,15 +270,17 @@ std::optional<SetIdentity> read_manifest(const std::string& dir) {
   return out;
 }
 
-/// Removes `dir`'s manifest, durably (a crash must not bring back one that names files now gone).
+/// Removes `dir`'s manifest and set index, durably (a crash must not bring back one that names files now
+/// gone). The index is read only beside a manifest that names its set, so it goes second.
 void drop_manifest(const std::string& dir) {
-  const std::string path = manifest_path(dir);
-  if (::unlink(path.c_str()) == 0) {
-    detail::fsync_directory(dir, path);
-    return;
+  bool removed = false;
+  for (const std::string& path : {manifest_path(dir), index_path(dir)}) {
+    if (::unlink(path.c_str()) == 0) removed = true;
+    else if (errno != ENOENT)
+      throw SnapshotError("cannot remove the set " + std::string(path == manifest_path(dir) ? "manifest" : "index") + " '" +
+                          path + "': " + std::strerror(errno));
   }
-  if (errno != ENOENT)
-    throw SnapshotError("cannot remove the set manifest '" + path + "': " + std::strerror(errno));
+  if (removed) detail::fsync_directory(dir, manifest_path(dir));
 }
 
 /// Removes `dir`'s manifest unless it names `set`.
@@ -343,6 +348,8 @@ struct SetListing {
   int world = 0;
   std::vector<std::pair<std::string, RankFileName>> ranks;  // at index r: rank r's file
   bool all_tagged = true;                                   // every name carries the set's identity
+  /// Set instead of `ranks` for a set its manifest names: rank r's file is named from it.
+  std::optional<SetIdentity> named{};
 };
 
 SetListing list_set(const std::string& dir) {
@@ -462,6 +469,11 @@ auto with_rank_file(const std::string& dir, int r, const std::string& name, cons
 }
 template <class Read>
 auto with_rank_file(const std::string& dir, const SetListing& l, int r, Read read) {
+  if (l.named) {
+    const SetIdentity& set = *l.named;
+    return with_rank_file(dir, r, tagged_name(r, set), RankFileName{r, set.world, set.workers, set.step, set.tag, true},
+                          read);
+  }
   const auto& [name, f] = l.ranks[static_cast<std::size_t>(r)];
   return with_rank_file(dir, r, name, f, read);
 }
@@ -484,6 +496,74 @@ std::optional<Snapshot> read_by_manifest(const std::string& dir, const SetIdenti
   if (::stat((fs::path(dir) / name).c_str(), &st) != 0) return std::nullopt;
   const RankFileName f{r, set.world, set.workers, set.step, set.tag, true};
   return with_rank_file(dir, r, name, f, read_named);
+}
+
+// ---- the set index -------------------------------------------------------------------------------
+// `set.dpipe-index` holds every rank's node records in one small file (serialize/set_index.hpp), so a
+// rescale reads it and the element lists it is dealt instead of every rank's state index. The write that
+// completes a set builds it from the rank files, before the manifest; a reader uses it only beside a
+// manifest that names its set, and it goes whenever the manifest goes. A rank file rewritten while the
+// index was built from it (a rank writing the same step again) is caught by the stamps below.
+
+/// What a rank file was when the index was built from it: a rewrite renames another file into place.
+struct FileStamp {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  std::int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+std::optional<FileStamp> stamp_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileStamp{st.st_dev, st.st_ino, st.st_size, std::int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
+/// Builds the index of `set`, complete in `dir`, from its rank files' state indexes and writes it; returns
+/// the files' stamps, or nullopt when no index was written (a file gone, changed or without a state
+/// index: the set's readers then read the rank files, as without an index).
+std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, const SetIdentity& set,
+                                                      Durability durability = Durability::each_write) {
+  try {
+    detail::SetIndexWriter index(manifest_text(set));
+    std::vector<FileStamp> stamps;
+    stamps.reserve(static_cast<std::size_t>(set.world));
+    for (int r = 0; r < set.world; ++r) {
+      const std::string path = (fs::path(dir) / tagged_name(r, set)).string();
+      const auto stamp = stamp_of(path);
+      if (!stamp) return std::nullopt;
+      const auto plan = detail::read_snapshot_plan(path);
+      if (!plan) return std::nullopt;
+      check_named(plan->meta, RankFileName{r, set.world, set.workers, set.step, set.tag, true});
+      index.add_rank(*plan, static_cast<std::uint32_t>(r));
+      stamps.push_back(*stamp);
+    }
+    write_file_atomically(index_path(dir), index.finish(), {.durability = durability});
+    return stamps;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+/// Removes `dir`'s set index, durably.
+void drop_index(const std::string& dir) {
+  const std::string path = index_path(dir);
+  if (::unlink(path.c_str()) == 0) detail::fsync_directory(dir, path);
+  else if (errno != ENOENT) throw SnapshotError("cannot remove the set index '" + path + "': " + std::strerror(errno));
+}
+
+/// Writes the index and the manifest of `set`, complete in `dir` (write_manifest); the index is removed
+/// again when a rank file changed while it was built.
+void write_index_and_manifest(const std::string& dir, const SetIdentity& set) {
+  const auto stamps = write_set_index(dir, set);
+  write_manifest(dir, set);
+  if (!stamps) return;
+  for (int r = 0; r < set.world; ++r)
+    if (stamp_of((fs::path(dir) / tagged_name(r, set)).string()) != (*stamps)[static_cast<std::size_t>(r)]) {
+      drop_index(dir);
+      return;
+    }
 }
 
 [[noreturn]] void refuse_layout(int world, int workers, const Layout& to) {
@@ -602,6 +682,23 @@ std::optional<SetPlan> read_plan(const std::string& dir, const SetListing& l) {
   return plan;
 }
 
+/// Loads the values of field `field` of `records` where they were left in the files (OldRecords::load).
+template <class Records>
+bool load_field(Records& records, const std::string& field, std::vector<detail::StoredList>& lists,
+                const std::string& dir, const SetListing& l) {
+  bool loaded = false;
+  for (NodeState& st : records)
+    for (Field& f : st.fields) {
+      if (f.name != field || f.type != FieldType::elements || f.elements.loaded()) continue;
+      detail::StoredList& list = lists.at(f.elements.ranges.front().list);
+      if (!list.loaded) load_list(list, dir, l);
+      f.elements.offsets = list.loaded->offsets;
+      f.elements.data = list.loaded->data;
+      loaded = true;
+    }
+  return loaded;
+}
+
 /// The records of a plan, decoded from the kept state indexes one node at a time: the previous node's
 /// records are dropped when the next one's are asked for.
 class PlanRecords final : public OldRecords {
@@ -635,19 +732,7 @@ class PlanRecords final : public OldRecords {
     for (const NodeState& st : decoded_) place_record(by_instance_, st);
     return by_instance_;
   }
-  bool load(const std::string& field) override {
-    bool loaded = false;
-    for (NodeState& st : decoded_)
-      for (Field& f : st.fields) {
-        if (f.name != field || f.type != FieldType::elements || f.elements.loaded()) continue;
-        detail::StoredList& list = plan_.lists.at(f.elements.ranges.front().list);
-        if (!list.loaded) load_list(list, dir_, listing_);
-        f.elements.offsets = list.loaded->offsets;
-        f.elements.data = list.loaded->data;
-        loaded = true;
-      }
-    return loaded;
-  }
+  bool load(const std::string& field) override { return load_field(decoded_, field, plan_.lists, dir_, listing_); }
 
  private:
   SetPlan& plan_;
@@ -666,6 +751,75 @@ std::vector<Snapshot> rescale_plan(SetPlan& plan, const std::string& dir, const 
   PlanRecords old(plan, dir, l);
   return rescale_records(plan.files.front().meta, static_cast<int>(plan.files.size()), old, world_size, num_workers,
                          first, end);
+}
+
+/// The records of a set index, decoded one node at a time (the previous node's are dropped).
+class IndexRecords final : public OldRecords {
+ public:
+  IndexRecords(const detail::SetIndex& index, std::vector<detail::StoredList>& lists, const std::string& dir,
+               const SetListing& l)
+      : index_(index), lists_(lists), dir_(dir), listing_(l) {}
+  const std::vector<std::string>& keys() const override { return index_.keys(); }
+  const std::map<std::uint32_t, const NodeState*>& records(const std::string& key) override {
+    by_instance_.clear();
+    decoded_.clear();
+    const auto& keys = index_.keys();
+    const auto k = static_cast<std::size_t>(std::find(keys.begin(), keys.end(), key) - keys.begin());
+    try {
+      decoded_ = index_.records(k, lists_);
+    } catch (const SnapshotError& e) {
+      throw SnapshotError("snapshot set '" + dir_ + "', its index '" + index_path(dir_) + "': " + e.what());
+    }
+    for (const NodeState& st : decoded_) place_record(by_instance_, st);
+    return by_instance_;
+  }
+  bool load(const std::string& field) override { return load_field(decoded_, field, lists_, dir_, listing_); }
+
+ private:
+  const detail::SetIndex& index_;
+  std::vector<detail::StoredList>& lists_;
+  const std::string& dir_;
+  const SetListing& listing_;
+  std::vector<NodeState> decoded_;
+  std::map<std::uint32_t, const NodeState*> by_instance_;
+};
+
+/// The index of the set `set` (its manifest) in `dir`, or nullopt when there is none that names it.
+std::optional<detail::SetIndex> read_set_index(const std::string& dir, const SetIdentity& set) {
+  std::string bytes;
+  try {
+    const RegularFile file(index_path(dir), FileRole::snapshot);  // no device opened, no FIFO waited on
+    bytes = file.read_all();
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  auto index = detail::SetIndex::parse(std::move(bytes), manifest_text(set));
+  if (!index || index->world() != static_cast<std::uint32_t>(set.world)) return std::nullopt;
+  return index;
+}
+
+/// Rank `to.rank`'s snapshot of the set its manifest names (`set`) rescaled to `to`, from the set's index,
+/// rank 0's metadata and the element lists dealt to this rank: no listing, no other rank's state index.
+/// nullopt when the set has no index naming it, or rank 0's file is not there (the set is then listed).
+std::optional<Snapshot> read_rescaled_by_index(const std::string& dir, const SetIdentity& set, const Layout& to) {
+  const auto index = read_set_index(dir, set);
+  if (!index) return std::nullopt;
+  SetListing l;
+  l.world = set.world;
+  l.named = set;
+  if (!stamp_of((fs::path(dir) / tagged_name(0, set)).string())) return std::nullopt;
+  const auto first = with_rank_file(dir, l, 0, [&](const std::string& path, const RankFileName& f) {
+    auto p = detail::read_snapshot_plan(path);
+    if (p) check_named(p->meta, f);
+    return p;
+  });
+  if (!first) return std::nullopt;
+  std::vector<detail::StoredList> lists;
+  IndexRecords old(*index, lists, dir, l);
+  Snapshot out =
+      std::move(rescale_records(first->meta, set.world, old, to.world_size, to.num_workers, to.rank, to.rank + 1).front());
+  load_ranges(out, lists, dir, l);
+  return out;
 }
 
 /// Rank `to.rank`'s snapshot of a listed set rescaled to `to`, reading the set's plan and, of the long
@@ -747,7 +901,7 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   remove_older_files(dir, s.meta.layout.world_size, written, counter, set);
   // The write that completes the set writes its manifest; any other removes one that names another set
   // (a rank that found the set before complete may have written it after this rank's first removal).
-  if (counter.complete()) write_manifest(dir, set);
+  if (counter.complete()) write_index_and_manifest(dir, set);
   else drop_manifest_unless(dir, set);
 }
 
@@ -762,7 +916,7 @@ void SnapshotSet::write_dir(const std::string& dir) const {
   const SetIdentity set = identity_of(ranks_.front().meta);
   SetFileCounter counter(set);
   remove_older_files(dir, world_size(), written, counter, set);  // one listing for the whole set
-  if (counter.complete()) write_manifest(dir, set);
+  if (counter.complete()) write_index_and_manifest(dir, set);
 }
 
 const Snapshot& SnapshotSet::rank(int r) const {
@@ -813,6 +967,11 @@ Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool r
   if (const auto set = read_manifest(dir);
       set && set->world == to.world_size && set->workers == to.num_workers && to.rank >= 0 && to.rank < set->world)
     if (auto s = read_by_manifest(dir, *set, to.rank)) return std::move(*s);
+  // A manifest of another layout, for a rescale: the set's index, and no listing.
+  if (const auto set = read_manifest(dir);
+      set && rescale && (set->world != to.world_size || set->workers != to.num_workers) &&
+      Layout{0, to.world_size, to.num_workers}.possible() && to.rank >= 0 && to.rank < to.world_size)
+    if (auto s = read_rescaled_by_index(dir, *set, to)) return std::move(*s);
   const SetListing l = list_set(dir);
   if (l.all_tagged) {
     // The names say it all: one snapshot (one step and tag on every rank), and its layout.
@@ -946,6 +1105,7 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
       b = Batch{};  // freed before the next batch is planned
       next = plan_batch(end);
     }
+    write_set_index(staging.string(), *new_set, Durability::by_caller);
     write_file_atomically((staging / kManifestName).string(), manifest_text(*new_set),
                           {.durability = Durability::by_caller});
     sync_file_system(staging.string());

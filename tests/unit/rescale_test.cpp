@@ -304,12 +304,13 @@ void write_set(const P& p, const std::string& dir, int world, int workers, int t
 }
 
 constexpr const char* kManifest = "set.dpipe-manifest";
+constexpr const char* kIndex = "set.dpipe-index";
 
 /// The names in `dir`, but for the set's manifest.
 std::vector<std::string> names_in(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename() != kManifest) out.push_back(e.path().filename().string());
+    if (e.path().filename() != kManifest && e.path().filename() != kIndex) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
 }
