@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/codec.hpp"
@@ -536,7 +537,7 @@ std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, co
       const auto plan = detail::read_snapshot_plan(path);
       if (!plan) return std::nullopt;
       check_named(plan->meta, RankFileName{r, set.world, set.workers, set.step, set.tag, true});
-      index.add_rank(*plan, static_cast<std::uint32_t>(r));
+      index.add_rank(*plan, static_cast<std::uint32_t>(r), path);
       stamps.push_back(*stamp);
     }
     write_file_atomically(index_path(dir), index.finish(), {.durability = durability});
@@ -586,6 +587,20 @@ class OldRecords {
     (void)field;
     return false;
   }
+  /// The records of node `key` as columns, when they are kept so (a set index); else nullptr and the
+  /// driver asks for records().
+  virtual const OldColumns* columns(const std::string& key) {
+    (void)key;
+    return nullptr;
+  }
+  /// Node `key`'s kind, for the columns of a node (records say it themselves).
+  virtual std::string kind(const std::string& key) {
+    (void)key;
+    return {};
+  }
+  /// Makes the element ranges of the new records `out` of the node last given refer to lists that outlive
+  /// it (columns number their lists per node).
+  virtual void resolve(std::vector<NodeState>& out) { (void)out; }
 };
 
 [[noreturn]] void refuse(const std::string& msg) { throw SnapshotError("cannot rescale: " + msg); }
@@ -753,35 +768,65 @@ std::vector<Snapshot> rescale_plan(SetPlan& plan, const std::string& dir, const 
                          first, end);
 }
 
-/// The records of a set index, decoded one node at a time (the previous node's are dropped).
+/// The records of a set index as columns, decoded one node at a time (the previous node's are dropped);
+/// the lists the new records are dealt join `lists`, where load_ranges finds them.
 class IndexRecords final : public OldRecords {
  public:
   IndexRecords(const detail::SetIndex& index, std::vector<detail::StoredList>& lists, const std::string& dir,
                const SetListing& l)
       : index_(index), lists_(lists), dir_(dir), listing_(l) {}
   const std::vector<std::string>& keys() const override { return index_.keys(); }
-  const std::map<std::uint32_t, const NodeState*>& records(const std::string& key) override {
-    by_instance_.clear();
-    decoded_.clear();
+  const std::map<std::uint32_t, const NodeState*>& records(const std::string&) override { return none_; }
+  const OldColumns* columns(const std::string& key) override {
     const auto& keys = index_.keys();
     const auto k = static_cast<std::size_t>(std::find(keys.begin(), keys.end(), key) - keys.begin());
+    node_.reset();
+    resolved_.clear();
     try {
-      decoded_ = index_.records(k, lists_);
+      node_ = index_.node(k);
     } catch (const SnapshotError& e) {
       throw SnapshotError("snapshot set '" + dir_ + "', its index '" + index_path(dir_) + "': " + e.what());
     }
-    for (const NodeState& st : decoded_) place_record(by_instance_, st);
-    return by_instance_;
+    return node_.get();
   }
-  bool load(const std::string& field) override { return load_field(decoded_, field, lists_, dir_, listing_); }
+  std::string kind(const std::string&) override { return node_->kind(); }
+  bool load(const std::string& field) override {
+    const auto ids = node_->lists_to_load(field);
+    for (const std::uint64_t id : ids) {
+      auto& l = node_->lists()[id];
+      const detail::StoredList where{.file = l.rank, .tag = node_->tag_of_list(id), .count = l.count, .stored = true,
+                                     .offset = l.offset, .bytes = l.bytes, .crc = l.crc};
+      l.loaded = std::make_shared<const ElementBlobs>(with_rank_file(
+          dir_, listing_, static_cast<int>(l.rank),
+          [&](const std::string& path, const RankFileName&) { return detail::load_stored_list(path, where); }));
+    }
+    return !ids.empty();
+  }
+  void resolve(std::vector<NodeState>& out) override {
+    for (NodeState& st : out)
+      for (Field& f : st.fields)
+        for (ElementRange& range : f.elements.ranges) {
+          const auto [it, added] = resolved_.emplace(range.list, lists_.size());
+          if (added) {
+            const auto& l = node_->lists().at(range.list);
+            detail::StoredList entry{.file = l.rank, .tag = node_->tag_of_list(range.list), .count = l.count,
+                                     .stored = !l.values_here && !l.loaded, .offset = l.offset, .bytes = l.bytes,
+                                     .crc = l.crc};
+            if (!entry.stored) entry.loaded = std::make_unique<ElementBlobs>(node_->values(range.list));
+            lists_.push_back(std::move(entry));
+          }
+          range.list = it->second;
+        }
+  }
 
  private:
   const detail::SetIndex& index_;
   std::vector<detail::StoredList>& lists_;
   const std::string& dir_;
   const SetListing& listing_;
-  std::vector<NodeState> decoded_;
-  std::map<std::uint32_t, const NodeState*> by_instance_;
+  std::unique_ptr<detail::IndexNode> node_;
+  std::unordered_map<std::uint64_t, std::uint64_t> resolved_;  // the node's list numbers → lists_
+  std::map<std::uint32_t, const NodeState*> none_;
 };
 
 /// The index of the set `set` (its manifest) in `dir`, or nullopt when there is none that names it.
@@ -1162,28 +1207,55 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
 
   std::vector<std::vector<NodeState>> per_rank(static_cast<std::size_t>(world_size));
 
+  // Hands node `key`'s records of old slots 0 … slots−1 to `in` (slot i's record is that of instance
+  // instance_of(i)), from columns or records; refuses a missing or extra one. The message names what the
+  // records are counted on.
+  const auto gather = [&](RescaleInput& in, const std::string& key, std::size_t slots, auto instance_of, auto missing) {
+    in.key = key;
+    if (const OldColumns* columns = old_records.columns(key)) {
+      if (columns->size() > slots)
+        refuse("node '" + key + "' has " + std::to_string(columns->size()) + " records, expected " + std::to_string(slots));
+      for (std::size_t i = 0; i < slots; ++i)
+        if (i >= columns->size() || columns->instance(i) != instance_of(i)) refuse(missing(columns->size()));
+      in.columns = columns;
+      in.kind = old_records.kind(key);
+      in.mode = columns->mode(0);
+      return;
+    }
+    const auto& records = old_records.records(key);
+    for (std::size_t i = 0; i < slots; ++i) {
+      const auto it = records.find(static_cast<std::uint32_t>(instance_of(i)));
+      if (it == records.end()) refuse(missing(records.size()));
+      in.old.push_back(it->second);
+    }
+    in.kind = in.old.front()->kind;
+    if (records.size() != slots)
+      refuse("node '" + key + "' has " + std::to_string(records.size()) + " records, expected " + std::to_string(slots));
+    for (const NodeState* st : in.old)
+      for (const auto& f : st->fields)
+        if (f.name == "deferred_failure") refuse("node '" + key + "' had failed: " + f.s);
+    in.mode = in.old.front()->mode;
+  };
+
   // The consumers' buffers, one record per rank (instance = rank): pooled and dealt to the new ranks.
   {
     const auto& keys = old_records.keys();
     if (std::find(keys.begin(), keys.end(), "run") == keys.end()) refuse("the snapshots do not hold one run record per rank");
-    const auto& run_records = old_records.records("run");
-    if (run_records.size() != static_cast<std::size_t>(from.world_size))
-      refuse("the snapshots do not hold one run record per rank");
     RescaleInput in{{}, from, to, true, nullptr, rank_begin, rank_end};
-    for (const auto& [instance, st] : run_records) in.old.push_back(st);
-    const auto old = in.read<RunRecord>();
-    const auto dealt = in.deal(rescale::lists(old, &RunRecord::pending));
+    gather(in, "run", static_cast<std::size_t>(from.world_size), [](std::size_t r) { return std::uint32_t(r); },
+           [](std::size_t) { return std::string("the snapshots do not hold one run record per rank"); });
+    in.check_fields<RunRecord>();
+    const auto dealt = in.deal_fields({"pending"});
     std::vector<RunRecord> out(dealt.size());
     for (std::size_t r = 0; r < out.size(); ++r) out[r].pending = dealt[r];
     auto records = in.write(out);
+    old_records.resolve(records);
     for (std::size_t r = 0; r < records.size(); ++r)
       if (wanted(r)) per_rank[r].push_back(std::move(records[r]));
   }
 
   for (const auto& key : old_records.keys()) {
     if (key == "run") continue;
-    const auto& records = old_records.records(key);
-    const NodeState& first = *records.begin()->second;
     const auto g = graph.find(key);
     const GraphNodeRecord* node = g == graph.end() ? nullptr : g->second;
     // A node outside the graph is the engine's own (the merge a pipeline without one ends in): once per rank.
@@ -1191,27 +1263,20 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     RescaleInput in{{}, from, to, once_per_rank, node, rank_begin, rank_end};
     const auto workers = static_cast<std::uint32_t>(from.num_workers);
     const std::size_t slots = static_cast<std::size_t>(once_per_rank ? from.world_size : from.instances());
-    for (std::size_t i = 0; i < slots; ++i) {
-      const std::uint32_t instance = once_per_rank ? static_cast<std::uint32_t>(i) * workers : static_cast<std::uint32_t>(i);
-      const auto it = records.find(instance);
-      if (it == records.end())
-        refuse("node '" + key + "' has records on " + std::to_string(records.size()) + " of " + std::to_string(slots) +
-               (once_per_rank ? " ranks" : " instances") +
-               (node && node->segment.empty() ? " (the snapshots do not record which nodes run once per rank; they "
-                                                "were written by an older dpipe: take them again to rescale)"
-                                              : ""));
-      in.old.push_back(it->second);
-    }
-    if (records.size() != slots)
-      refuse("node '" + key + "' has " + std::to_string(records.size()) + " records, expected " + std::to_string(slots));
-    for (const NodeState* s : in.old)
-      for (const auto& f : s->fields)
-        if (f.name == "deferred_failure") refuse("node '" + key + "' had failed: " + f.s);
+    gather(in, key, slots,
+           [&](std::size_t i) { return once_per_rank ? static_cast<std::uint32_t>(i) * workers : static_cast<std::uint32_t>(i); },
+           [&](std::size_t found) {
+             return "node '" + key + "' has records on " + std::to_string(found) + " of " + std::to_string(slots) +
+                    (once_per_rank ? " ranks" : " instances") +
+                    (node && node->segment.empty() ? " (the snapshots do not record which nodes run once per rank; they "
+                                                     "were written by an older dpipe: take them again to rescale)"
+                                                   : "");
+           });
 
     std::vector<NodeState> out;
-    if (first.mode == StateMode::stateless) {
+    if (in.mode == StateMode::stateless) {
       out = RescaleRule::replicated().apply(in);
-    } else if (const KindInfo* kind = find_kind(first.kind)) {
+    } else if (const KindInfo* kind = find_kind(in.kind)) {
       for (;;) {  // a rule that reads values a plan left in the files has them loaded, and deals again
         try {
           out = kind->rescale.apply(in);
@@ -1224,8 +1289,9 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
       in.refuse("its kind is not registered, so no rescale rule is known for it");
     }
     if (out.size() != in.new_slots())
-      refuse("the rule of node '" + key + "' (" + first.kind + ") made " + std::to_string(out.size()) +
+      refuse("the rule of node '" + key + "' (" + in.kind + ") made " + std::to_string(out.size()) +
              " records for " + std::to_string(in.new_slots()) + " new slots");
+    old_records.resolve(out);
     for (std::size_t j = 0; j < out.size(); ++j) {
       const std::size_t rank = once_per_rank ? j : j / static_cast<std::size_t>(num_workers);
       out[j].instance = static_cast<std::uint32_t>(once_per_rank ? j * static_cast<std::size_t>(num_workers) : j);

@@ -4,6 +4,7 @@
 /// hands a rule the records of every old instance of one node together and places what it returns. The
 /// driver never names a kind or a field: rules read and write records through the kind's own `fields`
 /// visitor, instantiated on ElementBlobs so that elements stay encoded.
+#include <algorithm>
 #include <charconv>
 #include <cstddef>
 #include <optional>
@@ -18,9 +19,53 @@
 
 namespace dpipe {
 
+namespace rescale {
+/// Every slot is kept (deal's default).
+struct AllSlots {
+  bool operator()(std::size_t) const { return true; }
+};
+/// A `fields` visitor that lists the names of a state's fields.
+struct FieldNames {
+  std::vector<std::string> names;
+  template <class T>
+  void operator()(std::string_view name, T&) {
+    names.emplace_back(name);
+  }
+};
+}  // namespace rescale
+
+/// The old records of one node as columns (a rescale from a set index, serialize/set_index.hpp): a rule
+/// reads them as it reads records (RescaleInput::read), and no record is built that no rule reads.
+class OldColumns {
+ public:
+  virtual ~OldColumns() = default;
+  /// Old slots, in slot order (by instance).
+  virtual std::size_t size() const = 0;
+  virtual std::uint32_t instance(std::size_t i) const = 0;
+  virtual StateMode mode(std::size_t i) const = 0;
+  /// Slot i's fields, as a StateReader reads them (one slot's at a time).
+  virtual const FieldSource& fields(std::size_t i) const = 0;
+  /// Whether the records have a field of this name.
+  virtual bool has_field(std::string_view name) const = 0;
+  /// Column `k` by name, without reading a record: its position, or −1 when no record has it.
+  virtual std::ptrdiff_t column(std::string_view name) const = 0;
+  /// Whether slot i's record has field k; its value (0, "" or an empty list when it has none).
+  virtual bool has(std::size_t i, std::size_t k) const = 0;
+  virtual std::uint64_t number(std::size_t i, std::size_t k) const = 0;  // u64, or i64's bits
+  virtual std::string_view text(std::size_t i, std::size_t k) const = 0;
+  virtual std::uint64_t list_size(std::size_t i, std::size_t k) const = 0;
+  /// Slot i's list k: its elements, or ranges of them for the driver to load.
+  virtual ElementBlobs list(std::size_t i, std::size_t k) const = 0;
+  /// Column k's element tag.
+  virtual const std::string& tag(std::size_t k) const = 0;
+  virtual std::size_t column_count() const = 0;
+  virtual const std::string& column_name(std::size_t k) const = 0;
+};
+
 /// The records of one node on every old instance, in order, and the old and new layouts (rank unused).
 /// A node that runs once per rank (before dispatch, after merge) has one record per rank ("slot" = rank);
-/// any other has one per instance (slot = rank × workers + worker).
+/// any other has one per instance (slot = rank × workers + worker). The records are in memory (`old`) or
+/// columns of a set index (`columns`); a rule reads them through read(), record() and has_field().
 struct RescaleInput {
   std::vector<const NodeState*> old;
   Layout from, to;
@@ -29,6 +74,30 @@ struct RescaleInput {
   /// The new ranks whose records are wanted: [wanted_begin, wanted_end), or every rank from wanted_begin on
   /// when wanted_end is negative. A rank resuming from a set wants its own; an offline rescale, a batch.
   int wanted_begin = 0, wanted_end = -1;
+  const OldColumns* columns = nullptr;  // instead of `old`
+  std::string key{}, kind{};            // the node's (when empty: those of old.front())
+  StateMode mode = StateMode::hook;     // the node's (old.front()'s when `old` is given)
+
+  const std::string& node_key() const { return key.empty() && !old.empty() ? old.front()->key : key; }
+  const std::string& node_kind() const { return kind.empty() && !old.empty() ? old.front()->kind : kind; }
+  StateMode node_mode() const { return columns || old.empty() ? mode : old.front()->mode; }
+
+  /// How many old slots there are.
+  std::size_t old_slots() const { return columns ? columns->size() : old.size(); }
+  /// Whether the node's records have a field `name`.
+  bool has_field(std::string_view name) const {
+    if (columns) return columns->has_field(name);
+    const auto& fields = old.front()->fields;
+    return std::any_of(fields.begin(), fields.end(), [&](const Field& f) { return f.name == name; });
+  }
+  /// Old slot i's record, whole.
+  NodeState record(std::size_t i) const {
+    if (!columns) return *old[i];
+    NodeState s{node_key(), node_kind(), columns->instance(i), columns->mode(i), {}};
+    const FieldSource& src = columns->fields(i);
+    for (std::size_t k = 0; k < src.field_count(); ++k) s.fields.push_back(src.field(k));
+    return s;
+  }
 
   std::size_t new_slots() const {
     return static_cast<std::size_t>(once_per_rank ? to.world_size : to.instances());
@@ -41,17 +110,78 @@ struct RescaleInput {
   }
   /// Throws the SnapshotError of a refused rescale, naming this node.
   [[noreturn]] void refuse(const std::string& why) const {
-    throw SnapshotError("cannot rescale: node '" + old.front()->key + "' (" + old.front()->kind + "): " + why);
+    throw SnapshotError("cannot rescale: node '" + node_key() + "' (" + node_kind() + "): " + why);
   }
+
+  /// Columns of the old records, one value per old slot, read without building any record: the sizes of
+  /// list field `name`, the values of u64 field `name` (0 where a record has no such field), of str field
+  /// `name` ("" where none).
+  std::vector<std::uint64_t> list_sizes(std::string_view name) const {
+    return column_values<std::uint64_t>(name, [](const Field& f) { return std::uint64_t(f.elements.size()); },
+                                        [&](std::size_t i, std::size_t k) { return columns->list_size(i, k); });
+  }
+  std::vector<std::uint64_t> numbers(std::string_view name) const {
+    return column_values<std::uint64_t>(name, [](const Field& f) { return f.u; },
+                                        [&](std::size_t i, std::size_t k) { return columns->number(i, k); });
+  }
+  std::vector<std::string> texts(std::string_view name) const {
+    return column_values<std::string>(name, [](const Field& f) { return f.s; },
+                                      [&](std::size_t i, std::size_t k) { return std::string(columns->text(i, k)); });
+  }
+
+  /// Checks that the old records are states `S` (`prototype` with every optional field present: a
+  /// dispatcher's, say, as on the worker that owns it), for a rule that reads them by columns: records in
+  /// memory are each read whole, as read() does; columns must all be fields of S.
+  template <class S>
+  void check_fields(S prototype = S{}) const {
+    if (!columns) {
+      (void)read<S>(prototype);
+      return;
+    }
+    rescale::FieldNames visit;
+    prototype.fields(visit);
+    for (std::size_t k = 0; k < columns->column_count(); ++k)
+      if (std::find(visit.names.begin(), visit.names.end(), columns->column_name(k)) == visit.names.end())
+        refuse("its records have a field '" + columns->column_name(k) + "' that its state does not have");
+  }
+
+  /// Old slot i's record read into `state` by its `fields` visitor.
+  template <class S>
+  S read_one(std::size_t i, S state = S{}) const {
+    if (columns) {
+      StateReader r(node_key(), columns->instance(i), columns->fields(i));
+      r.read(state);
+      r.finish();
+    } else {
+      StateReader r(*old[i]);
+      r.read(state);
+      r.finish();
+    }
+    return state;
+  }
+
+  /// The element lists `fields` of the old records pooled in slot order (per slot, the fields in the
+  /// order given; a record without one adds nothing; slots for which `include(i)` is false add nothing)
+  /// and dealt like deal(): only the parts of wanted slots are filled, and only the lists they take
+  /// elements from are read, so a node's lists are never all built.
+  template <class Include = rescale::AllSlots>
+  std::vector<ElementBlobs> deal_fields(const std::vector<std::string>& fields, std::size_t per_slot = 1,
+                                        Include include = {}) const;
 
   /// Every old record read into a state struct `S` by its `fields` visitor (the node's own names and order).
   template <class S>
   std::vector<S> read(const S& prototype = S{}) const {
-    std::vector<S> out(old.size(), prototype);  // a prototype sizes per-worker lists before they are read
-    for (std::size_t i = 0; i < old.size(); ++i) {
-      StateReader r(*old[i]);
-      r.read(out[i]);
-      r.finish();
+    std::vector<S> out(old_slots(), prototype);  // a prototype sizes per-worker lists before they are read
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (columns) {
+        StateReader r(node_key(), columns->instance(i), columns->fields(i));
+        r.read(out[i]);
+        r.finish();
+      } else {
+        StateReader r(*old[i]);
+        r.read(out[i]);
+        r.finish();
+      }
     }
     return out;
   }
@@ -72,12 +202,31 @@ struct RescaleInput {
   /// new slot (merge deals to every worker of a rank): the parts of wanted slots only are filled.
   std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t per_slot = 1) const;
 
+  /// One value per old slot of field `name`: `of_field` of a record's field, `of_column(i, k)` of a column.
+  template <class V, class OfField, class OfColumn>
+  std::vector<V> column_values(std::string_view name, OfField of_field, OfColumn of_column) const {
+    std::vector<V> out(old_slots());
+    if (columns) {
+      const std::ptrdiff_t k = columns->column(name);
+      if (k >= 0)
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = of_column(i, static_cast<std::size_t>(k));
+      return out;
+    }
+    for (std::size_t i = 0; i < out.size(); ++i)
+      for (const Field& f : old[i]->fields)
+        if (f.name == name) {
+          out[i] = of_field(f);
+          break;
+        }
+    return out;
+  }
+
   /// A record of this node for new slot `j`, with no fields yet.
   NodeState empty_record(std::size_t j) const {
     NodeState s;
-    s.key = old.front()->key;
-    s.kind = old.front()->kind;
-    s.mode = old.front()->mode;
+    s.key = node_key();
+    s.kind = node_kind();
+    s.mode = node_mode();
     s.instance = static_cast<std::uint32_t>(j);
     return s;
   }
@@ -118,9 +267,10 @@ class RescaleRule {
     if (deal_) return deal_(in);
     std::vector<NodeState> out;
     out.resize(in.new_slots());
+    const NodeState first = in.record(0);
     for (std::size_t j = 0; j < out.size(); ++j) {
       if (!in.wanted(j)) continue;
-      out[j] = *in.old.front();
+      out[j] = first;
       out[j].instance = static_cast<std::uint32_t>(j);
     }
     return out;
@@ -142,11 +292,6 @@ inline constexpr const char* kReadInFull =
 inline constexpr const char* kNotDealt =
     "it keeps state that cannot be dealt to another layout; rescalable pipelines read through a sampler and use "
     "shuffle, batch, flat_map and stateless nodes";
-
-/// Every slot is kept (deal's default).
-struct AllSlots {
-  bool operator()(std::size_t) const { return true; }
-};
 
 /// Pools element lists (in order) and deals them in contiguous runs: of N pooled elements, slot j gets
 /// elements [N·j/n, N·(j+1)/n). Slots differ by at most one element, and each takes its elements from as
@@ -193,6 +338,66 @@ std::vector<const ElementBlobs*> lists(const std::vector<S>& states, M S::*membe
 inline std::vector<ElementBlobs> RescaleInput::deal(const std::vector<const ElementBlobs*>& lists,
                                                     std::size_t per_slot) const {
   return rescale::deal(lists, new_slots() * per_slot, [&](std::size_t k) { return wanted(k / per_slot); });
+}
+
+template <class Include>
+std::vector<ElementBlobs> RescaleInput::deal_fields(const std::vector<std::string>& fields, std::size_t per_slot,
+                                                    Include include) const {
+  const std::size_t n_old = old_slots(), per_old = fields.size(), parts = new_slots() * per_slot;
+  // The pooled index where each (slot, field) list ends, in pool order; and the lists' tag.
+  std::vector<std::uint64_t> ends;
+  ends.reserve(n_old * per_old);
+  std::vector<std::ptrdiff_t> column_of(per_old, -1);
+  std::string tag;
+  if (columns)
+    for (std::size_t f = 0; f < per_old; ++f) {
+      column_of[f] = columns->column(fields[f]);
+      if (column_of[f] < 0) continue;
+      const std::string& t = columns->tag(static_cast<std::size_t>(column_of[f]));
+      if (!tag.empty() && t != tag) throw SnapshotError("cannot rescale: elements of types " + tag + " and " + t + " in one list");
+      tag = t;
+    }
+  const auto field_of = [&](std::size_t i, std::size_t f) -> const Field* {
+    for (const Field& x : old[i]->fields)
+      if (x.name == fields[f]) return &x;
+    return nullptr;
+  };
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < n_old; ++i)
+    for (std::size_t f = 0; f < per_old; ++f) {
+      if (include(i)) {
+        if (columns) {
+          if (column_of[f] >= 0) total += columns->list_size(i, static_cast<std::size_t>(column_of[f]));
+        } else if (const Field* x = field_of(i, f)) {
+          if (!tag.empty() && x->elements.tag != tag)
+            throw SnapshotError("cannot rescale: elements of types " + tag + " and " + x->elements.tag + " in one list");
+          tag = x->elements.tag;
+          total += x->elements.size();
+        }
+      }
+      ends.push_back(total);
+    }
+  std::vector<ElementBlobs> out(parts);
+  for (auto& b : out) b.tag = tag;
+  if (parts == 0) return out;
+  // Part p takes pooled elements [start(p), start(p + 1)) (as rescale::deal), read from the lists they lie in.
+  const auto start = [&](std::size_t p) { return total / parts * p + total % parts * p / parts; };
+  for (std::size_t p = 0; p < parts; ++p) {
+    if (!wanted(p / per_slot)) continue;
+    std::uint64_t at = start(p);
+    const std::uint64_t end = start(p + 1);
+    auto idx = static_cast<std::size_t>(std::upper_bound(ends.begin(), ends.end(), at) - ends.begin());
+    for (; at < end; ++idx) {
+      const std::uint64_t list_begin = idx ? ends[idx - 1] : 0, take_end = std::min(end, ends[idx]);
+      if (take_end <= at) continue;
+      const std::size_t i = idx / per_old, f = idx % per_old;
+      const auto begin = static_cast<std::size_t>(at - list_begin), stop = static_cast<std::size_t>(take_end - list_begin);
+      if (columns) out[p].append_from(columns->list(i, static_cast<std::size_t>(column_of[f])), begin, stop);
+      else out[p].append_from(field_of(i, f)->elements, begin, stop);
+      at = take_end;
+    }
+  }
+  return out;
 }
 
 }  // namespace dpipe

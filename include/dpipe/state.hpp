@@ -132,9 +132,23 @@ class StateWriter {
   std::size_t used_ = 0;
 };
 
+/// Where a StateReader takes the fields of a record that is not a NodeState (a record of the columns of
+/// a set index, see OldColumns): field k, valid until the next call.
+class FieldSource {
+ public:
+  virtual std::size_t field_count() const = 0;
+  virtual const Field& field(std::size_t k) const = 0;
+
+ protected:
+  ~FieldSource() = default;
+};
+
 class StateReader {
  public:
-  explicit StateReader(const NodeState& in) : in_(in) {}
+  explicit StateReader(const NodeState& in) : key_(in.key), instance_(in.instance), in_(&in), count_(in.fields.size()) {}
+  /// Reads record `instance` of node `key` from `source` (which outlives the reader).
+  StateReader(const std::string& key, std::uint32_t instance, const FieldSource& source)
+      : key_(key), instance_(instance), source_(&source), count_(source.field_count()) {}
 
   template <class S>
   void read(S& state) {
@@ -203,30 +217,30 @@ class StateReader {
   }
 
   /// Whether fields remain to be read.
-  bool has_more() const { return pos_ < in_.fields.size(); }
+  bool has_more() const { return pos_ < count_; }
   /// Throws unless every field was read.
   void finish() const {
-    if (pos_ != in_.fields.size())
-      fail(std::to_string(in_.fields.size() - pos_) + " unexpected fields after '" +
-           (pos_ ? in_.fields[pos_ - 1].name : std::string("<start>")) + "'");
+    if (pos_ != count_)
+      fail(std::to_string(count_ - pos_) + " unexpected fields after '" + (pos_ ? std::string(last_name_) : std::string("<start>")) +
+           "'");
   }
-  const NodeState& record() const { return in_; }
 
   [[noreturn]] void fail(const std::string& msg) const {
-    throw SnapshotError("snapshot state of node '" + in_.key + "' (instance " + std::to_string(in_.instance) +
-                        "): " + msg);
+    throw SnapshotError("snapshot state of node '" + key_ + "' (instance " + std::to_string(instance_) + "): " + msg);
   }
 
  private:
-  std::string what() const { return "state of node '" + in_.key + "'"; }
+  std::string what() const { return "state of node '" + key_ + "'"; }
   const Field& next(std::string_view name) {
-    if (pos_ >= in_.fields.size()) fail("field '" + std::string(name) + "' is missing");
-    const Field& f = in_.fields[pos_++];
+    if (pos_ >= count_) fail("field '" + std::string(name) + "' is missing");
+    const Field& f = in_ ? in_->fields[pos_] : source_->field(pos_);
+    ++pos_;
     if (f.name != name) fail("expected field '" + std::string(name) + "', found '" + f.name + "'");
+    last_name_ = name;
     return f;
   }
   void require_loaded(const Field& f) const {
-    if (!f.elements.loaded()) throw ElementsNotLoaded(in_.key, f.name);
+    if (!f.elements.loaded()) throw ElementsNotLoaded(key_, f.name);
   }
   void expect(const Field& f, FieldType t) const {
     if (f.type != t)
@@ -234,8 +248,13 @@ class StateReader {
            std::to_string(static_cast<int>(t)));
   }
 
-  const NodeState& in_;
+  const std::string& key_;
+  std::uint32_t instance_;
+  const NodeState* in_ = nullptr;
+  const FieldSource* source_ = nullptr;
+  std::size_t count_;
   std::size_t pos_ = 0;
+  std::string_view last_name_{};
 };
 
 }  // namespace dpipe

@@ -34,6 +34,7 @@ TMP = tempfile.mkdtemp(prefix="dpipe-crash-")
 TEMPORARY = re.compile(r"^\..+\.dpipe-tmp\.\d+\.[0-9a-f]+$")
 # A rank's file in a set: rank-R-of-W.wK[.sS].TAG.dpipe (docs/snapshot-format.md).
 MANIFEST = "set.dpipe-manifest"
+INDEX = "set.dpipe-index"
 RANK_FILE = re.compile(r"^rank-(\d+)-of-(\d+)\.w\d+(?:\.s\d+)?\.[0-9a-f]{16}\.dpipe$")
 
 
@@ -223,8 +224,8 @@ def rescale():
         tally.kills += 1
         tally.alive += kill_at_random(cmd(out), window)
         names = set(os.listdir(out)) if os.path.isdir(out) else set()
-        assert not names or MANIFEST in names, f"a rescaled set without its manifest: {sorted(names)}"
-        names.discard(MANIFEST)
+        assert not names or {MANIFEST, INDEX} <= names, f"a rescaled set without its manifest or index: {sorted(names)}"
+        names -= {MANIFEST, INDEX}
         assert all(RANK_FILE.match(n) for n in names), f"unexpected files in a rescaled set: {sorted(names)}"
         ranks = {int(RANK_FILE.match(n).group(1)) for n in names}
         assert len(ranks) == len(names) and ranks in (set(), expected), f"a partial rescaled set: {sorted(names)}"
@@ -237,7 +238,7 @@ def rescale():
         partial += 0 < len(ranks) < len(expected)
         if not ranks:  # killed before the rename: the next rescale completes and clears the leftovers
             run(cmd(out))
-            assert len(os.listdir(out)) == len(expected) + 1, os.listdir(out)  # and the manifest
+            assert len(os.listdir(out)) == len(expected) + 2, os.listdir(out)  # and the manifest and index
         left = [n for n in os.listdir(TMP) if n.startswith(f".rescale-{i}.dpipe-rescale.")]
         assert not left, f"a killed rescale's directory is still there: {left}"
         shutil.rmtree(out, ignore_errors=True)

@@ -254,12 +254,12 @@ def main():
             dpipe("run", json.dumps(SAMPLED), "--rank", r, "--world-size", 2, "--workers", 2, "--take", 13,
                   "--snapshot-dir", set_dir, "--output", os.path.join(TMP, f"set-{r}.jsonl"))
         names = sorted(os.listdir(set_dir))
-        assert len(names) == 3 and names[2] == "set.dpipe-manifest", names
+        assert len(names) == 4 and names[2:] == ["set.dpipe-index", "set.dpipe-manifest"], names
         names = names[:2]
         assert all(re.fullmatch(rf"rank-{r}-of-2\.w2\.[0-9a-f]{{16}}\.dpipe", n) for r, n in enumerate(names)), names
         for r in range(2):
             files[f"set rank {r}"] = os.path.join(set_dir, names[r])
-    check("set: two ranks write rank-R-of-2.w2.TAG.dpipe and the manifest", make_set)
+    check("set: two ranks write rank-R-of-2.w2.TAG.dpipe, the index and the manifest", make_set)
 
     def manifest_as_documented():
         """The manifest line, rebuilt from the document: the set's world, workers, step and the TAG of its

@@ -125,8 +125,8 @@ struct BatchKind {
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {
       using S = BatchState<ElementBlobs>;
-      const auto old = in.read<S>();
-      const auto dealt = in.deal(rescale::lists(old, &S::partial));
+      in.check_fields<S>();
+      const auto dealt = in.deal_fields({"partial"});
       std::vector<S> out(dealt.size());
       for (std::size_t j = 0; j < out.size(); ++j) out[j].partial = dealt[j];
       return in.write(out);

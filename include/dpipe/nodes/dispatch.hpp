@@ -288,16 +288,17 @@ struct DispatchKind {
                   "taken is not recorded, so it cannot be dealt to another number of workers");
       using S = DispatchState<ElementBlobs>;
       S prototype;
+      prototype.owner = true;  // names every field (a record is read as its own owner field says)
       prototype.backlogs.resize(static_cast<std::size_t>(in.from.num_workers));
-      const auto old = in.read(prototype);
-      std::vector<const ElementBlobs*> pool;
-      for (std::size_t i = 0; i < old.size(); ++i) {
-        if (old[i].owner != (i % static_cast<std::size_t>(in.from.num_workers) == 0))
+      in.check_fields(prototype);
+      const auto owner = in.numbers("owner");
+      std::vector<std::string> backlogs;
+      for (std::size_t w = 0; w < static_cast<std::size_t>(in.from.num_workers); ++w)
+        backlogs.push_back("backlog_" + std::to_string(w));
+      for (std::size_t i = 0; i < owner.size(); ++i)
+        if ((owner[i] != 0) != (i % static_cast<std::size_t>(in.from.num_workers) == 0))
           in.refuse("the dispatcher's record is not on worker 0 of instance " + std::to_string(i));
-        if (old[i].owner)
-          for (const auto& b : old[i].backlogs) pool.push_back(&b);
-      }
-      const auto dealt = in.deal(pool);
+      const auto dealt = in.deal_fields(backlogs, 1, [&](std::size_t i) { return owner[i] != 0; });
       const auto workers = static_cast<std::size_t>(in.to.num_workers);
       std::vector<S> out(in.new_slots());
       for (std::size_t j = 0; j < out.size(); ++j) {

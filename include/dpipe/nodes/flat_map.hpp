@@ -202,18 +202,17 @@ struct FlatMapKind {
   /// for a streaming flat_map, the remainders of its expansions, each whole.
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {
-      const auto& fields = in.old.front()->fields;
-      if (std::any_of(fields.begin(), fields.end(), [](const auto& f) { return f.name == "rests"; })) {
+      if (in.has_field("rests")) {
         using R = FlatMapRestState<ElementBlobs>;
-        const auto old = in.read<R>();
-        const auto dealt = in.deal(rescale::lists(old, &R::rests));
+        in.check_fields<R>();
+        const auto dealt = in.deal_fields({"rests"});
         std::vector<R> out(dealt.size());
         for (std::size_t j = 0; j < out.size(); ++j) out[j].rests = dealt[j];
         return in.write(out);
       }
       using S = FlatMapState<ElementBlobs>;
-      const auto old = in.read<S>();
-      const auto dealt = in.deal(rescale::lists(old, &S::pending));
+      in.check_fields<S>();
+      const auto dealt = in.deal_fields({"pending"});
       std::vector<S> out(dealt.size());
       for (std::size_t j = 0; j < out.size(); ++j) out[j].pending = dealt[j];
       return in.write(out);

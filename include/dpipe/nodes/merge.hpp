@@ -244,17 +244,17 @@ struct MergeKind {
       using S = MergeState<ElementBlobs>;
       S prototype;
       prototype.lanes.resize(static_cast<std::size_t>(in.from.num_workers));
-      const auto old = in.read(prototype);
-      std::vector<const ElementBlobs*> pool;
-      for (std::size_t r = 0; r < old.size(); ++r)
-        for (std::size_t w = 0; w < old[r].lanes.size(); ++w) {
-          if (!old[r].lanes[w].failure.cause.empty())
-            in.refuse("worker " + std::to_string(w) + " of rank " + std::to_string(r) +
-                      " had failed: " + old[r].lanes[w].failure.cause);
-          pool.push_back(&old[r].lanes[w].pending);
-        }
+      in.check_fields(prototype);
+      std::vector<std::string> pending;
+      for (std::size_t w = 0; w < static_cast<std::size_t>(in.from.num_workers); ++w) {
+        const auto causes = in.texts("failure_" + std::to_string(w));
+        for (std::size_t r = 0; r < causes.size(); ++r)
+          if (!causes[r].empty())
+            in.refuse("worker " + std::to_string(w) + " of rank " + std::to_string(r) + " had failed: " + causes[r]);
+        pending.push_back("pending_" + std::to_string(w));
+      }
       const auto workers = static_cast<std::size_t>(in.to.num_workers);
-      const auto dealt = in.deal(pool, workers);
+      const auto dealt = in.deal_fields(pending, workers);
       std::vector<S> out(in.new_slots());
       for (std::size_t r = 0; r < out.size(); ++r) {
         out[r].lanes.resize(workers);

@@ -151,16 +151,17 @@ struct ShuffleKind {
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {
       using S = ShuffleState<ElementBlobs>;
-      const auto old = in.read<S>();
-      const auto dealt = in.deal(rescale::lists(old, &S::buffer));
-      bool all_done = true;
-      for (const S& s : old) all_done = all_done && s.input_done;
+      in.check_fields<S>();
+      const auto dealt = in.deal_fields({"buffer"});
+      const auto done = in.numbers("input_done");
+      const bool all_done = std::all_of(done.begin(), done.end(), [](std::uint64_t d) { return d != 0; });
       std::vector<S> out(dealt.size());
       for (std::size_t j = 0; j < out.size(); ++j) {
+        if (!in.wanted(j)) continue;
         out[j].buffer = dealt[j];
         out[j].input_done = all_done;
-        Rng::State words = old[j % old.size()].rng.state();
-        if (j >= old.size())
+        Rng::State words = in.read_one<S>(j % in.old_slots()).rng.state();
+        if (j >= in.old_slots())
           for (std::size_t w = 0; w < words.size(); ++w) words[w] ^= mix64(j * 4 + w + 1);
         out[j].rng.set_state(words);
       }
