@@ -55,6 +55,46 @@ std::size_t get_count(ByteReader& r, std::size_t min_bytes) {
 }
 std::string_view get_text(ByteReader& r) { return r.bytes(get_count(r, 1)); }
 
+constexpr std::size_t kVaried = ~std::size_t{0};
+
+// How a node's rows map to ranks and instances (the `rows` byte of a node).
+enum RowsAre : std::uint8_t {
+  kListed = 0,       // a rank column and an instance column
+  kInstances = 1,    // row i: instance i, of rank i / K (a node in every worker)
+  kRanks = 2,        // row i: rank i, instance i × K (a node once per rank)
+  kRankNumbers = 3,  // row i: rank i, instance i (the run's record)
+};
+
+/// Passes over one value of a column of type `type` (checked as it goes).
+void skip_value(ByteReader& r, FieldType type) {
+  switch (type) {
+    case FieldType::u64:
+    case FieldType::i64: get_varint(r); break;
+    case FieldType::str: get_text(r); break;
+    case FieldType::elements: {
+      const std::uint64_t count = get_varint(r);
+      const auto how = r.get<std::uint8_t>();
+      if (how == 0) {
+        if (count > r.remaining()) r.fail("a list claims more values than fit");
+        std::uint64_t total = 0;
+        for (std::uint64_t e = 0; e < count; ++e) {
+          const std::uint64_t len = get_varint(r);
+          if (len > r.remaining()) r.fail("a list value runs past the end");
+          total += len;
+        }
+        r.bytes(static_cast<std::size_t>(total));
+      } else if (how == 1) {
+        get_varint(r);
+        get_varint(r);
+        r.get<std::uint32_t>();
+      } else {
+        r.fail("a list has the flag " + std::to_string(how));
+      }
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, const std::string& path) {
@@ -63,15 +103,16 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
   for_each_located_record(plan, rank, [&](const NodeState& st, const std::vector<StoredList>& lists) {
     auto it = node_of_.find(st.key);
     if (it == node_of_.end()) {
-      nodes_.push_back({st.key, st.kind, {}, {}, {}, {}, 0});
+      nodes_.push_back({st.key, st.kind, {}, {}, {}, {}});
       it = node_of_.emplace(st.key, nodes_.size() - 1).first;
     }
     Node& n = nodes_[it->second];
     if (n.kind != st.kind)
       throw SnapshotError("set index: node '" + st.key + "' of rank " + std::to_string(rank) + " is a " + st.kind +
                           ", not a " + n.kind);
-    put_varint(n.ranks, rank);
-    put_varint(n.instances, st.instance);
+    const std::size_t before = n.ranks.size();  // the records this node had
+    n.ranks.push_back(rank);
+    n.instances.push_back(st.instance);
     n.modes.push_back(static_cast<char>(st.mode));
     // The node's columns are every field its records have, in their order: a record with fewer fields (a
     // dispatcher's record on a worker that does not own it) leaves the others absent, one with a field
@@ -87,7 +128,7 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
         k = at;
         n.columns.insert(n.columns.begin() + std::ptrdiff_t(k),
                          Column{f.name, f.type, f.type == FieldType::elements ? f.elements.tag : "", {},
-                                std::string(static_cast<std::size_t>(n.records), '\0')});
+                                std::string(before, '\0'), 0});
       }
       for (std::size_t skipped = at; skipped < k; ++skipped) n.columns[skipped].present.push_back(0);
       at = k + 1;
@@ -97,6 +138,7 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
                             std::to_string(rank) + " than on the ranks before");
       c.present.push_back(1);
       std::string& b = c.bytes;
+      const std::size_t value_begin = b.size();
       switch (f.type) {
         case FieldType::u64: put_varint(b, f.u); break;
         case FieldType::i64: put_varint(b, zigzag(f.i)); break;
@@ -126,9 +168,10 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
           break;
         }
       }
+      const std::size_t width = b.size() - value_begin;
+      c.width = value_begin == 0 ? width : c.width == width ? width : kVaried;
     }
     for (std::size_t k = at; k < n.columns.size(); ++k) n.columns[k].present.push_back(0);
-    ++n.records;
   });
 }
 
@@ -136,33 +179,54 @@ std::string SetIndexWriter::finish() {
   std::string body;
   put_text(body, identity_);
   put_varint(body, ranks_);
+  put_varint(body, workers_);
   put_varint(body, nodes_.size());
+  const std::uint64_t k_workers = workers_;
   for (const Node& n : nodes_) {
-    std::string head;
-    put_text(head, n.key);
-    put_text(head, n.kind);
-    put_varint(head, n.records);
-    put_varint(head, n.columns.size());
+    std::string b;
+    put_text(b, n.key);
+    put_text(b, n.kind);
+    const std::size_t rows = n.ranks.size();
+    put_varint(b, rows);
+    const auto all_rows = [&](auto is) {
+      for (std::size_t i = 0; i < rows; ++i)
+        if (!is(i)) return false;
+      return true;
+    };
+    if (all_rows([&](std::size_t i) { return n.instances[i] == i && n.ranks[i] == i / k_workers; })) {
+      b.push_back(static_cast<char>(kInstances));
+    } else if (all_rows([&](std::size_t i) { return n.ranks[i] == i && n.instances[i] == i * k_workers; })) {
+      b.push_back(static_cast<char>(kRanks));
+    } else if (all_rows([&](std::size_t i) { return n.ranks[i] == i && n.instances[i] == i; })) {
+      b.push_back(static_cast<char>(kRankNumbers));
+    } else {
+      b.push_back(static_cast<char>(kListed));
+      for (const auto r : n.ranks) put_varint(b, r);
+      for (const auto i : n.instances) put_varint(b, i);
+    }
+    if (!n.modes.empty() && n.modes.find_first_not_of(n.modes.front()) == std::string::npos) {
+      b.push_back(n.modes.front());
+    } else {
+      b.push_back(0);
+      b += n.modes;
+    }
+    put_varint(b, n.columns.size());
     for (const Column& c : n.columns) {
-      put_text(head, c.name);
-      head.push_back(static_cast<char>(c.type));
-      if (c.type == FieldType::elements) put_text(head, c.tag);
+      put_text(b, c.name);
+      b.push_back(static_cast<char>(c.type));
+      if (c.type == FieldType::elements) put_text(b, c.tag);
+      if (c.present.find('\0') == std::string::npos) {
+        b.push_back(1);
+      } else {
+        b.push_back(0);
+        b += c.present;
+      }
+      put_varint(b, c.width == kVaried ? 0 : c.width);
+      put_varint(b, c.bytes.size());
+      b += c.bytes;
     }
-    // Per column: 1 when every record has it, else 0 and one byte per record (1 where it has it).
-    std::vector<std::string> presence;
-    for (const Column& c : n.columns)
-      presence.push_back(c.present.find('\0') == std::string::npos ? std::string(1, '\1') : '\0' + c.present);
-    std::size_t length = head.size() + n.ranks.size() + n.instances.size() + n.modes.size();
-    for (std::size_t k = 0; k < n.columns.size(); ++k) length += presence[k].size() + n.columns[k].bytes.size();
-    put_varint(body, length);
-    body += head;
-    body += n.ranks;
-    body += n.instances;
-    body += n.modes;
-    for (std::size_t k = 0; k < n.columns.size(); ++k) {
-      body += presence[k];
-      body += n.columns[k].bytes;
-    }
+    put_varint(body, b.size());
+    body += b;
   }
   std::string out(kMagic, sizeof kMagic);
   const std::uint32_t version = kVersion, crc = crc32c(body);
@@ -181,9 +245,11 @@ std::optional<SetIndex> SetIndex::parse(std::string bytes, std::string_view iden
   try {
     ByteReader r(std::string_view(bytes).substr(kHeadBytes), "set index");
     if (get_text(r) != identity) return std::nullopt;
-    const std::uint64_t world = get_varint(r);
-    if (world == 0 || world > std::uint64_t(std::numeric_limits<std::int32_t>::max())) return std::nullopt;
+    const std::uint64_t world = get_varint(r), workers = get_varint(r);
+    constexpr auto kMaxInt = std::uint64_t(std::numeric_limits<std::int32_t>::max());
+    if (world == 0 || world > kMaxInt || workers == 0 || workers > kMaxInt) return std::nullopt;
     out.world_ = static_cast<std::uint32_t>(world);
+    out.workers_ = static_cast<std::uint32_t>(workers);
     const std::size_t nodes = get_count(r, 1);
     for (std::size_t k = 0; k < nodes; ++k) {
       const std::size_t length = get_count(r, 1);
@@ -207,119 +273,103 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
   IndexNode& n = *out;
   n.key_ = get_text(r);
   n.kind_ = get_text(r);
-  const std::size_t rows = get_count(r, 3);  // a record takes at least 3 bytes: rank, instance, mode
-  n.columns_.resize(get_count(r, 2));
+  const auto fail = [&](const std::string& what) { r.fail("node '" + n.key_ + "' " + what); };
+  const std::uint64_t row_count = get_varint(r);
+  if (row_count > std::uint64_t(world_) * workers_) fail("has more rows than the set has instances");
+  n.rows_ = static_cast<std::size_t>(row_count);
+  n.workers_ = workers_;
+  n.rows_are_ = r.get<std::uint8_t>();
+  const std::uint64_t rows = n.rows_;
+  switch (n.rows_are_) {
+    case kInstances: break;
+    case kRanks:
+    case kRankNumbers:
+      if (rows > world_) fail("has more rows than ranks");
+      break;
+    case kListed:
+      if (rows > r.remaining() / 2) fail("has more rows than fit");
+      n.rank_.resize(n.rows_);
+      n.instance_.resize(n.rows_);
+      for (auto& rank : n.rank_) {
+        const std::uint64_t v = get_varint(r);
+        if (v >= world_) fail("has a record of rank " + std::to_string(v) + " in a set of " + std::to_string(world_));
+        rank = static_cast<std::uint32_t>(v);
+      }
+      for (auto& instance : n.instance_) {
+        const std::uint64_t v = get_varint(r);
+        if (v > std::numeric_limits<std::uint32_t>::max()) fail("has a record of instance " + std::to_string(v));
+        instance = static_cast<std::uint32_t>(v);
+      }
+      break;
+    default: fail("has rows of layout " + std::to_string(n.rows_are_));
+  }
+  n.one_mode_ = r.get<std::uint8_t>();
+  if (n.one_mode_ == 0) {
+    n.modes_ = r.bytes(n.rows_);
+    for (const char m : n.modes_)
+      if (m < 1 || m > 3) fail("has an unknown state mode " + std::to_string(int(m)));
+  } else if (n.one_mode_ > 3) {
+    fail("has an unknown state mode " + std::to_string(n.one_mode_));
+  }
+  n.columns_.resize(get_count(r, 4));
   for (auto& c : n.columns_) {
     c.name = get_text(r);
     const auto type = r.get<std::uint8_t>();
-    if (type < 1 || type > 4) r.fail("field '" + c.name + "' of node '" + n.key_ + "' has an unknown type " + std::to_string(type));
+    if (type < 1 || type > 4) fail("has a field '" + c.name + "' of unknown type " + std::to_string(type));
     c.type = static_cast<FieldType>(type);
     if (c.type == FieldType::elements) c.tag = get_text(r);
-  }
-  const auto fail = [&](const std::string& what) { r.fail("node '" + n.key_ + "' " + what); };
-  n.rank_.resize(rows);
-  n.instance_.resize(rows);
-  for (auto& rank : n.rank_) {
-    const std::uint64_t v = get_varint(r);
-    if (v >= world_) fail("has a record of rank " + std::to_string(v) + " in a set of " + std::to_string(world_));
-    rank = static_cast<std::uint32_t>(v);
-  }
-  bool sorted = true;
-  for (std::size_t i = 0; i < rows; ++i) {
-    const std::uint64_t v = get_varint(r);
-    if (v > std::numeric_limits<std::uint32_t>::max()) fail("has a record of instance " + std::to_string(v));
-    n.instance_[i] = static_cast<std::uint32_t>(v);
-    sorted = sorted && (i == 0 || n.instance_[i - 1] < n.instance_[i]);
-  }
-  const std::string_view modes = r.bytes(rows);
-  n.mode_.assign(modes.begin(), modes.end());
-  for (const auto m : n.mode_)
-    if (m < 1 || m > 3) fail("has an unknown state mode " + std::to_string(m));
-  for (std::uint32_t ci = 0; ci < n.columns_.size(); ++ci) {
-    auto& c = n.columns_[ci];
-    const auto field_fail = [&](const std::string& what) { r.fail("field '" + c.name + "' of node '" + n.key_ + "' " + what); };
     const auto all = r.get<std::uint8_t>();
-    if (all > 1) field_fail("has a presence flag " + std::to_string(all));
+    if (all > 1) fail("has a presence flag " + std::to_string(all) + " for field '" + c.name + "'");
+    std::size_t present = n.rows_;
     if (!all) {
-      const std::string_view present = r.bytes(rows);
-      c.present.assign(present.begin(), present.end());
-      for (const auto p : c.present)
-        if (p > 1) field_fail("has a presence flag " + std::to_string(p));
-      n.partial_ = true;
+      const std::string_view flags = r.bytes(n.rows_);
+      c.present.assign(flags.begin(), flags.end());
+      present = 0;
+      for (const auto p : c.present) {
+        if (p > 1) fail("has a presence flag " + std::to_string(p) + " for field '" + c.name + "'");
+        present += p;
+      }
     }
-    const auto here = [&](std::size_t i) { return c.present.empty() || c.present[i]; };
-    switch (c.type) {
-      case FieldType::u64:
-      case FieldType::i64:
-        c.u.resize(rows);
-        for (std::size_t i = 0; i < rows; ++i)
-          if (here(i)) c.u[i] = get_varint(r);
-        if (c.type == FieldType::i64)
-          for (auto& v : c.u) v = static_cast<std::uint64_t>(unzigzag(v));
-        break;
-      case FieldType::str:
-        c.s.resize(rows);
-        for (std::size_t i = 0; i < rows; ++i)
-          if (here(i)) c.s[i] = get_text(r);
-        break;
-      case FieldType::elements:
-        c.list.resize(rows);
-        for (std::size_t i = 0; i < rows; ++i) {
-          if (!here(i)) {
-            c.list[i] = static_cast<std::uint32_t>(n.lists_.size());
-            n.lists_.push_back({.rank = n.rank_[i]});  // no list: an empty one
-            n.list_column_.push_back(ci);
-            continue;
-          }
-          IndexNode::List l{.rank = n.rank_[i]};
-          l.count = get_varint(r);
-          const auto how = r.get<std::uint8_t>();
-          if (how == 0) {
-            if (l.count > r.remaining()) field_fail("claims more values than fit");
-            const char* begin = r.pos();
-            std::uint64_t total = 0;
-            for (std::uint64_t e = 0; e < l.count; ++e) {
-              const std::uint64_t len = get_varint(r);
-              if (len > r.remaining()) field_fail("has a value that runs past the end");
-              total += len;
-            }
-            r.bytes(static_cast<std::size_t>(total));
-            l.values_here = true;
-            l.values = std::string_view(begin, static_cast<std::size_t>(r.pos() - begin));
-          } else if (how == 1) {
-            l.offset = get_varint(r);
-            l.bytes = get_varint(r);
-            l.crc = r.get<std::uint32_t>();
-            if (l.count == 0 || l.count > l.bytes / 8 || l.offset > std::numeric_limits<std::uint64_t>::max() - l.bytes)
-              field_fail("claims " + std::to_string(l.count) + " elements in " + std::to_string(l.bytes) + " bytes");
-          } else {
-            field_fail("has a list flag " + std::to_string(how));
-          }
-          c.list[i] = static_cast<std::uint32_t>(n.lists_.size());
-          n.lists_.push_back(std::move(l));
-          n.list_column_.push_back(ci);
-        }
-        break;
-    }
+    c.width = get_count(r, 0);
+    c.bytes = r.bytes(get_count(r, 1));
+    if (c.width && c.bytes.size() != present * c.width)
+      fail("has " + std::to_string(c.bytes.size()) + " bytes for " + std::to_string(present) + " values of field '" +
+           c.name + "' of " + std::to_string(c.width) + " bytes");
   }
-  if (!r.done()) fail("has " + std::to_string(r.remaining()) + " unexpected bytes after its records");
-  if (!sorted) {
-    n.order_.resize(rows);
-    for (std::uint32_t i = 0; i < rows; ++i) n.order_[i] = i;
-    std::stable_sort(n.order_.begin(), n.order_.end(),
-                     [&](std::uint32_t a, std::uint32_t b) { return n.instance_[a] < n.instance_[b]; });
+  if (!r.done()) fail("has " + std::to_string(r.remaining()) + " unexpected bytes after its fields");
+  if (n.rows_are_ == kListed) {
+    bool sorted = true;
+    for (std::size_t i = 1; i < n.rows_; ++i) sorted = sorted && n.instance_[i - 1] < n.instance_[i];
+    if (!sorted) {
+      n.order_.resize(n.rows_);
+      for (std::uint32_t i = 0; i < n.rows_; ++i) n.order_[i] = i;
+      std::stable_sort(n.order_.begin(), n.order_.end(),
+                       [&](std::uint32_t a, std::uint32_t b) { return n.instance_[a] < n.instance_[b]; });
+    }
   }
   n.source_.node = &n;
   return out;
 }
 
-const FieldSource& IndexNode::fields(std::size_t i) const {
-  source_.row = row(i);
-  source_.present.clear();
-  if (partial_)
-    for (std::uint32_t k = 0; k < columns_.size(); ++k)
-      if (columns_[k].present.empty() || columns_[k].present[source_.row]) source_.present.push_back(k);
-  return source_;
+std::uint32_t IndexNode::rank_of(std::size_t r) const {
+  switch (rows_are_) {
+    case kInstances: return static_cast<std::uint32_t>(r / workers_);
+    case kListed: return rank_[r];
+    default: return static_cast<std::uint32_t>(r);
+  }
+}
+
+std::uint32_t IndexNode::instance(std::size_t i) const {
+  const std::size_t r = row(i);
+  switch (rows_are_) {
+    case kRanks: return static_cast<std::uint32_t>(r * workers_);
+    case kListed: return instance_[r];
+    default: return static_cast<std::uint32_t>(r);
+  }
+}
+
+StateMode IndexNode::mode(std::size_t i) const {
+  return static_cast<StateMode>(one_mode_ ? one_mode_ : static_cast<std::uint8_t>(modes_[row(i)]));
 }
 
 std::ptrdiff_t IndexNode::column(std::string_view name) const {
@@ -333,34 +383,94 @@ bool IndexNode::has(std::size_t i, std::size_t k) const {
   return c.present.empty() || c.present[row(i)];
 }
 
-std::uint64_t IndexNode::number(std::size_t i, std::size_t k) const { return has(i, k) ? columns_[k].u[row(i)] : 0; }
+void IndexNode::scan(std::size_t k) const {
+  const Column& c = columns_[k];
+  if (c.scanned) return;
+  if (!c.present.empty()) {
+    c.nth.resize(rows_);
+    std::uint32_t n = 0;
+    for (std::size_t r = 0; r < rows_; ++r) {
+      c.nth[r] = n;
+      n += c.present[r];
+    }
+  }
+  if (!c.width) {
+    ByteReader in(c.bytes, "set index");
+    const std::size_t values = c.present.empty() ? rows_ : c.nth.empty() ? 0 : c.nth.back() + c.present.back();
+    c.at.resize(values);
+    for (auto& a : c.at) {
+      a = static_cast<std::uint32_t>(in.pos() - c.bytes.data());
+      skip_value(in, c.type);
+    }
+    if (!in.done()) in.fail("field '" + c.name + "' of node '" + key_ + "' has bytes after its values");
+  }
+  c.scanned = true;
+}
 
-std::string_view IndexNode::text(std::size_t i, std::size_t k) const { return has(i, k) ? columns_[k].s[row(i)] : ""; }
+ByteReader IndexNode::value(std::size_t k, std::size_t r) const {
+  const Column& c = columns_[k];
+  if (!c.scanned && (!c.width || !c.present.empty())) scan(k);
+  const std::size_t nth = c.present.empty() ? r : c.nth[r];
+  const std::size_t at = c.width ? nth * c.width : c.at[nth];
+  return ByteReader(c.bytes.substr(at), "set index");
+}
+
+std::uint64_t IndexNode::number(std::size_t i, std::size_t k) const {
+  const std::size_t r = row(i);
+  if (!has(i, k)) return 0;
+  ByteReader in = value(k, r);
+  const std::uint64_t v = get_varint(in);
+  return columns_[k].type == FieldType::i64 ? static_cast<std::uint64_t>(unzigzag(v)) : v;
+}
+
+std::string_view IndexNode::text(std::size_t i, std::size_t k) const {
+  if (!has(i, k)) return {};
+  ByteReader in = value(k, row(i));
+  return get_text(in);
+}
+
+IndexNode::ListValue IndexNode::list_value(std::size_t k, std::size_t r) const {
+  ByteReader in = value(k, r);
+  ListValue l;
+  l.count = get_varint(in);
+  const auto how = in.get<std::uint8_t>();
+  const auto fail = [&](const std::string& what) {
+    in.fail("field '" + columns_[k].name + "' of node '" + key_ + "' " + what);
+  };
+  if (how == 0) {
+    if (l.count > in.remaining()) fail("claims more values than fit");
+    const char* begin = in.pos();
+    std::uint64_t total = 0;
+    for (std::uint64_t e = 0; e < l.count; ++e) {
+      const std::uint64_t len = get_varint(in);
+      if (len > in.remaining()) fail("has a value that runs past the end");
+      total += len;
+    }
+    in.bytes(static_cast<std::size_t>(total));
+    l.values_here = true;
+    l.values = std::string_view(begin, static_cast<std::size_t>(in.pos() - begin));
+  } else if (how == 1) {
+    l.offset = get_varint(in);
+    l.bytes = get_varint(in);
+    l.crc = in.get<std::uint32_t>();
+    if (l.count == 0 || l.count > l.bytes / 8 || l.offset > std::numeric_limits<std::uint64_t>::max() - l.bytes)
+      fail("claims " + std::to_string(l.count) + " elements in " + std::to_string(l.bytes) + " bytes");
+  } else {
+    fail("has a list flag " + std::to_string(how));
+  }
+  return l;
+}
 
 std::uint64_t IndexNode::list_size(std::size_t i, std::size_t k) const {
-  return has(i, k) ? lists_[columns_[k].list[row(i)]].count : 0;
+  if (!has(i, k)) return 0;
+  ByteReader in = value(k, row(i));
+  return get_varint(in);
 }
 
-ElementBlobs IndexNode::list(std::size_t i, std::size_t k) const {
-  ElementBlobs e;
-  e.tag = columns_[k].tag;
-  if (!has(i, k)) return e;
-  const std::uint32_t id = columns_[k].list[row(i)];
-  const List& l = lists_[id];
-  if (l.count == 0) return e;
-  e.ranges.push_back({id, 0, l.count});
-  if (l.values_here || l.loaded) fill_values(id, e);
-  return e;
-}
-
-const std::string& IndexNode::tag(std::size_t k) const { return columns_[k].tag; }
-
-
-void IndexNode::fill_values(std::uint64_t id, ElementBlobs& out) const {
-  const List& l = lists_[id];
-  if (l.loaded) {
-    out.offsets = l.loaded->offsets;
-    out.data = l.loaded->data;
+void IndexNode::fill_values(const ListValue& l, std::uint64_t id, ElementBlobs& out) const {
+  if (const auto it = loaded_.find(id); it != loaded_.end()) {
+    out.offsets = it->second->offsets;
+    out.data = it->second->data;
     return;
   }
   ByteReader r(l.values, "set index");
@@ -371,42 +481,93 @@ void IndexNode::fill_values(std::uint64_t id, ElementBlobs& out) const {
   out.data.assign(r.bytes(static_cast<std::size_t>(total)));
 }
 
-ElementBlobs IndexNode::values(std::uint64_t id) const {
-  ElementBlobs out;
-  out.tag = tag_of_list(id);
-  fill_values(id, out);
+ElementBlobs IndexNode::list(std::size_t i, std::size_t k) const {
+  ElementBlobs e;
+  e.tag = columns_[k].tag;
+  if (!has(i, k)) return e;
+  const std::size_t r = row(i);
+  const ListValue l = list_value(k, r);
+  if (l.count == 0) return e;
+  const std::uint64_t id = list_id(k, r);
+  e.ranges.push_back({id, 0, l.count});
+  if (l.values_here || loaded_.count(id)) fill_values(l, id, e);
+  return e;
+}
+
+StoredList IndexNode::where(std::uint64_t id) const {
+  const std::size_t k = static_cast<std::size_t>(id / rows_), r = static_cast<std::size_t>(id % rows_);
+  const ListValue l = list_value(k, r);
+  StoredList out{.file = rank_of(r), .tag = columns_[k].tag, .count = l.count};
+  if (l.values_here || loaded_.count(id)) {
+    ElementBlobs values;
+    values.tag = out.tag;
+    fill_values(l, id, values);
+    out.loaded = std::make_unique<ElementBlobs>(std::move(values));
+  } else {
+    out.stored = true;
+    out.offset = l.offset;
+    out.bytes = l.bytes;
+    out.crc = l.crc;
+  }
   return out;
 }
 
 std::vector<std::uint64_t> IndexNode::lists_to_load(std::string_view name) const {
   std::vector<std::uint64_t> out;
-  for (const Column& c : columns_)
-    if (c.name == name && c.type == FieldType::elements)
-      for (const std::uint32_t id : c.list)
-        if (!lists_[id].values_here && !lists_[id].loaded) out.push_back(id);
+  const std::ptrdiff_t k = column(name);
+  if (k < 0 || columns_[std::size_t(k)].type != FieldType::elements) return out;
+  for (std::size_t i = 0; i < rows_; ++i) {
+    if (!has(i, std::size_t(k))) continue;
+    const std::size_t r = row(i);
+    const std::uint64_t id = list_id(std::size_t(k), r);
+    if (loaded_.count(id)) continue;
+    const ListValue l = list_value(std::size_t(k), r);
+    if (l.count && !l.values_here) out.push_back(id);
+  }
   return out;
 }
 
-const Field& IndexNode::Row::field(std::size_t k) const {
-  const Column& c = node->columns_[node->partial_ ? present[k] : k];
+const FieldSource& IndexNode::fields(std::size_t i) const {
+  source_.row = row(i);
+  source_.present.clear();
+  for (std::uint32_t k = 0; k < columns_.size(); ++k)
+    if (columns_[k].present.empty() || columns_[k].present[source_.row]) source_.present.push_back(k);
+  return source_;
+}
+
+const Field& IndexNode::Row::field(std::size_t index) const {
+  const std::size_t k = present[index];
+  const Column& c = node->columns_[k];
   Field& f = scratch;
   f.name = c.name;
   f.type = c.type;
   switch (c.type) {
-    case FieldType::u64: f.u = c.u[row]; break;
-    case FieldType::i64: f.i = static_cast<std::int64_t>(c.u[row]); break;
-    case FieldType::str: f.s = c.s[row]; break;
+    case FieldType::u64: {
+      ByteReader in = node->value(k, row);
+      f.u = get_varint(in);
+      break;
+    }
+    case FieldType::i64: {
+      ByteReader in = node->value(k, row);
+      f.i = unzigzag(get_varint(in));
+      break;
+    }
+    case FieldType::str: {
+      ByteReader in = node->value(k, row);
+      f.s = get_text(in);
+      break;
+    }
     case FieldType::elements: {
       ElementBlobs& e = f.elements;
       e.tag = c.tag;
-      const std::uint32_t id = c.list[row];
-      const List& l = node->lists_[id];
       e.ranges.clear();
       e.offsets.assign(1, 0);
       e.data.clear();
+      const ListValue l = node->list_value(k, row);
       if (l.count == 0) break;
+      const std::uint64_t id = node->list_id(k, row);
       e.ranges.push_back({id, 0, l.count});
-      if (l.values_here || l.loaded) node->fill_values(id, e);
+      if (l.values_here || node->loaded_.count(id)) node->fill_values(l, id, e);
       break;
     }
   }

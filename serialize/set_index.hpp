@@ -3,9 +3,10 @@
 // in one small file, by node and by field (a column of every old instance's values), numbers as varints,
 // element lists as where they lie in the rank files (offset, length, CRC-32C) or, for a generator's four
 // words and short position lists, their values. The write that completes a set writes it beside the
-// manifest; a rescale through the directory reads this one file, hands each node's columns to its rule
-// (OldColumns: nothing is built for a record no rule reads) and then reads only the element lists it is
-// dealt. Format: docs/snapshot-format.md, "The set index".
+// manifest; a rescale through the directory reads this one file and hands each node's columns to its
+// rule (OldColumns): a column is decoded when a rule first asks for it, a record is built only for a
+// slot a rule reads whole, and then only the element lists dealt to the rank are read from the rank files.
+// Format: docs/snapshot-format.md, "The set index".
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -24,10 +25,11 @@ namespace dpipe::detail {
 /// kept but its values, appended to the columns).
 class SetIndexWriter {
  public:
-  /// `identity`: the text of the set's manifest, which a reader compares with the manifest it finds.
-  explicit SetIndexWriter(std::string identity) : identity_(std::move(identity)) {}
+  /// `identity`: the text of the set's manifest, which a reader compares with the manifest it finds;
+  /// `workers`: the set's workers per rank.
+  SetIndexWriter(std::string identity, std::uint32_t workers) : identity_(std::move(identity)), workers_(workers) {}
   /// Adds rank `rank`'s records from its plan (`path`: its file, read for the values of a long position
-  /// list). SnapshotError when its records of a node have other fields than the node's records before.
+  /// list). SnapshotError when its records of a node do not fit the node's records before.
   void add_rank(const SnapshotPlan& plan, std::uint32_t rank, const std::string& path);
   /// The file's bytes, checksum included.
   std::string finish();
@@ -36,40 +38,32 @@ class SetIndexWriter {
   struct Column {
     std::string name;
     FieldType type = FieldType::u64;
-    std::string tag;      // of an element list
-    std::string bytes;    // the value of every record that has the field, in order
-    std::string present;  // per record: 1 when it has the field, else 0
+    std::string tag;            // of an element list
+    std::string bytes;          // the value of every record that has the field, in order
+    std::string present;        // per record: 1 when it has the field, else 0
+    std::size_t width = 0;      // the width of every value so far, or kVaried
   };
   struct Node {
     std::string key, kind;
-    std::string ranks, instances, modes;
+    std::vector<std::uint32_t> ranks, instances;
+    std::string modes;
     std::vector<Column> columns;
-    std::uint64_t records = 0;
   };
 
   std::string identity_;
+  std::uint32_t workers_;
   std::uint32_t ranks_ = 0;
   std::vector<Node> nodes_;                               // in the order rank 0 saved them
   std::unordered_map<std::string, std::size_t> node_of_;  // key → its place in nodes_
 };
 
-/// One node's records decoded from a set index: its columns, read by a rescale rule as records.
+/// One node's records in a set index, as columns a rescale rule reads (OldColumns). Valid while the
+/// SetIndex it came from is. Corrupt values are SnapshotErrors when they are read.
 class IndexNode final : public OldColumns {
  public:
-  /// An element list of one record: its values in the index, or where it lies in its rank's file.
-  struct List {
-    std::uint32_t rank = 0;
-    std::uint64_t count = 0;
-    bool values_here = false;
-    std::string_view values{};  // values_here: `count` varint lengths, then the bytes
-    std::uint64_t offset = 0, bytes = 0;
-    std::uint32_t crc = 0;
-    std::shared_ptr<const ElementBlobs> loaded{};  // read from the file (IndexNode::load)
-  };
-
-  std::size_t size() const override { return instance_.size(); }
-  std::uint32_t instance(std::size_t i) const override { return instance_[row(i)]; }
-  StateMode mode(std::size_t i) const override { return static_cast<StateMode>(mode_[row(i)]); }
+  std::size_t size() const override { return rows_; }
+  std::uint32_t instance(std::size_t i) const override;
+  StateMode mode(std::size_t i) const override;
   const FieldSource& fields(std::size_t i) const override;
   bool has_field(std::string_view name) const override { return column(name) >= 0; }
   std::ptrdiff_t column(std::string_view name) const override;
@@ -78,19 +72,19 @@ class IndexNode final : public OldColumns {
   std::string_view text(std::size_t i, std::size_t k) const override;
   std::uint64_t list_size(std::size_t i, std::size_t k) const override;
   ElementBlobs list(std::size_t i, std::size_t k) const override;
-  const std::string& tag(std::size_t k) const override;
+  const std::string& tag(std::size_t k) const override { return columns_[k].tag; }
   std::size_t column_count() const override { return columns_.size(); }
   const std::string& column_name(std::size_t k) const override { return columns_[k].name; }
+  FieldType column_type(std::size_t k) const override { return columns_[k].type; }
 
   const std::string& kind() const { return kind_; }
-  const std::string& tag_of_list(std::uint64_t id) const { return columns_[list_column_[id]].tag; }
-  /// Every list, by the number a range of a record read from here carries.
-  std::vector<List>& lists() { return lists_; }
-  const std::vector<List>& lists() const { return lists_; }
-  /// The lists of field `name` whose values are neither here nor loaded, by number.
+  /// The list a range of a record read from here names (by its `list`): where it lies in its rank's file,
+  /// or its values when the index or a load holds them.
+  StoredList where(std::uint64_t id) const;
+  /// The lists of column `name` whose values are neither here nor loaded, by the number a range carries.
   std::vector<std::uint64_t> lists_to_load(std::string_view name) const;
-  /// List `id`'s values (values here or loaded).
-  ElementBlobs values(std::uint64_t id) const;
+  /// Gives list `id` its values, read from its file.
+  void set_loaded(std::uint64_t id, ElementBlobs values) { loaded_[id] = std::make_shared<const ElementBlobs>(std::move(values)); }
 
  private:
   friend class SetIndex;
@@ -98,31 +92,51 @@ class IndexNode final : public OldColumns {
     std::string name;
     FieldType type = FieldType::u64;
     std::string tag;
-    std::vector<std::uint64_t> u;       // u64, or i64's bits
-    std::vector<std::string_view> s;    // str
-    std::vector<std::uint32_t> list;    // elements: a number in lists_
+    std::string_view bytes;             // the values of the rows that have the field
+    std::size_t width = 0;              // every value's width, or 0 when they vary
     std::vector<std::uint8_t> present;  // per row: 1 when it has the field; empty when every row has it
+    // Filled when first needed: per row, its value's place in `bytes` (varied widths), its place among
+    // the rows that have the field (when some do not).
+    mutable std::vector<std::uint32_t> at, nth;
+    mutable bool scanned = false;
+  };
+  /// A decoded element list value.
+  struct ListValue {
+    std::uint64_t count = 0;
+    bool values_here = false;
+    std::string_view values{};  // `count` varint lengths, then the bytes
+    std::uint64_t offset = 0, bytes = 0;
+    std::uint32_t crc = 0;
   };
   class Row final : public FieldSource {
    public:
-    std::size_t field_count() const override { return node->partial_ ? present.size() : node->columns_.size(); }
+    std::size_t field_count() const override { return present.size(); }
     const Field& field(std::size_t k) const override;
     const IndexNode* node = nullptr;
     std::size_t row = 0;
-    std::vector<std::uint32_t> present;  // the row's columns, when some rows lack some
+    std::vector<std::uint32_t> present;  // the row's columns
     mutable Field scratch{};
   };
+
   std::size_t row(std::size_t i) const { return order_.empty() ? i : order_[i]; }
-  void fill_values(std::uint64_t id, ElementBlobs& out) const;
+  std::uint32_t rank_of(std::size_t row) const;
+  /// Row `row`'s value of column k (which the row has), from its first byte.
+  ByteReader value(std::size_t k, std::size_t row) const;
+  void scan(std::size_t k) const;
+  ListValue list_value(std::size_t k, std::size_t row) const;
+  void fill_values(const ListValue& l, std::uint64_t id, ElementBlobs& out) const;
+  std::uint64_t list_id(std::size_t k, std::size_t row) const { return std::uint64_t(k) * rows_ + row; }
 
   std::string key_, kind_;
-  std::vector<std::uint32_t> rank_, instance_;
-  std::vector<std::uint8_t> mode_;
+  std::size_t rows_ = 0;
+  std::uint32_t workers_ = 1;
+  std::uint8_t rows_are_ = 0;                    // how rows map to ranks and instances (set_index.cpp)
+  std::vector<std::uint32_t> rank_, instance_;   // rows_are_ == 0 only
+  std::uint8_t one_mode_ = 0;                    // every row's mode, or 0 when they differ
+  std::string_view modes_;
   std::vector<Column> columns_;
-  std::vector<List> lists_;
-  std::vector<std::uint32_t> list_column_;  // per list: its column
-  std::vector<std::uint32_t> order_;        // slot → row, when the rows are not in instance order
-  bool partial_ = false;                    // some rows lack some columns
+  std::vector<std::uint32_t> order_;             // slot → row, when the rows are not in instance order
+  std::unordered_map<std::uint64_t, std::shared_ptr<const ElementBlobs>> loaded_;
   mutable Row source_;
 };
 
@@ -136,12 +150,12 @@ class SetIndex {
   std::uint32_t world() const { return world_; }
   /// Every node key once, in the order the ranks saved their records.
   const std::vector<std::string>& keys() const { return keys_; }
-  /// The records of node `keys()[k]` as columns (valid while this index is). SnapshotError if corrupt.
+  /// The records of node `keys()[k]` as columns. SnapshotError if its layout is corrupt.
   std::unique_ptr<IndexNode> node(std::size_t k) const;
 
  private:
   std::string bytes_;
-  std::uint32_t world_ = 0;
+  std::uint32_t world_ = 0, workers_ = 1;
   std::vector<std::string> keys_;
   struct Block {
     std::size_t begin = 0, end = 0;  // the node's block in bytes_

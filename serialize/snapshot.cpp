@@ -707,6 +707,7 @@ void ElementBlobs::append_from(const ElementBlobs& src, std::size_t begin, std::
   if (begin >= end) return;
   if (src.ranges.empty()) {
     if (!ranges.empty()) throw SnapshotError("cannot rescale: a plan's elements and loaded elements dealt into one list");
+    if (offsets.empty()) offsets.push_back(0);
     const std::uint64_t shift = data.size() - src.offsets[begin];
     data.append(src.data, src.offsets[begin], src.offsets[end] - src.offsets[begin]);
     for (std::size_t i = begin + 1; i <= end; ++i) offsets.push_back(src.offsets[i] + shift);
@@ -714,7 +715,7 @@ void ElementBlobs::append_from(const ElementBlobs& src, std::size_t begin, std::
   }
   if (ranges.empty() && size() > 0)
     throw SnapshotError("cannot rescale: a plan's elements and loaded elements dealt into one list");
-  offsets.assign(1, 0);  // a loaded copy would no longer match the ranges
+  offsets.clear();  // a loaded copy would no longer match the ranges
   data.clear();
   std::size_t skip = begin, want = end - begin;
   for (const auto& r : src.ranges) {

@@ -527,7 +527,7 @@ std::optional<FileStamp> stamp_of(const std::string& path) {
 std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, const SetIdentity& set,
                                                       Durability durability = Durability::each_write) {
   try {
-    detail::SetIndexWriter index(manifest_text(set));
+    detail::SetIndexWriter index(manifest_text(set), static_cast<std::uint32_t>(set.workers));
     std::vector<FileStamp> stamps;
     stamps.reserve(static_cast<std::size_t>(set.world));
     for (int r = 0; r < set.world; ++r) {
@@ -793,12 +793,10 @@ class IndexRecords final : public OldRecords {
   bool load(const std::string& field) override {
     const auto ids = node_->lists_to_load(field);
     for (const std::uint64_t id : ids) {
-      auto& l = node_->lists()[id];
-      const detail::StoredList where{.file = l.rank, .tag = node_->tag_of_list(id), .count = l.count, .stored = true,
-                                     .offset = l.offset, .bytes = l.bytes, .crc = l.crc};
-      l.loaded = std::make_shared<const ElementBlobs>(with_rank_file(
-          dir_, listing_, static_cast<int>(l.rank),
-          [&](const std::string& path, const RankFileName&) { return detail::load_stored_list(path, where); }));
+      const detail::StoredList where = node_->where(id);
+      node_->set_loaded(id, with_rank_file(dir_, listing_, static_cast<int>(where.file), [&](const std::string& path, const RankFileName&) {
+        return detail::load_stored_list(path, where);
+      }));
     }
     return !ids.empty();
   }
@@ -807,14 +805,7 @@ class IndexRecords final : public OldRecords {
       for (Field& f : st.fields)
         for (ElementRange& range : f.elements.ranges) {
           const auto [it, added] = resolved_.emplace(range.list, lists_.size());
-          if (added) {
-            const auto& l = node_->lists().at(range.list);
-            detail::StoredList entry{.file = l.rank, .tag = node_->tag_of_list(range.list), .count = l.count,
-                                     .stored = !l.values_here && !l.loaded, .offset = l.offset, .bytes = l.bytes,
-                                     .crc = l.crc};
-            if (!entry.stored) entry.loaded = std::make_unique<ElementBlobs>(node_->values(range.list));
-            lists_.push_back(std::move(entry));
-          }
+          if (added) lists_.push_back(node_->where(range.list));
           range.list = it->second;
         }
   }
@@ -1217,6 +1208,9 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
         refuse("node '" + key + "' has " + std::to_string(columns->size()) + " records, expected " + std::to_string(slots));
       for (std::size_t i = 0; i < slots; ++i)
         if (i >= columns->size() || columns->instance(i) != instance_of(i)) refuse(missing(columns->size()));
+      if (const std::ptrdiff_t k = columns->column("deferred_failure"); k >= 0)
+        for (std::size_t i = 0; i < slots; ++i)
+          if (columns->has(i, std::size_t(k))) refuse("node '" + key + "' had failed: " + std::string(columns->text(i, std::size_t(k))));
       in.columns = columns;
       in.kind = old_records.kind(key);
       in.mode = columns->mode(0);
@@ -1246,12 +1240,9 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
            [](std::size_t) { return std::string("the snapshots do not hold one run record per rank"); });
     in.check_fields<RunRecord>();
     const auto dealt = in.deal_fields({"pending"});
-    std::vector<RunRecord> out(dealt.size());
-    for (std::size_t r = 0; r < out.size(); ++r) out[r].pending = dealt[r];
-    auto records = in.write(out);
+    auto records = in.write_slots([&](std::size_t r) { return RunRecord{0, dealt[r]}; });
     old_records.resolve(records);
-    for (std::size_t r = 0; r < records.size(); ++r)
-      if (wanted(r)) per_rank[r].push_back(std::move(records[r]));
+    for (auto& record : records) per_rank[record.instance].push_back(std::move(record));
   }
 
   for (const auto& key : old_records.keys()) {
@@ -1288,15 +1279,24 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     } else {
       in.refuse("its kind is not registered, so no rescale rule is known for it");
     }
-    if (out.size() != in.new_slots())
-      refuse("the rule of node '" + key + "' (" + in.kind + ") made " + std::to_string(out.size()) +
-             " records for " + std::to_string(in.new_slots()) + " new slots");
+    // The records of the wanted slots, each with its slot as instance (or every slot's, the unwanted
+    // ones empty): one for each wanted slot.
+    const auto [first, end] = in.wanted_slots();
+    std::vector<bool> made(end - first, false);
+    std::erase_if(out, [](const NodeState& s) { return s.key.empty(); });
     old_records.resolve(out);
-    for (std::size_t j = 0; j < out.size(); ++j) {
+    for (NodeState& record : out) {
+      const std::size_t j = record.instance;
+      if (j < first || j >= end || made[j - first])
+        refuse("the rule of node '" + key + "' (" + in.kind + ") made a record for slot " + std::to_string(j) +
+               " that was not asked for");
+      made[j - first] = true;
       const std::size_t rank = once_per_rank ? j : j / static_cast<std::size_t>(num_workers);
-      out[j].instance = static_cast<std::uint32_t>(once_per_rank ? j * static_cast<std::size_t>(num_workers) : j);
-      if (wanted(rank)) per_rank[rank].push_back(std::move(out[j]));
+      record.instance = static_cast<std::uint32_t>(once_per_rank ? j * static_cast<std::size_t>(num_workers) : j);
+      per_rank[rank].push_back(std::move(record));
     }
+    if (std::find(made.begin(), made.end(), false) != made.end())
+      refuse("the rule of node '" + key + "' (" + in.kind + ") made no record for some of the new slots");
   }
 
   std::vector<Snapshot> out;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dpipe/error.hpp"
@@ -23,6 +24,23 @@ namespace rescale {
 /// Every slot is kept (deal's default).
 struct AllSlots {
   bool operator()(std::size_t) const { return true; }
+};
+/// The parts of a deal (RescaleInput::deal_fields): those of the wanted slots, held; every other empty.
+class DealtParts {
+ public:
+  DealtParts(std::size_t parts, std::size_t first, std::vector<ElementBlobs> held, std::string tag)
+      : parts_(parts), first_(first), held_(std::move(held)) {
+    empty_.tag = std::move(tag);
+  }
+  std::size_t size() const { return parts_; }
+  const ElementBlobs& operator[](std::size_t p) const {
+    return p >= first_ && p - first_ < held_.size() ? held_[p - first_] : empty_;
+  }
+
+ private:
+  std::size_t parts_, first_;
+  std::vector<ElementBlobs> held_;
+  ElementBlobs empty_;
 };
 /// A `fields` visitor that lists the names of a state's fields.
 struct FieldNames {
@@ -60,6 +78,7 @@ class OldColumns {
   virtual const std::string& tag(std::size_t k) const = 0;
   virtual std::size_t column_count() const = 0;
   virtual const std::string& column_name(std::size_t k) const = 0;
+  virtual FieldType column_type(std::size_t k) const = 0;
 };
 
 /// The records of one node on every old instance, in order, and the old and new layouts (rank unused).
@@ -117,15 +136,15 @@ struct RescaleInput {
   /// list field `name`, the values of u64 field `name` (0 where a record has no such field), of str field
   /// `name` ("" where none).
   std::vector<std::uint64_t> list_sizes(std::string_view name) const {
-    return column_values<std::uint64_t>(name, [](const Field& f) { return std::uint64_t(f.elements.size()); },
+    return column_values<std::uint64_t>(name, FieldType::elements, [](const Field& f) { return std::uint64_t(f.elements.size()); },
                                         [&](std::size_t i, std::size_t k) { return columns->list_size(i, k); });
   }
   std::vector<std::uint64_t> numbers(std::string_view name) const {
-    return column_values<std::uint64_t>(name, [](const Field& f) { return f.u; },
+    return column_values<std::uint64_t>(name, FieldType::u64, [](const Field& f) { return f.u; },
                                         [&](std::size_t i, std::size_t k) { return columns->number(i, k); });
   }
   std::vector<std::string> texts(std::string_view name) const {
-    return column_values<std::string>(name, [](const Field& f) { return f.s; },
+    return column_values<std::string>(name, FieldType::str, [](const Field& f) { return f.s; },
                                       [&](std::size_t i, std::size_t k) { return std::string(columns->text(i, k)); });
   }
 
@@ -162,11 +181,34 @@ struct RescaleInput {
 
   /// The element lists `fields` of the old records pooled in slot order (per slot, the fields in the
   /// order given; a record without one adds nothing; slots for which `include(i)` is false add nothing)
-  /// and dealt like deal(): only the parts of wanted slots are filled, and only the lists they take
-  /// elements from are read, so a node's lists are never all built.
+  /// and dealt like deal(): only the parts of wanted slots are built, from the lists they take elements
+  /// from, so a node's lists are never all read.
   template <class Include = rescale::AllSlots>
-  std::vector<ElementBlobs> deal_fields(const std::vector<std::string>& fields, std::size_t per_slot = 1,
-                                        Include include = {}) const;
+  rescale::DealtParts deal_fields(const std::vector<std::string>& fields, std::size_t per_slot = 1,
+                                  Include include = {}) const;
+
+  /// The wanted new slots: [first, end).
+  std::pair<std::size_t, std::size_t> wanted_slots() const {
+    const std::size_t per_rank = once_per_rank ? 1 : static_cast<std::size_t>(to.num_workers);
+    const std::size_t ranks = static_cast<std::size_t>(to.world_size);
+    const std::size_t begin = std::min(ranks, static_cast<std::size_t>(std::max(wanted_begin, 0)));
+    const std::size_t end = wanted_end < 0 ? ranks : std::clamp(static_cast<std::size_t>(wanted_end), begin, ranks);
+    return {begin * per_rank, end * per_rank};
+  }
+  /// The records of the wanted new slots: `make(j)` is the state of slot j, written with the node's
+  /// field names (a rule that builds only what its rank receives; see RescaleRule for the contract).
+  template <class Make>
+  std::vector<NodeState> write_slots(Make make) const {
+    const auto [first, end] = wanted_slots();
+    std::vector<NodeState> out(end - first);
+    for (std::size_t j = first; j < end; ++j) {
+      out[j - first] = empty_record(j);
+      StateWriter w(out[j - first]);
+      const auto state = make(j);
+      w.write(state);
+    }
+    return out;
+  }
 
   /// Every old record read into a state struct `S` by its `fields` visitor (the node's own names and order).
   template <class S>
@@ -204,17 +246,25 @@ struct RescaleInput {
 
   /// One value per old slot of field `name`: `of_field` of a record's field, `of_column(i, k)` of a column.
   template <class V, class OfField, class OfColumn>
-  std::vector<V> column_values(std::string_view name, OfField of_field, OfColumn of_column) const {
+  std::vector<V> column_values(std::string_view name, FieldType type, OfField of_field, OfColumn of_column) const {
     std::vector<V> out(old_slots());
+    const auto check = [&](FieldType t) {
+      if (t != type)
+        refuse("its field '" + std::string(name) + "' has type " + std::to_string(static_cast<int>(t)) + ", expected " +
+               std::to_string(static_cast<int>(type)));
+    };
     if (columns) {
       const std::ptrdiff_t k = columns->column(name);
-      if (k >= 0)
+      if (k >= 0) {
+        check(columns->column_type(static_cast<std::size_t>(k)));
         for (std::size_t i = 0; i < out.size(); ++i) out[i] = of_column(i, static_cast<std::size_t>(k));
+      }
       return out;
     }
     for (std::size_t i = 0; i < out.size(); ++i)
       for (const Field& f : old[i]->fields)
         if (f.name == name) {
+          check(f.type);
           out[i] = of_field(f);
           break;
         }
@@ -261,18 +311,15 @@ class RescaleRule {
 
   bool refuses() const { return !reason_.empty(); }
   const std::string& reason() const { return reason_; }
-  /// The records of every new slot, in slot order.
+  /// The records of the wanted new slots, each with its slot as `instance` (a rule's deal function may
+  /// also return a record for every slot, the unwanted ones empty, as RescaleInput::write does).
   std::vector<NodeState> apply(const RescaleInput& in) const {
     if (refuses()) in.refuse(reason_);
     if (deal_) return deal_(in);
-    std::vector<NodeState> out;
-    out.resize(in.new_slots());
     const NodeState first = in.record(0);
-    for (std::size_t j = 0; j < out.size(); ++j) {
-      if (!in.wanted(j)) continue;
-      out[j] = first;
-      out[j].instance = static_cast<std::uint32_t>(j);
-    }
+    const auto [begin, end] = in.wanted_slots();
+    std::vector<NodeState> out(end - begin, first);
+    for (std::size_t j = begin; j < end; ++j) out[j - begin].instance = static_cast<std::uint32_t>(j);
     return out;
   }
 
@@ -341,7 +388,7 @@ inline std::vector<ElementBlobs> RescaleInput::deal(const std::vector<const Elem
 }
 
 template <class Include>
-std::vector<ElementBlobs> RescaleInput::deal_fields(const std::vector<std::string>& fields, std::size_t per_slot,
+rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fields, std::size_t per_slot,
                                                     Include include) const {
   const std::size_t n_old = old_slots(), per_old = fields.size(), parts = new_slots() * per_slot;
   // The pooled index where each (slot, field) list ends, in pool order; and the lists' tag.
@@ -377,13 +424,13 @@ std::vector<ElementBlobs> RescaleInput::deal_fields(const std::vector<std::strin
       }
       ends.push_back(total);
     }
-  std::vector<ElementBlobs> out(parts);
+  const auto [first_slot, end_slot] = wanted_slots();
+  const std::size_t first = first_slot * per_slot, held = (end_slot - first_slot) * per_slot;
+  std::vector<ElementBlobs> out(held);
   for (auto& b : out) b.tag = tag;
-  if (parts == 0) return out;
   // Part p takes pooled elements [start(p), start(p + 1)) (as rescale::deal), read from the lists they lie in.
   const auto start = [&](std::size_t p) { return total / parts * p + total % parts * p / parts; };
-  for (std::size_t p = 0; p < parts; ++p) {
-    if (!wanted(p / per_slot)) continue;
+  for (std::size_t p = first; p < first + held; ++p) {
     std::uint64_t at = start(p);
     const std::uint64_t end = start(p + 1);
     auto idx = static_cast<std::size_t>(std::upper_bound(ends.begin(), ends.end(), at) - ends.begin());
@@ -392,12 +439,12 @@ std::vector<ElementBlobs> RescaleInput::deal_fields(const std::vector<std::strin
       if (take_end <= at) continue;
       const std::size_t i = idx / per_old, f = idx % per_old;
       const auto begin = static_cast<std::size_t>(at - list_begin), stop = static_cast<std::size_t>(take_end - list_begin);
-      if (columns) out[p].append_from(columns->list(i, static_cast<std::size_t>(column_of[f])), begin, stop);
-      else out[p].append_from(field_of(i, f)->elements, begin, stop);
+      if (columns) out[p - first].append_from(columns->list(i, static_cast<std::size_t>(column_of[f])), begin, stop);
+      else out[p - first].append_from(field_of(i, f)->elements, begin, stop);
       at = take_end;
     }
   }
-  return out;
+  return rescale::DealtParts(parts, first, std::move(out), tag);
 }
 
 }  // namespace dpipe

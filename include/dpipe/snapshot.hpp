@@ -28,27 +28,29 @@ struct ElementRange {
   std::uint64_t list = 0, begin = 0, end = 0;
 };
 
-/// A list of encoded elements: element i is data[offsets[i], offsets[i+1]).
+/// A list of encoded elements: element i is data[offsets[i], offsets[i+1]); an empty list may have no
+/// offsets at all (a default one allocates nothing).
 struct ElementBlobs {
   std::string tag;                   // Codec<T>::tag() of the element type
-  std::vector<std::uint64_t> offsets{0};
+  std::vector<std::uint64_t> offsets{};
   std::string data;
   /// In a rescale plan only: when not empty, the list's elements are these ranges, in order; offsets
   /// and data then hold a loaded copy of the same elements, or none (loaded() false).
   std::vector<ElementRange> ranges{};
 
   std::size_t size() const {
-    if (ranges.empty()) return offsets.size() - 1;
+    if (ranges.empty()) return offsets.empty() ? 0 : offsets.size() - 1;
     std::size_t n = 0;
     for (const auto& r : ranges) n += static_cast<std::size_t>(r.end - r.begin);
     return n;
   }
   /// Whether the elements' bytes are here (always, but for a plan's lists not loaded).
-  bool loaded() const { return ranges.empty() || offsets.size() - 1 == size(); }
+  bool loaded() const { return ranges.empty() || (offsets.empty() ? 0 : offsets.size() - 1) == size(); }
   std::string_view at(std::size_t i) const {
     return std::string_view(data).substr(offsets[i], offsets[i + 1] - offsets[i]);
   }
   void append(std::string_view bytes) {
+    if (offsets.empty()) offsets.push_back(0);
     data.append(bytes);
     offsets.push_back(data.size());
   }
@@ -58,7 +60,7 @@ struct ElementBlobs {
   /// Empty again, keeping the storage (a recycled snapshot's records are overwritten in place).
   void clear() {
     tag.clear();
-    offsets.assign(1, 0);
+    offsets.clear();
     data.clear();
     ranges.clear();
   }

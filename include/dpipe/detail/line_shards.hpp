@@ -126,20 +126,24 @@ inline RescaleRule line_shards_rescale() {
     std::vector<DealState> deals;
     for (const auto& s : old) deals.push_back(s.deal);
     auto redealt = redeal_positions(in, deals);
-    std::vector<LineShardsState> out(redealt.size());
+    const auto [first, end] = in.wanted_slots();
+    std::vector<LineShardsState> out(end - first);
+    const std::size_t n_new = in.new_slots();
     std::size_t dealt = 0;
     for (const auto& s : old) {
       if (s.started_segments.size() != s.started_items.size() || s.started_offsets.size() != s.started_items.size())
         in.refuse("its started work is inconsistent");
       for (std::size_t k = 0; k < s.started_items.size(); ++k, ++dealt) {
-        auto& to = out[dealt % out.size()];
+        const std::size_t j = dealt % n_new;
+        if (j < first || j >= end) continue;
+        auto& to = out[j - first];
         to.started_items.push_back(s.started_items[k]);
         to.started_segments.push_back(s.started_segments[k]);
         to.started_offsets.push_back(s.started_offsets[k]);
       }
     }
-    for (std::size_t j = 0; j < out.size(); ++j) out[j].deal = std::move(redealt[j]);
-    return in.write(out);
+    for (std::size_t j = first; j < end; ++j) out[j - first].deal = std::move(redealt[j - first]);
+    return in.write_slots([&](std::size_t j) { return out[j - first]; });
   });
 }
 

@@ -122,10 +122,26 @@ class PositionDeal {
   std::size_t skip_at_ = 0;
 };
 
+/// Every old instance's DealState, for redeal_positions: from the columns of a set index, a record is read
+/// whole only where it has skipped positions.
+inline std::vector<DealState> read_deals(const RescaleInput& in) {
+  if (!in.columns) return in.read<DealState>();
+  in.check_fields<DealState>();
+  const auto base = in.numbers("base"), stride = in.numbers("stride"), offset = in.numbers("offset"),
+             next = in.numbers("next"), skipped = in.list_sizes("skip");
+  std::vector<DealState> out(in.old_slots());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = {base[i], stride[i], offset[i], next[i], {}};
+    if (skipped[i]) out[i].skip = in.read_one<DealState>(i).skip;
+  }
+  return out;
+}
+
 /// The rescale rule of the nodes that deal positions of one global sequence (sampler, the line sources):
 /// re-slice from the slowest old instance's position. Every position below the frontier
 /// (base + slowest next × old stride) was taken by someone; above it, the ones faster instances took
-/// become each new instance's `skip` list. Returns one state per new slot. The inputs are checked before
+/// become each new instance's `skip` list. Returns the states of the wanted new slots (RescaleInput::
+/// wanted_slots), in slot order. The inputs are checked before
 /// any arithmetic: positions below 2^62, and at most kMaxRedealt positions taken above the frontier (the
 /// lists this builds), so a crafted record cannot make it wrap or allocate without bound.
 inline constexpr std::uint64_t kMaxRedealt = std::uint64_t{1} << 24;
@@ -164,9 +180,11 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const std
   std::sort(taken.begin(), taken.end());
   taken.erase(std::unique(taken.begin(), taken.end()), taken.end());
   const std::size_t n_new = in.new_slots();
-  std::vector<DealState> out(n_new);
-  for (std::size_t j = 0; j < n_new; ++j) out[j] = {frontier, n_new, j, 0, {}};
-  for (auto q : taken) out[(q - frontier) % n_new].skip.push_back(q);
+  const auto [first, end] = in.wanted_slots();
+  std::vector<DealState> out(end - first);
+  for (std::size_t j = first; j < end; ++j) out[j - first] = {frontier, n_new, j, 0, {}};
+  for (auto q : taken)
+    if (const std::size_t j = (q - frontier) % n_new; j >= first && j < end) out[j - first].skip.push_back(q);
   return out;
 }
 

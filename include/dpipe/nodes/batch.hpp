@@ -127,9 +127,7 @@ struct BatchKind {
       using S = BatchState<ElementBlobs>;
       in.check_fields<S>();
       const auto dealt = in.deal_fields({"partial"});
-      std::vector<S> out(dealt.size());
-      for (std::size_t j = 0; j < out.size(); ++j) out[j].partial = dealt[j];
-      return in.write(out);
+      return in.write_slots([&](std::size_t j) { return S{.partial = dealt[j], .input_done = false}; });
     });
   }
 

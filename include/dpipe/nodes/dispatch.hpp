@@ -300,13 +300,13 @@ struct DispatchKind {
           in.refuse("the dispatcher's record is not on worker 0 of instance " + std::to_string(i));
       const auto dealt = in.deal_fields(backlogs, 1, [&](std::size_t i) { return owner[i] != 0; });
       const auto workers = static_cast<std::size_t>(in.to.num_workers);
-      std::vector<S> out(in.new_slots());
-      for (std::size_t j = 0; j < out.size(); ++j) {
-        out[j].owner = j % workers == 0;
-        if (!out[j].owner) continue;  // the dispatcher asks its prefix again (prefix_done false)
-        for (std::size_t w = 0; w < workers; ++w) out[j].backlogs.push_back(dealt[j + w]);
-      }
-      return in.write(out);
+      return in.write_slots([&](std::size_t j) {
+        S s;
+        s.owner = j % workers == 0;
+        if (s.owner)  // the dispatcher asks its prefix again (prefix_done false)
+          for (std::size_t w = 0; w < workers; ++w) s.backlogs.push_back(dealt[j + w]);
+        return s;
+      });
     });
   }
 

@@ -206,16 +206,16 @@ struct FlatMapKind {
         using R = FlatMapRestState<ElementBlobs>;
         in.check_fields<R>();
         const auto dealt = in.deal_fields({"rests"});
-        std::vector<R> out(dealt.size());
-        for (std::size_t j = 0; j < out.size(); ++j) out[j].rests = dealt[j];
-        return in.write(out);
+        return in.write_slots([&](std::size_t j) { return R{.rests = dealt[j]}; });
       }
       using S = FlatMapState<ElementBlobs>;
       in.check_fields<S>();
       const auto dealt = in.deal_fields({"pending"});
-      std::vector<S> out(dealt.size());
-      for (std::size_t j = 0; j < out.size(); ++j) out[j].pending = dealt[j];
-      return in.write(out);
+      return in.write_slots([&](std::size_t j) {
+        S s;
+        s.pending = dealt[j];
+        return s;
+      });
     });
   }
 

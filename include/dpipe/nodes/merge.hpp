@@ -255,12 +255,12 @@ struct MergeKind {
       }
       const auto workers = static_cast<std::size_t>(in.to.num_workers);
       const auto dealt = in.deal_fields(pending, workers);
-      std::vector<S> out(in.new_slots());
-      for (std::size_t r = 0; r < out.size(); ++r) {
-        out[r].lanes.resize(workers);
-        for (std::size_t w = 0; w < workers; ++w) out[r].lanes[w].pending = dealt[r * workers + w];
-      }
-      return in.write(out);
+      return in.write_slots([&](std::size_t r) {
+        S s;
+        s.lanes.resize(workers);
+        for (std::size_t w = 0; w < workers; ++w) s.lanes[w].pending = dealt[r * workers + w];
+        return s;
+      });
     });
   }
 

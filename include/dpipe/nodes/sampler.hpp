@@ -147,7 +147,9 @@ struct SamplerKind {
   /// positions faster instances already took are skipped by whoever they fall to.
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {
-      return in.write(detail::redeal_positions(in, in.read<detail::DealState>()));
+      const auto states = detail::redeal_positions(in, detail::read_deals(in));
+      const std::size_t first = in.wanted_slots().first;
+      return in.write_slots([&](std::size_t j) { return states[j - first]; });
     });
   }
   /// `{"op": "sampler", "shuffle": "global" | "none", "epochs": 1}`, right after a random-access source.

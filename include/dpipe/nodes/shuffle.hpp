@@ -155,17 +155,16 @@ struct ShuffleKind {
       const auto dealt = in.deal_fields({"buffer"});
       const auto done = in.numbers("input_done");
       const bool all_done = std::all_of(done.begin(), done.end(), [](std::uint64_t d) { return d != 0; });
-      std::vector<S> out(dealt.size());
-      for (std::size_t j = 0; j < out.size(); ++j) {
-        if (!in.wanted(j)) continue;
-        out[j].buffer = dealt[j];
-        out[j].input_done = all_done;
+      return in.write_slots([&](std::size_t j) {
+        S s;
+        s.buffer = dealt[j];
+        s.input_done = all_done;
         Rng::State words = in.read_one<S>(j % in.old_slots()).rng.state();
         if (j >= in.old_slots())
           for (std::size_t w = 0; w < words.size(); ++w) words[w] ^= mix64(j * 4 + w + 1);
-        out[j].rng.set_state(words);
-      }
-      return in.write(out);
+        s.rng.set_state(words);
+        return s;
+      });
     });
   }
 
