@@ -541,15 +541,102 @@ TEST(SnapshotSetFiles, ARescaleThroughADirectoryGivesWhatRescalingTheSetGives) {
     testing::TempDir d;
     const std::string dir = d.path().string();
     write_set(p, dir, 4, 2, 9, [](int) { return 50; });
+    ASSERT_TRUE(fs::exists(fs::path(dir) / kIndex));
     const SnapshotSet whole = SnapshotSet::read_dir(dir);
-    for (const auto& [world, workers] : {std::pair{3, 2}, {2, 3}, {5, 1}, {1, 4}, {4, 2}}) {
-      if (world == 4 && workers == 2) continue;  // the set's own layout reads one file
-      const SnapshotSet expected = whole.rescaled(world, workers);
-      for (int r = 0; r < world; ++r)
-        EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, world, workers}, true).to_bytes(), expected.rank(r).to_bytes())
-            << "rank " << r << " of " << world << " x " << workers;
+    // Through the set index, then (index removed) through every rank's state index.
+    for (const bool index : {true, false}) {
+      if (!index) fs::remove(fs::path(dir) / kIndex);
+      for (const auto& [world, workers] : {std::pair{3, 2}, {2, 3}, {5, 1}, {1, 4}, {4, 2}}) {
+        if (world == 4 && workers == 2) continue;  // the set's own layout reads one file
+        const SnapshotSet expected = whole.rescaled(world, workers);
+        for (int r = 0; r < world; ++r)
+          EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, world, workers}, true).to_bytes(), expected.rank(r).to_bytes())
+              << "rank " << r << " of " << world << " x " << workers << (index ? " through the index" : "");
+      }
     }
   }
+}
+
+// The set index: one file a rescale reads instead of every rank's state index.
+TEST(SnapshotSetIndex, ARescaleThroughTheIndexReadsNoOtherRanksStateIndex) {
+  const auto p = range(0, 3000) | sampler() | shuffle({.buffer = 60}) | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  write_set(p, dir, 4, 2, 9, [](int) { return 50; });
+  const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(3, 2);
+  // Old rank 3's state index is garbage now: its elements are dealt to the last new rank only, and its
+  // numbers are in the set index, so new rank 0 never opens its state index.
+  const std::string path = (fs::path(dir) / name_of(dir, 3)).string();
+  const auto [offset, length] = section_of(path, 5);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    const std::string garbage(static_cast<std::size_t>(length), 'x');
+    f.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+  }
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true).to_bytes(), expected.rank(0).to_bytes());
+  // Without the index every rank's state index is read, and the damage is found.
+  fs::remove(fs::path(dir) / kIndex);
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true); }, "rank 3");
+}
+
+TEST(SnapshotSetIndex, ADamagedOrForeignIndexIsPassedOverAndTheRankFilesAreRead) {
+  const auto p = range(0, 2000) | sampler() | shuffle({.buffer = 30}) | batch({.size = 3});
+  testing::TempDir d, other;
+  const std::string dir = d.path().string();
+  write_set(p, dir, 3, 2, 7, [](int) { return 5; });
+  write_set(p, other.path().string(), 3, 2, 8, [](int) { return 6; });
+  const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(2, 2);
+  const auto check = [&](const std::string& what) {
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, 2, 2}, true).to_bytes(), expected.rank(r).to_bytes()) << what;
+  };
+  check("the index as written");
+  const fs::path index = fs::path(dir) / kIndex;
+  std::string bytes;
+  {
+    std::ifstream in(index, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (const std::size_t at : {std::size_t{3}, std::size_t{12}, bytes.size() / 2, bytes.size() - 1}) {
+    std::string flipped = bytes;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0x20);
+    testing::write_bytes(index.string(), flipped);
+    check("a byte flipped at " + std::to_string(at));
+  }
+  testing::write_bytes(index.string(), bytes.substr(0, bytes.size() / 3));
+  check("a truncated index");
+  fs::copy_file(fs::path(other.path()) / kIndex, index, fs::copy_options::overwrite_existing);
+  check("the index of another set (another step)");
+}
+
+TEST(SnapshotSetIndex, ARankWritingItsStepAgainRebuildsTheIndex) {
+  const auto p = range(0, 2000) | sampler() | shuffle({.buffer = 30}) | batch({.size = 3});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  write_set(p, dir, 2, 2, 7, [](int) { return 5; });
+  // Rank 1 writes step 5 again from another position (a job restarted from before step 5).
+  Engine e;
+  auto run = e.start(p, at(1, 2, 2));
+  for (int i = 0; i < 19; ++i) run.next();
+  SnapshotSet::write_rank(dir, run.reproducible_snapshot({}, 5));
+  ASSERT_TRUE(fs::exists(fs::path(dir) / kIndex));
+  const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(3, 1);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, 3, 1}, true).to_bytes(), expected.rank(r).to_bytes()) << r;
+}
+
+TEST(SnapshotSetIndex, AnOfflineRescaleWritesTheNewSetsIndex) {
+  const auto p = range(0, 3000) | sampler() | dispatch() | shuffle({.buffer = 20}) | batch({.size = 4});
+  testing::TempDir d, out;
+  const std::string dir = d.path().string(), to = (out.path() / "new").string();
+  write_set(p, dir, 3, 2, 6, [](int) { return 9; });
+  SnapshotSet::rescale_dir(dir, to, 2, 3);
+  ASSERT_TRUE(fs::exists(fs::path(to) / kIndex));
+  const SnapshotSet rescaled = SnapshotSet::read_dir(to);
+  const SnapshotSet expected = rescaled.rescaled(4, 1);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(SnapshotSet::read_rank(to, Layout{r, 4, 1}, true).to_bytes(), expected.rank(r).to_bytes()) << r;
 }
 
 TEST(SnapshotSetFiles, ARescaleThroughADirectoryReadsOnlyTheElementListsDealtToItsRank) {
