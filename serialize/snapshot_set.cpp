@@ -1078,12 +1078,26 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
     throw FileError("cannot rescale into '" + out + "': it exists and is not an empty directory");
   const SetListing l = list_set(dir);
   if (l.all_tagged) check_one_snapshot(dir, l);
-  // The set's plan (its state indexes, kept encoded), or, for a set without state indexes, the set read
-  // whole and rescaled.
-  auto plan = l.all_tagged ? read_plan(dir, l) : std::nullopt;
+  // The set's index (beside a manifest that names the set listed), else its plan (its state indexes, kept
+  // encoded), or, for a set without state indexes, the set read whole and rescaled.
+  std::optional<detail::SetIndex> index;
+  std::optional<detail::SnapshotPlan> first_rank;  // rank 0's metadata, with the index
+  if (const auto set = l.all_tagged ? read_manifest(dir) : std::nullopt;
+      set && *set == SetIdentity{l.world, l.ranks.front().second.workers, l.ranks.front().second.step, l.ranks.front().second.tag}) {
+    index = read_set_index(dir, *set);
+    if (index) first_rank = with_rank_file(dir, l, 0, [&](const std::string& path, const RankFileName& f) {
+        auto p = detail::read_snapshot_plan(path);
+        if (p) check_named(p->meta, f);
+        return p;
+      });
+    if (!first_rank) index.reset();
+  }
+  auto plan = !index && l.all_tagged ? read_plan(dir, l) : std::nullopt;
+  std::vector<detail::StoredList> index_lists;
+  std::vector<detail::StoredList>* lists = index ? &index_lists : plan ? &plan->lists : nullptr;
   // New ranks are planned a batch at a time (each batch deals the old records again and keeps only its
   // own ranks' records), so memory holds the plan and one batch, never the whole new set.
-  const int batch = plan ? std::max(kRescaleBatch, (world_size + kRescalePasses - 1) / kRescalePasses) : world_size;
+  const int batch = lists ? std::max(kRescaleBatch, (world_size + kRescalePasses - 1) / kRescalePasses) : world_size;
   struct Batch {
     int first = 0, end = 0;
     std::vector<Snapshot> ranks;                         // new ranks [first, end), lists as ranges
@@ -1092,21 +1106,26 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
   const auto plan_batch = [&](int first) {
     Batch b{first, std::min(world_size, first + batch), {}, {}};
     b.done_after.resize(static_cast<std::size_t>(b.end - first));
-    if (!plan) {
+    if (!lists) {
       b.ranks = read_dir(dir).rescaled(world_size, num_workers).ranks_;
       return b;
     }
-    plan->lists.clear();  // the lists of the batch before, its ranges done with
-    b.ranks = rescale_plan(*plan, dir, l, world_size, num_workers, first, b.end);
+    lists->clear();  // the lists of the batch before, its ranges done with
+    if (index) {
+      IndexRecords old(*index, *lists, dir, l);
+      b.ranks = rescale_records(first_rank->meta, l.world, old, world_size, num_workers, first, b.end);
+    } else {
+      b.ranks = rescale_plan(*plan, dir, l, world_size, num_workers, first, b.end);
+    }
     // A list dealt to the next batch too is read again then.
-    std::vector<int> last_use(plan->lists.size(), -1);
+    std::vector<int> last_use(lists->size(), -1);
     for (int r = first; r < b.end; ++r)
       for (const auto& st : b.ranks[static_cast<std::size_t>(r - first)].states)
         for (const auto& f : st.fields)
           for (const auto& range : f.elements.ranges)
             if (range.list < last_use.size()) last_use[range.list] = r - first;
     for (std::size_t i = 0; i < last_use.size(); ++i)
-      if (last_use[i] >= 0 && plan->lists[i].stored) b.done_after[static_cast<std::size_t>(last_use[i])].push_back(i);
+      if (last_use[i] >= 0 && (*lists)[i].stored) b.done_after[static_cast<std::size_t>(last_use[i])].push_back(i);
     return b;
   };
   Batch next = plan_batch(0);  // the first before anything is created: a refused rescale leaves nothing
@@ -1128,13 +1147,13 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
       Batch b = std::move(next);
       for (int r = b.first; r < b.end; ++r) {
         Snapshot& s = b.ranks[static_cast<std::size_t>(r - b.first)];
-        if (plan) load_ranges(s, plan->lists, dir, l);
+        if (lists) load_ranges(s, *lists, dir, l);
         // Durable all at once below: one flush of the file system instead of two fsyncs per file.
         write_file_atomically((staging / file_name(s.meta)).string(), s.to_bytes(), {.durability = Durability::by_caller});
         if (on_rank) on_rank(s);
         new_set = identity_of(s.meta);
         s = Snapshot{};
-        for (const std::uint64_t i : b.done_after[static_cast<std::size_t>(r - b.first)]) plan->lists[i].loaded.reset();
+        for (const std::uint64_t i : b.done_after[static_cast<std::size_t>(r - b.first)]) (*lists)[i].loaded.reset();
       }
       const int end = b.end;
       if (end == world_size) break;
