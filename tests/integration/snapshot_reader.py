@@ -307,6 +307,145 @@ def check_state_index(body, data, states_entry, states):
     c.end()
 
 
+# ---- the set index (docs/snapshot-format.md, "The set index") ----
+
+INDEX_MAGIC = b"DPIPESIX"
+SET_INDEX_VERSION = 1
+VALUE_LIST_BYTES, POSITION_LIST_BYTES = 64, 4096
+
+
+def _varint(c):
+    v = shift = 0
+    while True:
+        b = c.u8()
+        if shift == 63 and b > 1:
+            raise FormatError(f"{c.what}: a varint runs past 64 bits")
+        v |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return v
+        shift += 7
+        if shift > 63:
+            raise FormatError(f"{c.what}: a varint runs past 64 bits")
+
+
+def _text(c):
+    return c.take(_varint(c))
+
+
+def _index_value(c, t):
+    if t == 1:
+        return _varint(c)
+    if t == 2:
+        z = _varint(c)
+        return (z >> 1) ^ -(z & 1)
+    if t == 3:
+        return _text(c).decode("utf-8", errors="surrogateescape")
+    count, how = _varint(c), c.u8()
+    if how == 0:
+        lengths = [_varint(c) for _ in range(count)]
+        return {"count": count, "blobs": [c.take(n) for n in lengths]}
+    if how == 1:
+        return {"count": count, "offset": _varint(c), "length": _varint(c), "crc": c.u32()}
+    raise FormatError(f"{c.what}: a list flag {how}")
+
+
+def read_set_index(data):
+    """A set index read whole: its identity (the manifest's text), W, K and per node its rows, each a
+    dict of rank, instance, mode and the fields it has (name → (type, value))."""
+    if len(data) < 16 or data[:8] != INDEX_MAGIC:
+        raise FormatError("not a set index")
+    version, crc = struct.unpack("<II", data[8:16])
+    if version != SET_INDEX_VERSION:
+        raise FormatError(f"set index version {version}")
+    if crc32c(data[16:]) != crc:
+        raise ChecksumError("set index checksum mismatch")
+    c = Cursor(data[16:], "set index")
+    out = {"identity": _text(c), "world": _varint(c), "workers": _varint(c), "nodes": []}
+    K = out["workers"]
+    for _ in range(_varint(c)):
+        n = Cursor(c.take(_varint(c)), "set index node")
+        node = {"key": _text(n).decode(), "kind": _text(n).decode()}
+        R, layout = _varint(n), n.u8()
+        if layout == 0:
+            ranks = [_varint(n) for _ in range(R)]
+            instances = [_varint(n) for _ in range(R)]
+        elif layout in (1, 2, 3):
+            ranks = [i // K if layout == 1 else i for i in range(R)]
+            instances = [i * K if layout == 2 else i for i in range(R)]
+        else:
+            raise FormatError(f"node {node['key']!r}: rows layout {layout}")
+        mode = n.u8()
+        modes = list(n.take(R)) if mode == 0 else [mode] * R
+        rows = [{"rank": ranks[i], "instance": instances[i], "mode": STATE_MODES[modes[i]], "fields": {}}
+                for i in range(R)]
+        for _ in range(_varint(n)):
+            name, t = _text(n).decode(), n.u8()
+            if t not in FIELD_TYPES:
+                raise FormatError(f"field {name!r}: type {t}")
+            tag = _text(n).decode() if t == 4 else None
+            present = [1] * R if n.u8() == 1 else list(n.take(R))
+            width = _varint(n)
+            col = Cursor(n.take(_varint(n)), f"column {name!r}")
+            for i in range(R):
+                if not present[i]:
+                    continue
+                start = col.pos
+                value = _index_value(col, t)
+                if width and col.pos - start != width:
+                    raise FormatError(f"column {name!r} says every value is {width} bytes, one is {col.pos - start}")
+                rows[i]["fields"][name] = (FIELD_TYPES[t], tag, value)
+            col.end()
+        n.end()
+        node["rows"] = rows
+        out["nodes"].append(node)
+    c.end()
+    return out
+
+
+def check_set_index(index, rank_files):
+    """That the index says what the rank files (rank r's path at index r) hold: every record once, its
+    fields and values, and every list named by place found there with its checksum."""
+    seen = {}
+    for node in index["nodes"]:
+        for row in node["rows"]:
+            seen[(node["key"], row["instance"])] = (node, row)
+    total = 0
+    for r, path in enumerate(rank_files):
+        with open(path, "rb") as f:
+            data = f.read()
+        for s in read_snapshot(data)["states"]:
+            total += 1
+            node, row = seen[(s["key"], s["instance"])]
+            where = f"node {s['key']!r} instance {s['instance']}"
+            if (node["kind"], row["rank"], row["mode"]) != (s["kind"], r, s["mode"]):
+                raise FormatError(f"the index and rank {r} differ on {where}")
+            if [f["name"] for f in s["fields"]] != list(row["fields"]):
+                raise FormatError(f"the index and rank {r} give {where} other fields")
+            for f in s["fields"]:
+                t, tag, value = row["fields"][f["name"]]
+                if t != f["type"]:
+                    raise FormatError(f"field {f['name']!r} of {where} has another type in the index")
+                if t != "elements":
+                    if value != f["value"]:
+                        raise FormatError(f"field {f['name']!r} of {where}: {value!r} in the index, {f['value']!r} in the file")
+                    continue
+                encoded = b"".join(struct.pack("<Q", len(b)) for b in f["blobs"]) + b"".join(f["blobs"])
+                if tag != f["tag"] or value["count"] != len(f["blobs"]):
+                    raise FormatError(f"list {f['name']!r} of {where} differs in tag or count")
+                if "blobs" in value:
+                    limit = POSITION_LIST_BYTES if tag == "u64" else VALUE_LIST_BYTES
+                    if value["blobs"] != f["blobs"] or (f["blobs"] and len(encoded) > limit):
+                        raise FormatError(f"the values of list {f['name']!r} of {where} differ")
+                else:
+                    stored = data[value["offset"]:value["offset"] + value["length"]]
+                    if crc32c(stored) != value["crc"]:
+                        raise ChecksumError(f"list {f['name']!r} of {where}: checksum mismatch at its place")
+                    if stored != encoded:
+                        raise FormatError(f"list {f['name']!r} of {where} is not where the index says")
+    if total != len(seen):
+        raise FormatError(f"the index holds {len(seen)} records, the rank files {total}")
+
+
 def encode_state_index(states, list_offsets):
     """Section 5 for `states`, whose element lists' lengths start at `list_offsets` (file offsets, in order)."""
     spans = iter(list_offsets)

@@ -270,6 +270,27 @@ def main():
         assert text == body + b" crc32c=" + f"{sr.crc32c(body):08x}".encode() + b"\n", text
     check("set: the manifest reads as documented, its checksum included", manifest_as_documented)
 
+    def index_as_documented():
+        """The set index, read by the reader written from the document: it names the set's manifest, W
+        and K, and says what the two rank files hold, every list it places found there by its checksum."""
+        data = open(os.path.join(set_dir, "set.dpipe-index"), "rb").read()
+        index = sr.read_set_index(data)
+        assert index["identity"] == open(os.path.join(set_dir, "set.dpipe-manifest"), "rb").read(), index["identity"]
+        assert (index["world"], index["workers"]) == (2, 2), (index["world"], index["workers"])
+        placed = [v for n in index["nodes"] for row in n["rows"] for (t, _, v) in row["fields"].values()
+                  if t == "elements" and "offset" in v]
+        assert placed, "no list is placed by where it lies"
+        sr.check_set_index(index, [files["set rank 0"], files["set rank 1"]])
+        # A flipped byte anywhere after the head fails the checksum.
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 1
+        try:
+            sr.read_set_index(bytes(flipped))
+        except sr.ChecksumError:
+            return
+        raise AssertionError("a flipped byte in the index went unnoticed")
+    check("set: the index reads as documented and says what the rank files hold", index_as_documented)
+
     for name, path in files.items():
         check(f"{name}: every checksum verifies, sections laid out as documented", checksums_verify, path)
         check(f"{name}: content equals `dpipe snapshot show`", compare_with_show, path)
