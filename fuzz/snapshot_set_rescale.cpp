@@ -5,7 +5,9 @@
 // mutation reaches the rescale), the new layout, or the list of ranks; checksums are always valid.
 // The same bytes written as a set directory are rescaled through it too (SnapshotSet::read_rank: the
 // state indexes, then only the lists dealt): that never crashes, and for files in dpipe's own encoding it
-// gives each new rank the bytes the in-memory rescale gives.
+// gives each new rank the bytes the in-memory rescale gives. The snapshots written by dpipe's own
+// SnapshotSet::write_rank make a set with its manifest and index, rescaled through the index the same;
+// then the index with a few bytes changed and its checksum made right again is read: never a crash.
 #include <unistd.h>
 
 #include <cstddef>
@@ -13,9 +15,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <cstring>
 #include <optional>
 #include <string_view>
 
+#include "dpipe/crc32c.hpp"
 #include "fuzz_common.hpp"
 #include "set_container.hpp"
 #include "snapshot_mutator.hpp"
@@ -66,6 +71,54 @@ void rescale_through_dir(const std::vector<std::string>& ranks, const std::optio
   }
 }
 
+/// The snapshots written into a fresh directory by SnapshotSet::write_rank (the manifest and the set index
+/// with them), each new rank rescaled through the index and compared with `expected`; then the index with
+/// bytes changed (chosen by `seed`) under a right checksum, read by a rescale that may refuse but never
+/// crashes or hangs.
+void rescale_through_index(const std::vector<dpipe::Snapshot>& snapshots, const std::optional<dpipe::SnapshotSet>& expected,
+                           int w, int k, std::uint32_t seed) {
+  namespace fs = std::filesystem;
+  static const std::string dir = process_temp_dir("dpipe-fuzz-index");
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  try {
+    for (const auto& s : snapshots) dpipe::SnapshotSet::write_rank(dir, s);
+  } catch (const dpipe::Error&) {
+    return;
+  }
+  const fs::path index = fs::path(dir) / "set.dpipe-index";
+  if (!fs::exists(index)) return;
+  const bool dealt = expected && !(static_cast<int>(snapshots.size()) == w && snapshots.front().meta.layout.num_workers == k);
+  for (int r = 0; r < w && r < 8; ++r) {
+    try {
+      const dpipe::Snapshot got = dpipe::SnapshotSet::read_rank(dir, dpipe::Layout{r, w, k}, true);
+      if (dealt && got.to_bytes() != expected->rank(r).to_bytes())
+        finding("rank " + std::to_string(r) + " rescaled through the set index differs from the in-memory rescale");
+    } catch (const dpipe::Error& e) {
+      if (expected) finding(std::string("a set the in-memory rescale takes fails through its index: ") + e.what());
+    }
+  }
+  std::string bytes;
+  {
+    std::ifstream f(index, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  if (bytes.size() <= 16) return;
+  for (std::uint32_t t = 0; t < 3; ++t) {
+    const std::size_t at = 16 + (seed * 2654435761u + t * 40503u) % (bytes.size() - 16);
+    bytes[at] = static_cast<char>(bytes[at] ^ (1u << ((seed + t) % 8)));
+  }
+  const std::uint32_t crc = dpipe::crc32c(std::string_view(bytes).substr(16));
+  std::memcpy(bytes.data() + 12, &crc, sizeof crc);
+  std::ofstream(index, std::ios::binary | std::ios::trunc) << bytes;
+  for (int r = 0; r < w && r < 8; ++r) {
+    try {
+      (void)dpipe::SnapshotSet::read_rank(dir, dpipe::Layout{r, w, k}, true);
+    } catch (const dpipe::Error&) {
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -79,12 +132,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::optional<dpipe::SnapshotSet> out;
   const int w = in.new_world_size(), k = in.new_workers();
+  const std::vector<dpipe::Snapshot> snapshots = ranks;
   try {
     const dpipe::SnapshotSet set(std::move(ranks));
     out.emplace(set.rescaled(w, k));
   } catch (const dpipe::Error&) {
   }
   rescale_through_dir(in.ranks, out, w, k);
+  rescale_through_index(snapshots, out, w, k, static_cast<std::uint32_t>(size * 31 + in.world * 7 + in.workers));
   if (!out) return 0;
   if (out->world_size() != w || out->num_workers() != k)
     finding("a rescale to " + std::to_string(w) + " ranks of " + std::to_string(k) + " workers gave " +

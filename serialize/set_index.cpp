@@ -332,9 +332,10 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
     }
     c.width = get_count(r, 0);
     c.bytes = r.bytes(get_count(r, 1));
-    if (c.width && c.bytes.size() != present * c.width)
+    // Every value takes a byte at least: the rows a column claims are bounded by its bytes.
+    if (c.width ? c.bytes.size() / c.width != present || c.bytes.size() % c.width : present > c.bytes.size())
       fail("has " + std::to_string(c.bytes.size()) + " bytes for " + std::to_string(present) + " values of field '" +
-           c.name + "' of " + std::to_string(c.width) + " bytes");
+           c.name + "'" + (c.width ? " of " + std::to_string(c.width) + " bytes" : ""));
   }
   if (!r.done()) fail("has " + std::to_string(r.remaining()) + " unexpected bytes after its fields");
   if (n.rows_are_ == kListed) {
