@@ -84,7 +84,8 @@ class OldColumns {
 /// The records of one node on every old instance, in order, and the old and new layouts (rank unused).
 /// A node that runs once per rank (before dispatch, after merge) has one record per rank ("slot" = rank);
 /// any other has one per instance (slot = rank × workers + worker). The records are in memory (`old`) or
-/// columns of a set index (`columns`); a rule reads them through read(), record() and has_field().
+/// columns of a set index (`columns`); a rule reads them through the column reads, read_one(), read() and
+/// deal_fields(), never through `old` or `columns` directly.
 struct RescaleInput {
   std::vector<const NodeState*> old;
   Layout from, to;

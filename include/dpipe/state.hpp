@@ -221,7 +221,7 @@ class StateReader {
   /// Throws unless every field was read.
   void finish() const {
     if (pos_ != count_)
-      fail(std::to_string(count_ - pos_) + " unexpected fields after '" + (pos_ ? std::string(last_name_) : std::string("<start>")) +
+      fail(std::to_string(count_ - pos_) + " unexpected fields after '" + (pos_ ? field_at(pos_ - 1).name : std::string("<start>")) +
            "'");
   }
 
@@ -233,12 +233,12 @@ class StateReader {
   std::string what() const { return "state of node '" + key_ + "'"; }
   const Field& next(std::string_view name) {
     if (pos_ >= count_) fail("field '" + std::string(name) + "' is missing");
-    const Field& f = in_ ? in_->fields[pos_] : source_->field(pos_);
+    const Field& f = field_at(pos_);
     ++pos_;
     if (f.name != name) fail("expected field '" + std::string(name) + "', found '" + f.name + "'");
-    last_name_ = name;
     return f;
   }
+  const Field& field_at(std::size_t k) const { return in_ ? in_->fields[k] : source_->field(k); }
   void require_loaded(const Field& f) const {
     if (!f.elements.loaded()) throw ElementsNotLoaded(key_, f.name);
   }
@@ -254,7 +254,6 @@ class StateReader {
   const FieldSource* source_ = nullptr;
   std::size_t count_;
   std::size_t pos_ = 0;
-  std::string_view last_name_{};
 };
 
 }  // namespace dpipe
