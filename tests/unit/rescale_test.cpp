@@ -526,6 +526,16 @@ std::pair<std::uint64_t, std::uint64_t> section_of(const std::string& path, std:
   return {0, 0};
 }
 
+/// Overwrites section `id` of the snapshot file at `path` with garbage of the same length; returns the length.
+std::uint64_t garble_section(const std::string& path, std::uint32_t id) {
+  const auto [offset, length] = section_of(path, id);
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  const std::string garbage(static_cast<std::size_t>(length), 'x');
+  f.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+  return length;
+}
+
 TEST(SnapshotSetFiles, ARescaleThroughADirectoryGivesWhatRescalingTheSetGives) {
   const auto sampled = range(0, 3000) | sampler({.shuffle = SamplerShuffle::global});
   // Shuffle buffers of 60 (stored apart in the state index) and of 3 (inline), batches, queues; a
@@ -566,14 +576,7 @@ TEST(SnapshotSetIndex, ARescaleThroughTheIndexReadsNoOtherRanksStateIndex) {
   const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(3, 2);
   // Old rank 3's state index is garbage now: its elements are dealt to the last new rank only, and its
   // numbers are in the set index, so new rank 0 never opens its state index.
-  const std::string path = (fs::path(dir) / name_of(dir, 3)).string();
-  const auto [offset, length] = section_of(path, 5);
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(offset));
-    const std::string garbage(static_cast<std::size_t>(length), 'x');
-    f.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
-  }
+  garble_section((fs::path(dir) / name_of(dir, 3)).string(), 5);
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true).to_bytes(), expected.rank(0).to_bytes());
   // Without the index every rank's state index is read, and the damage is found.
   fs::remove(fs::path(dir) / kIndex);
@@ -647,15 +650,7 @@ TEST(SnapshotSetFiles, ARescaleThroughADirectoryReadsOnlyTheElementListsDealtToI
   const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(3, 2);
   // Old rank 3's node states are garbage now; its state index (where the lists lie) is intact. Its
   // elements are dealt to the last new rank only: the first reads around them.
-  const std::string path = (fs::path(dir) / name_of(dir, 3)).string();
-  const auto [offset, length] = section_of(path, 2);
-  ASSERT_GT(length, 1000u);
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(offset));
-    const std::string garbage(static_cast<std::size_t>(length), 'x');
-    f.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
-  }
+  ASSERT_GT(garble_section((fs::path(dir) / name_of(dir, 3)).string(), 2), 1000u);
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_dir(dir); }, "checksum mismatch");
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true).to_bytes(), expected.rank(0).to_bytes());
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{2, 3, 2}, true); },
@@ -726,14 +721,7 @@ TEST(SnapshotSetFiles, AnOfflineRescaleWritesTheWholeNewSetOrNothing) {
   testing::expect_throw_with<FileError>([&] { SnapshotSet::rescale_dir(dir, empty, 5, 1); }, "not an empty directory");
   EXPECT_EQ(SnapshotSet::read_dir(empty).world_size(), 2);
   // A damaged old file stops the rescale: no target, and nothing left beside it.
-  const std::string path = (fs::path(dir) / name_of(dir, 3)).string();
-  const auto [offset, length] = section_of(path, 2);
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(offset));
-    const std::string garbage(static_cast<std::size_t>(length), 'x');
-    f.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
-  }
+  garble_section((fs::path(dir) / name_of(dir, 3)).string(), 2);
   const std::string failed = (d.path() / "failed").string();
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::rescale_dir(dir, failed, 3, 2); }, "checksum");
   EXPECT_FALSE(fs::exists(failed));
