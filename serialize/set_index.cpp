@@ -259,6 +259,9 @@ std::optional<SetIndex> SetIndex::parse(std::string bytes, std::string_view iden
       out.blocks_.push_back({begin, begin + length});
     }
     if (!r.done()) return std::nullopt;
+    std::vector<std::string_view> keys(out.keys_.begin(), out.keys_.end());
+    std::sort(keys.begin(), keys.end());
+    if (std::adjacent_find(keys.begin(), keys.end()) != keys.end()) return std::nullopt;  // a node twice
   } catch (const SnapshotError&) {
     return std::nullopt;
   }
@@ -463,9 +466,7 @@ IndexNode::ListValue IndexNode::list_value(std::size_t k, std::size_t r) const {
 }
 
 std::uint64_t IndexNode::list_size(std::size_t i, std::size_t k) const {
-  if (!has(i, k)) return 0;
-  ByteReader in = value(k, row(i));
-  return get_varint(in);
+  return has(i, k) ? list_value(k, row(i)).count : 0;  // checked as a list read is
 }
 
 void IndexNode::fill_values(const ListValue& l, std::uint64_t id, ElementBlobs& out) const {
@@ -540,6 +541,7 @@ const Field& IndexNode::Row::field(std::size_t index) const {
   const std::size_t k = present[index];
   const Column& c = node->columns_[k];
   Field& f = scratch;
+  f.clear();  // nothing of the field read before (its storage kept)
   f.name = c.name;
   f.type = c.type;
   switch (c.type) {

@@ -68,6 +68,7 @@ class IndexNode final : public OldColumns {
   bool has_field(std::string_view name) const override { return column(name) >= 0; }
   std::ptrdiff_t column(std::string_view name) const override;
   bool has(std::size_t i, std::size_t k) const override;
+  bool everywhere(std::size_t k) const override { return columns_[k].present.empty(); }
   std::uint64_t number(std::size_t i, std::size_t k) const override;
   std::string_view text(std::size_t i, std::size_t k) const override;
   std::uint64_t list_size(std::size_t i, std::size_t k) const override;

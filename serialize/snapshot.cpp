@@ -472,6 +472,10 @@ namespace {
 /// Bytes [offset, offset + length) of the open snapshot `file` at `path` (a SnapshotError naming it if
 /// they cannot be read).
 std::string read_at(const RegularFile& file, const std::string& path, std::uint64_t offset, std::uint64_t length) {
+  // Never sized by a length the file cannot hold (a damaged index must not make this allocate).
+  if (offset > file.size() || length > file.size() - offset)
+    throw SnapshotError("'" + path + "': bytes [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                        ") lie past the end of the file (" + std::to_string(file.size()) + " bytes)");
   std::string bytes(static_cast<std::size_t>(length), '\0');
   std::size_t got = 0;
   while (got < bytes.size()) {

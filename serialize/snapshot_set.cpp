@@ -544,6 +544,8 @@ std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, co
     return stamps;
   } catch (const Error&) {
     return std::nullopt;
+  } catch (const std::exception&) {  // out of memory for a very large set: it goes without an index
+    return std::nullopt;
   }
 }
 
@@ -558,6 +560,7 @@ void drop_index(const std::string& dir) {
 /// again when a rank file changed while it was built.
 void write_index_and_manifest(const std::string& dir, const SetIdentity& set) {
   const auto stamps = write_set_index(dir, set);
+  if (!stamps) drop_index(dir);  // one another rank wrote before this rank's file changed
   write_manifest(dir, set);
   if (!stamps) return;
   for (int r = 0; r < set.world; ++r)
@@ -931,6 +934,10 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   const SetIdentity set = identity_of(s.meta);
   const std::string name = tagged_name(s.meta.layout.rank, set);
   s.write_file((fs::path(dir) / name).string());
+  // Again now that the file changed: an index another rank was building from this rank's older file
+  // while the first removal ran may have been written since (its own check sees the change only if it
+  // comes after the rename).
+  drop_index(dir);
   std::vector<std::string> written(static_cast<std::size_t>(s.meta.layout.rank) + 1);
   written.back() = name;
   SetFileCounter counter(set);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -42,12 +43,17 @@ class DealtParts {
   std::vector<ElementBlobs> held_;
   ElementBlobs empty_;
 };
-/// A `fields` visitor that lists the names of a state's fields.
+/// A `fields` visitor that lists the names of a state's fields and the field type each is written as.
 struct FieldNames {
   std::vector<std::string> names;
+  std::vector<FieldType> types;
   template <class T>
   void operator()(std::string_view name, T&) {
     names.emplace_back(name);
+    if constexpr (std::is_same_v<T, bool> || (std::is_integral_v<T> && std::is_unsigned_v<T>)) types.push_back(FieldType::u64);
+    else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) types.push_back(FieldType::i64);
+    else if constexpr (std::is_same_v<T, std::string>) types.push_back(FieldType::str);
+    else types.push_back(FieldType::elements);
   }
 };
 }  // namespace rescale
@@ -67,6 +73,8 @@ class OldColumns {
   virtual bool has_field(std::string_view name) const = 0;
   /// Column `k` by name, without reading a record: its position, or −1 when no record has it.
   virtual std::ptrdiff_t column(std::string_view name) const = 0;
+  /// Whether every row has column k.
+  virtual bool everywhere(std::size_t k) const = 0;
   /// Whether slot i's record has field k; its value (0, "" or an empty list when it has none).
   virtual bool has(std::size_t i, std::size_t k) const = 0;
   virtual std::uint64_t number(std::size_t i, std::size_t k) const = 0;  // u64, or i64's bits
@@ -151,18 +159,40 @@ struct RescaleInput {
 
   /// Checks that the old records are states `S` (`prototype` with every optional field present: a
   /// dispatcher's, say, as on the worker that owns it), for a rule that reads them by columns: records in
-  /// memory are each read whole, as read() does; columns must all be fields of S.
+  /// memory are each read whole, as read() does; columns must be S's fields, in its order, of its types,
+  /// and (unless `every_row` is false, for a state whose fields depend on a value, checked by the rule
+  /// with present()) on every record.
   template <class S>
-  void check_fields(S prototype = S{}) const {
+  void check_fields(S prototype = S{}, bool every_row = true) const {
     if (!columns) {
       (void)read<S>(prototype);
       return;
     }
     rescale::FieldNames visit;
     prototype.fields(visit);
-    for (std::size_t k = 0; k < columns->column_count(); ++k)
-      if (std::find(visit.names.begin(), visit.names.end(), columns->column_name(k)) == visit.names.end())
-        refuse("its records have a field '" + columns->column_name(k) + "' that its state does not have");
+    const std::size_t n = columns->column_count();
+    for (std::size_t k = 0; k < std::max(n, visit.names.size()); ++k) {
+      if (k >= n) refuse("its records lack the field '" + visit.names[k] + "'");
+      const std::string& name = columns->column_name(k);
+      if (k >= visit.names.size() || name != visit.names[k])
+        refuse("its records have a field '" + name + "' where its state " +
+               (k < visit.names.size() ? "has '" + visit.names[k] + "'" : "has no more"));
+      if (columns->column_type(k) != visit.types[k]) refuse("its field '" + name + "' has another type than its state's");
+      if (every_row && !columns->everywhere(k)) refuse("some of its records lack the field '" + name + "'");
+    }
+  }
+  /// Whether each old slot's record has field `name`.
+  std::vector<bool> present(std::string_view name) const {
+    std::vector<bool> out(old_slots(), false);
+    if (columns) {
+      const std::ptrdiff_t k = columns->column(name);
+      if (k >= 0)
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = columns->has(i, static_cast<std::size_t>(k));
+      return out;
+    }
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i] = std::any_of(old[i]->fields.begin(), old[i]->fields.end(), [&](const Field& f) { return f.name == name; });
+    return out;
   }
 
   /// Old slot i's record read into `state` by its `fields` visitor.
@@ -401,6 +431,8 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
     for (std::size_t f = 0; f < per_old; ++f) {
       column_of[f] = columns->column(fields[f]);
       if (column_of[f] < 0) continue;
+      if (columns->column_type(static_cast<std::size_t>(column_of[f])) != FieldType::elements)
+        refuse("its field '" + fields[f] + "' is not a list of elements");
       const std::string& t = columns->tag(static_cast<std::size_t>(column_of[f]));
       if (!tag.empty() && t != tag) throw SnapshotError("cannot rescale: elements of types " + tag + " and " + t + " in one list");
       tag = t;
@@ -414,14 +446,17 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
   for (std::size_t i = 0; i < n_old; ++i)
     for (std::size_t f = 0; f < per_old; ++f) {
       if (include(i)) {
+        std::uint64_t size = 0;
         if (columns) {
-          if (column_of[f] >= 0) total += columns->list_size(i, static_cast<std::size_t>(column_of[f]));
+          if (column_of[f] >= 0) size = columns->list_size(i, static_cast<std::size_t>(column_of[f]));
         } else if (const Field* x = field_of(i, f)) {
           if (!tag.empty() && x->elements.tag != tag)
             throw SnapshotError("cannot rescale: elements of types " + tag + " and " + x->elements.tag + " in one list");
           tag = x->elements.tag;
-          total += x->elements.size();
+          size = x->elements.size();
         }
+        if (size > (std::uint64_t{1} << 62) - total) refuse("its lists hold more than 2^62 elements together");
+        total += size;
       }
       ends.push_back(total);
     }

@@ -290,14 +290,23 @@ struct DispatchKind {
       S prototype;
       prototype.owner = true;  // names every field (a record is read as its own owner field says)
       prototype.backlogs.resize(static_cast<std::size_t>(in.from.num_workers));
-      in.check_fields(prototype);
+      in.check_fields(prototype, /*every_row=*/false);
       const auto owner = in.numbers("owner");
+      const auto owned = in.present("owner");
       std::vector<std::string> backlogs;
       for (std::size_t w = 0; w < static_cast<std::size_t>(in.from.num_workers); ++w)
         backlogs.push_back("backlog_" + std::to_string(w));
       for (std::size_t i = 0; i < owner.size(); ++i)
-        if ((owner[i] != 0) != (i % static_cast<std::size_t>(in.from.num_workers) == 0))
+        if ((owner[i] != 0) != (i % static_cast<std::size_t>(in.from.num_workers) == 0) || !owned[i])
           in.refuse("the dispatcher's record is not on worker 0 of instance " + std::to_string(i));
+      // An owner's record has every field, any other only `owner` (as each is read when in memory).
+      rescale::FieldNames names;
+      prototype.fields(names);
+      for (std::size_t k = 1; k < names.names.size(); ++k) {
+        const auto has = in.present(names.names[k]);
+        for (std::size_t i = 0; i < has.size(); ++i)
+          if (has[i] != (owner[i] != 0)) in.refuse("instance " + std::to_string(i) + "'s record has the wrong fields");
+      }
       const auto dealt = in.deal_fields(backlogs, 1, [&](std::size_t i) { return owner[i] != 0; });
       const auto workers = static_cast<std::size_t>(in.to.num_workers);
       return in.write_slots([&](std::size_t j) {
