@@ -65,35 +65,6 @@ enum RowsAre : std::uint8_t {
   kRankNumbers = 3,  // row i: rank i, instance i (the run's record)
 };
 
-/// Passes over one value of a column of type `type` (checked as it goes).
-void skip_value(ByteReader& r, FieldType type) {
-  switch (type) {
-    case FieldType::u64:
-    case FieldType::i64: get_varint(r); break;
-    case FieldType::str: get_text(r); break;
-    case FieldType::elements: {
-      const std::uint64_t count = get_varint(r);
-      const auto how = r.get<std::uint8_t>();
-      if (how == 0) {
-        if (count > r.remaining()) r.fail("a list claims more values than fit");
-        std::uint64_t total = 0;
-        for (std::uint64_t e = 0; e < count; ++e) {
-          const std::uint64_t len = get_varint(r);
-          if (len > r.remaining()) r.fail("a list value runs past the end");
-          total += len;
-        }
-        r.bytes(static_cast<std::size_t>(total));
-      } else if (how == 1) {
-        get_varint(r);
-        get_varint(r);
-        r.get<std::uint32_t>();
-      } else {
-        r.fail("a list has the flag " + std::to_string(how));
-      }
-      break;
-    }
-  }
-}
 
 }  // namespace
 
@@ -404,7 +375,9 @@ void IndexNode::scan(std::size_t k) const {
     c.at.resize(values);
     for (auto& a : c.at) {
       a = static_cast<std::uint32_t>(in.pos() - c.bytes.data());
-      skip_value(in, c.type);
+      if (c.type == FieldType::elements) read_list(in, k);
+      else if (c.type == FieldType::str) get_text(in);
+      else get_varint(in);
     }
     if (!in.done()) in.fail("field '" + c.name + "' of node '" + key_ + "' has bytes after its values");
   }
@@ -435,6 +408,10 @@ std::string_view IndexNode::text(std::size_t i, std::size_t k) const {
 
 IndexNode::ListValue IndexNode::list_value(std::size_t k, std::size_t r) const {
   ByteReader in = value(k, r);
+  return read_list(in, k);
+}
+
+IndexNode::ListValue IndexNode::read_list(ByteReader& in, std::size_t k) const {
   ListValue l;
   l.count = get_varint(in);
   const auto how = in.get<std::uint8_t>();
@@ -485,15 +462,21 @@ void IndexNode::fill_values(const ListValue& l, std::uint64_t id, ElementBlobs& 
 
 ElementBlobs IndexNode::list(std::size_t i, std::size_t k) const {
   ElementBlobs e;
+  if (has(i, k)) fill_list(k, row(i), e);
+  else e.tag = columns_[k].tag;
+  return e;
+}
+
+void IndexNode::fill_list(std::size_t k, std::size_t r, ElementBlobs& e) const {
   e.tag = columns_[k].tag;
-  if (!has(i, k)) return e;
-  const std::size_t r = row(i);
+  e.ranges.clear();
+  e.offsets.clear();
+  e.data.clear();
   const ListValue l = list_value(k, r);
-  if (l.count == 0) return e;
+  if (l.count == 0) return;
   const std::uint64_t id = list_id(k, r);
   e.ranges.push_back({id, 0, l.count});
   if (l.values_here || loaded_.count(id)) fill_values(l, id, e);
-  return e;
 }
 
 StoredList IndexNode::where(std::uint64_t id) const {
@@ -560,19 +543,7 @@ const Field& IndexNode::Row::field(std::size_t index) const {
       f.s = get_text(in);
       break;
     }
-    case FieldType::elements: {
-      ElementBlobs& e = f.elements;
-      e.tag = c.tag;
-      e.ranges.clear();
-      e.offsets.assign(1, 0);
-      e.data.clear();
-      const ListValue l = node->list_value(k, row);
-      if (l.count == 0) break;
-      const std::uint64_t id = node->list_id(k, row);
-      e.ranges.push_back({id, 0, l.count});
-      if (l.values_here || node->loaded_.count(id)) node->fill_values(l, id, e);
-      break;
-    }
+    case FieldType::elements: node->fill_list(k, row, f.elements); break;
   }
   return f;
 }

@@ -65,7 +65,6 @@ class IndexNode final : public OldColumns {
   std::uint32_t instance(std::size_t i) const override;
   StateMode mode(std::size_t i) const override;
   const FieldSource& fields(std::size_t i) const override;
-  bool has_field(std::string_view name) const override { return column(name) >= 0; }
   std::ptrdiff_t column(std::string_view name) const override;
   bool has(std::size_t i, std::size_t k) const override;
   bool everywhere(std::size_t k) const override { return columns_[k].present.empty(); }
@@ -125,6 +124,10 @@ class IndexNode final : public OldColumns {
   ByteReader value(std::size_t k, std::size_t row) const;
   void scan(std::size_t k) const;
   ListValue list_value(std::size_t k, std::size_t row) const;
+  /// A list value of column k from `in` (checked as it is read).
+  ListValue read_list(ByteReader& in, std::size_t k) const;
+  /// Row `row`'s list of column k (which the row has) into `e`: ranges of it, and its values where known.
+  void fill_list(std::size_t k, std::size_t row, ElementBlobs& e) const;
   void fill_values(const ListValue& l, std::uint64_t id, ElementBlobs& out) const;
   std::uint64_t list_id(std::size_t k, std::size_t row) const { return std::uint64_t(k) * rows_ + row; }
 

@@ -271,17 +271,18 @@ std::optional<SetIdentity> read_manifest(const std::string& dir) {
   return out;
 }
 
+/// Removes the set file `path` (`what`: "manifest" or "index"); false when there was none.
+bool remove_set_file(const std::string& path, const char* what) {
+  if (::unlink(path.c_str()) == 0) return true;
+  if (errno != ENOENT) throw SnapshotError(std::string("cannot remove the set ") + what + " '" + path + "': " + std::strerror(errno));
+  return false;
+}
+
 /// Removes `dir`'s manifest and set index, durably (a crash must not bring back one that names files now
 /// gone). The index is read only beside a manifest that names its set, so it goes second.
 void drop_manifest(const std::string& dir) {
-  bool removed = false;
-  for (const std::string& path : {manifest_path(dir), index_path(dir)}) {
-    if (::unlink(path.c_str()) == 0) removed = true;
-    else if (errno != ENOENT)
-      throw SnapshotError("cannot remove the set " + std::string(path == manifest_path(dir) ? "manifest" : "index") + " '" +
-                          path + "': " + std::strerror(errno));
-  }
-  if (removed) detail::fsync_directory(dir, manifest_path(dir));
+  const bool manifest = remove_set_file(manifest_path(dir), "manifest");
+  if (remove_set_file(index_path(dir), "index") || manifest) detail::fsync_directory(dir, manifest_path(dir));
 }
 
 /// Removes `dir`'s manifest unless it names `set`.
@@ -486,6 +487,10 @@ Snapshot read_named(const std::string& path, const RankFileName& f) {
   return s;
 }
 
+/// Rank `r`'s file of a listed set read for a rescale plan (read_snapshot_plan), checked against its name;
+/// nullopt for a file without a state index.
+std::optional<detail::SnapshotPlan> read_named_plan(const std::string& dir, const SetListing& l, int r);
+
 /// Reads rank `r`'s file of a listed set.
 Snapshot read_listed(const std::string& dir, const SetListing& l, int r) { return with_rank_file(dir, l, r, read_named); }
 
@@ -497,6 +502,14 @@ std::optional<Snapshot> read_by_manifest(const std::string& dir, const SetIdenti
   if (::stat((fs::path(dir) / name).c_str(), &st) != 0) return std::nullopt;
   const RankFileName f{r, set.world, set.workers, set.step, set.tag, true};
   return with_rank_file(dir, r, name, f, read_named);
+}
+
+std::optional<detail::SnapshotPlan> read_named_plan(const std::string& dir, const SetListing& l, int r) {
+  return with_rank_file(dir, l, r, [&](const std::string& path, const RankFileName& f) {
+    auto p = detail::read_snapshot_plan(path);
+    if (p) check_named(p->meta, f);
+    return p;
+  });
 }
 
 // ---- the set index -------------------------------------------------------------------------------
@@ -530,13 +543,15 @@ std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, co
     detail::SetIndexWriter index(manifest_text(set), static_cast<std::uint32_t>(set.workers));
     std::vector<FileStamp> stamps;
     stamps.reserve(static_cast<std::size_t>(set.world));
+    SetListing l;
+    l.world = set.world;
+    l.named = set;
     for (int r = 0; r < set.world; ++r) {
       const std::string path = (fs::path(dir) / tagged_name(r, set)).string();
       const auto stamp = stamp_of(path);
       if (!stamp) return std::nullopt;
-      const auto plan = detail::read_snapshot_plan(path);
+      const auto plan = read_named_plan(dir, l, r);
       if (!plan) return std::nullopt;
-      check_named(plan->meta, RankFileName{r, set.world, set.workers, set.step, set.tag, true});
       index.add_rank(*plan, static_cast<std::uint32_t>(r), path);
       stamps.push_back(*stamp);
     }
@@ -551,9 +566,7 @@ std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, co
 
 /// Removes `dir`'s set index, durably.
 void drop_index(const std::string& dir) {
-  const std::string path = index_path(dir);
-  if (::unlink(path.c_str()) == 0) detail::fsync_directory(dir, path);
-  else if (errno != ENOENT) throw SnapshotError("cannot remove the set index '" + path + "': " + std::strerror(errno));
+  if (remove_set_file(index_path(dir), "index")) detail::fsync_directory(dir, index_path(dir));
 }
 
 /// Writes the index and the manifest of `set`, complete in `dir` (write_manifest); the index is removed
@@ -684,11 +697,7 @@ std::optional<SetPlan> read_plan(const std::string& dir, const SetListing& l) {
   SetPlan plan;
   plan.files.reserve(l.ranks.size());
   for (int r = 0; r < l.world; ++r) {
-    auto rank = with_rank_file(dir, l, r, [&](const std::string& path, const RankFileName& f) {
-      auto p = detail::read_snapshot_plan(path);
-      if (p) check_named(p->meta, f);
-      return p;
-    });
+    auto rank = read_named_plan(dir, l, r);
     if (!rank) return std::nullopt;
     if (r > 0) {  // rank 0's graph and user metadata serve the new set
       rank->meta.graph = {};
@@ -847,11 +856,7 @@ std::optional<Snapshot> read_rescaled_by_index(const std::string& dir, const Set
   l.world = set.world;
   l.named = set;
   if (!stamp_of((fs::path(dir) / tagged_name(0, set)).string())) return std::nullopt;
-  const auto first = with_rank_file(dir, l, 0, [&](const std::string& path, const RankFileName& f) {
-    auto p = detail::read_snapshot_plan(path);
-    if (p) check_named(p->meta, f);
-    return p;
-  });
+  const auto first = read_named_plan(dir, l, 0);
   if (!first) return std::nullopt;
   std::vector<detail::StoredList> lists;
   IndexRecords old(*index, lists, dir, l);
@@ -1007,14 +1012,15 @@ void check_one_snapshot(const std::string& dir, const SetListing& l) {
 
 Snapshot SnapshotSet::read_rank(const std::string& dir, const Layout& to, bool rescale) {
   // A manifest of this layout: this rank's file by its name, and no listing.
-  if (const auto set = read_manifest(dir);
-      set && set->world == to.world_size && set->workers == to.num_workers && to.rank >= 0 && to.rank < set->world)
-    if (auto s = read_by_manifest(dir, *set, to.rank)) return std::move(*s);
-  // A manifest of another layout, for a rescale: the set's index, and no listing.
-  if (const auto set = read_manifest(dir);
-      set && rescale && (set->world != to.world_size || set->workers != to.num_workers) &&
-      Layout{0, to.world_size, to.num_workers}.possible() && to.rank >= 0 && to.rank < to.world_size)
-    if (auto s = read_rescaled_by_index(dir, *set, to)) return std::move(*s);
+  if (const auto set = read_manifest(dir)) {
+    if (set->world == to.world_size && set->workers == to.num_workers) {
+      if (to.rank >= 0 && to.rank < set->world)
+        if (auto s = read_by_manifest(dir, *set, to.rank)) return std::move(*s);
+    } else if (rescale && Layout{0, to.world_size, to.num_workers}.possible() && to.rank >= 0 && to.rank < to.world_size) {
+      // A manifest of another layout, for a rescale: the set's index, and no listing.
+      if (auto s = read_rescaled_by_index(dir, *set, to)) return std::move(*s);
+    }
+  }
   const SetListing l = list_set(dir);
   if (l.all_tagged) {
     // The names say it all: one snapshot (one step and tag on every rank), and its layout.
@@ -1092,11 +1098,7 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
   if (const auto set = l.all_tagged ? read_manifest(dir) : std::nullopt;
       set && *set == SetIdentity{l.world, l.ranks.front().second.workers, l.ranks.front().second.step, l.ranks.front().second.tag}) {
     index = read_set_index(dir, *set);
-    if (index) first_rank = with_rank_file(dir, l, 0, [&](const std::string& path, const RankFileName& f) {
-        auto p = detail::read_snapshot_plan(path);
-        if (p) check_named(p->meta, f);
-        return p;
-      });
+    if (index) first_rank = read_named_plan(dir, l, 0);
     if (!first_rank) index.reset();
   }
   auto plan = !index && l.all_tagged ? read_plan(dir, l) : std::nullopt;

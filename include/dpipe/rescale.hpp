@@ -69,8 +69,6 @@ class OldColumns {
   virtual StateMode mode(std::size_t i) const = 0;
   /// Slot i's fields, as a StateReader reads them (one slot's at a time).
   virtual const FieldSource& fields(std::size_t i) const = 0;
-  /// Whether the records have a field of this name.
-  virtual bool has_field(std::string_view name) const = 0;
   /// Column `k` by name, without reading a record: its position, or −1 when no record has it.
   virtual std::ptrdiff_t column(std::string_view name) const = 0;
   /// Whether every row has column k.
@@ -114,7 +112,7 @@ struct RescaleInput {
   std::size_t old_slots() const { return columns ? columns->size() : old.size(); }
   /// Whether the node's records have a field `name`.
   bool has_field(std::string_view name) const {
-    if (columns) return columns->has_field(name);
+    if (columns) return columns->column(name) >= 0;
     const auto& fields = old.front()->fields;
     return std::any_of(fields.begin(), fields.end(), [&](const Field& f) { return f.name == name; });
   }
@@ -401,14 +399,6 @@ std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, st
     first += len;
   }
   return out;
-}
-
-/// The element lists `member` of every state, in order (for deal()).
-template <class S, class M>
-std::vector<const ElementBlobs*> lists(const std::vector<S>& states, M S::*member) {
-  std::vector<const ElementBlobs*> v;
-  for (const S& s : states) v.push_back(&(s.*member));
-  return v;
 }
 
 }  // namespace rescale
