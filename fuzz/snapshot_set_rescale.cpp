@@ -7,7 +7,7 @@
 // state indexes, then only the lists dealt): that never crashes, and for files in dpipe's own encoding it
 // gives each new rank the bytes the in-memory rescale gives. The snapshots written by dpipe's own
 // SnapshotSet::write_rank make a set with its manifest and index, rescaled through the index the same;
-// then the index with a few bytes changed and its checksum made right again is read: never a crash.
+// then the index with a few bytes changed (its directory's checksum made right again) is read: never a crash.
 #include <unistd.h>
 
 #include <cstddef>
@@ -73,8 +73,8 @@ void rescale_through_dir(const std::vector<std::string>& ranks, const std::optio
 
 /// The snapshots written into a fresh directory by SnapshotSet::write_rank (the manifest and the set index
 /// with them), each new rank rescaled through the index and compared with `expected`; then the index with
-/// bytes changed (chosen by `seed`) under a right checksum, read by a rescale that may refuse but never
-/// crashes or hangs.
+/// bytes changed (chosen by `seed`), in its directory under a right checksum and after it under a wrong
+/// one, read by a rescale that may refuse but never crashes or hangs.
 void rescale_through_index(const std::vector<dpipe::Snapshot>& snapshots, const std::optional<dpipe::SnapshotSet>& expected,
                            int w, int k, std::uint32_t seed) {
   namespace fs = std::filesystem;
@@ -103,13 +103,21 @@ void rescale_through_index(const std::vector<dpipe::Snapshot>& snapshots, const 
     std::ifstream f(index, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(f), {});
   }
-  if (bytes.size() <= 16) return;
-  for (std::uint32_t t = 0; t < 3; ++t) {
-    const std::size_t at = 16 + (seed * 2654435761u + t * 40503u) % (bytes.size() - 16);
+  // Two bytes of the directory changed and its checksum made right (the decoder's checks are what stand),
+  // and one byte anywhere after the head left wrong (a part that does not match: the rank files are read).
+  constexpr std::size_t kHead = 20;
+  if (bytes.size() <= kHead) return;
+  std::uint32_t directory = 0;
+  std::memcpy(&directory, bytes.data() + 12, sizeof directory);
+  if (directory == 0 || directory > bytes.size() - kHead) return;
+  for (std::uint32_t t = 0; t < 2; ++t) {
+    const std::size_t at = kHead + (seed * 2654435761u + t * 40503u) % directory;
     bytes[at] = static_cast<char>(bytes[at] ^ (1u << ((seed + t) % 8)));
   }
-  const std::uint32_t crc = dpipe::crc32c(std::string_view(bytes).substr(16));
-  std::memcpy(bytes.data() + 12, &crc, sizeof crc);
+  const std::uint32_t crc = dpipe::crc32c(std::string_view(bytes).substr(kHead, directory));
+  std::memcpy(bytes.data() + 16, &crc, sizeof crc);
+  const std::size_t at = kHead + (seed * 40503u) % (bytes.size() - kHead);
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
   std::ofstream(index, std::ios::binary | std::ios::trunc) << bytes;
   for (int r = 0; r < w && r < 8; ++r) {
     try {

@@ -14,8 +14,13 @@ namespace dpipe::detail {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'P', 'I', 'P', 'E', 'S', 'I', 'X'};
-constexpr std::uint32_t kVersion = 1;
-constexpr std::size_t kHeadBytes = 16;  // magic, version, CRC-32C of everything after the head
+constexpr std::uint32_t kVersion = 2;
+constexpr std::size_t kHeadBytes = 20;  // magic, version, the directory's length and CRC-32C
+// A directory longer than this is not read (a damaged length must not size an allocation).
+constexpr std::uint64_t kMaxDirectory = std::uint64_t{1} << 30;
+// The values of a column stored one by one are cut into chunks of this many, each with its CRC-32C, so a
+// reader of a few rows reads a few chunks.
+constexpr std::uint64_t kPerChunk = 256;
 // A list whose lengths and bytes (8 per length, as in a rank file) take at most this many is written
 // with its values (a generator's four words, a few positions); any other by where it lies.
 constexpr std::uint64_t kValueListBytes = 64;
@@ -34,8 +39,6 @@ void put_text(std::string& out, std::string_view s) {
   put_varint(out, s.size());
   out.append(s);
 }
-std::uint64_t zigzag(std::int64_t v) { return (static_cast<std::uint64_t>(v) << 1) ^ static_cast<std::uint64_t>(v >> 63); }
-std::int64_t unzigzag(std::uint64_t v) { return static_cast<std::int64_t>(v >> 1) ^ -static_cast<std::int64_t>(v & 1); }
 
 std::uint64_t get_varint(ByteReader& r) {
   std::uint64_t v = 0;
@@ -54,8 +57,53 @@ std::size_t get_count(ByteReader& r, std::size_t min_bytes) {
   return static_cast<std::size_t>(n);
 }
 std::string_view get_text(ByteReader& r) { return r.bytes(get_count(r, 1)); }
+void put_u32(std::string& out, std::uint32_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof v); }
 
-constexpr std::size_t kVaried = ~std::size_t{0};
+void put_part(std::string& directory, std::string& data, std::string_view bytes) {
+  put_varint(directory, data.size());
+  put_varint(directory, bytes.size());
+  put_u32(directory, crc32c(bytes));
+  data += bytes;
+}
+IndexNode::Part get_part(ByteReader& r) {
+  IndexNode::Part p;
+  p.offset = get_varint(r);
+  p.length = get_varint(r);
+  p.crc = r.get<std::uint32_t>();
+  return p;
+}
+
+// How an element list is stored (its first byte).
+enum ListHow : std::uint8_t {
+  kValuesHere = 0,  // varint count, the elements' lengths (varints), then their bytes
+  kPlace = 1,       // varint offset, varint length, u32 CRC-32C: where it lies in its rank's file
+  kNoElements = 2,  // nothing follows
+};
+
+/// Passes over a list value, checking it as it goes; returns how it is stored.
+template <class Fail>
+std::uint8_t skip_list(ByteReader& in, const Fail& fail) {
+  const auto how = in.get<std::uint8_t>();
+  if (how == kValuesHere) {
+    const std::uint64_t count = get_varint(in);
+    if (count > in.remaining()) fail("claims more values than fit");
+    std::uint64_t total = 0;
+    for (std::uint64_t e = 0; e < count; ++e) {
+      const std::uint64_t length = get_varint(in);
+      if (length > in.remaining() - std::min<std::uint64_t>(total, in.remaining())) fail("has a value that runs past the end");
+      total += length;
+    }
+    if (total > in.remaining()) fail("has values that run past the end");
+    in.bytes(static_cast<std::size_t>(total));
+  } else if (how == kPlace) {
+    get_varint(in);
+    get_varint(in);
+    in.get<std::uint32_t>();
+  } else if (how != kNoElements) {
+    fail("has a list flag " + std::to_string(how));
+  }
+  return how;
+}
 
 // How a node's rows map to ranks and instances (the `rows` byte of a node).
 enum RowsAre : std::uint8_t {
@@ -67,6 +115,23 @@ enum RowsAre : std::uint8_t {
 
 
 }  // namespace
+
+void SetIndexWriter::Sequence::add_number(std::uint64_t v) {
+  const std::uint64_t n = ends.size();
+  if (n == 0) first = v;
+  else if (n == 1) step = v - first;
+  else if (progression && v != first + n * step) progression = false;
+  put_varint(bytes, v);
+  close_value();
+}
+
+bool SetIndexWriter::Sequence::all_same() const {
+  if (ends.empty()) return true;
+  const std::string_view all(bytes), one = all.substr(0, ends[0]);
+  for (std::size_t n = 1; n < ends.size(); ++n)
+    if (all.substr(ends[n - 1], ends[n] - ends[n - 1]) != one) return false;
+  return true;
+}
 
 void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, const std::string& path) {
   if (rank != ranks_) throw SnapshotError("set index: rank " + std::to_string(rank) + " added out of order");
@@ -98,8 +163,8 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
                               " has its fields in another order than the records before");
         k = at;
         n.columns.insert(n.columns.begin() + std::ptrdiff_t(k),
-                         Column{f.name, f.type, f.type == FieldType::elements ? f.elements.tag : "", {},
-                                std::string(before, '\0'), 0});
+                         Column{f.name, f.type, f.type == FieldType::elements ? f.elements.tag : "",
+                                std::string(before, '\0'), {}, {}});
       }
       for (std::size_t skipped = at; skipped < k; ++skipped) n.columns[skipped].present.push_back(0);
       at = k + 1;
@@ -108,21 +173,25 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
         throw SnapshotError("set index: field '" + f.name + "' of node '" + st.key + "' has another type on rank " +
                             std::to_string(rank) + " than on the ranks before");
       c.present.push_back(1);
-      std::string& b = c.bytes;
-      const std::size_t value_begin = b.size();
       switch (f.type) {
-        case FieldType::u64: put_varint(b, f.u); break;
-        case FieldType::i64: put_varint(b, zigzag(f.i)); break;
-        case FieldType::str: put_text(b, f.s); break;
+        case FieldType::u64: c.values.add_number(f.u); break;
+        case FieldType::i64: c.values.add_number(static_cast<std::uint64_t>(f.i)); break;
+        case FieldType::str:
+          put_text(c.values.bytes, f.s);
+          c.values.close_value();
+          break;
         case FieldType::elements: {
           const ElementBlobs& e = f.elements;
           const std::size_t count = e.size();
-          put_varint(b, count);
+          c.values.add_number(count);
+          std::string& b = c.lists.bytes;
           const StoredList* l = e.ranges.empty() ? nullptr : &lists.at(e.ranges.front().list);
-          // Values here: none, a few bytes, or a list of positions (a sampler's skipped ones) up to 4 KB.
-          const bool here = !l || l->bytes <= kValueListBytes || (c.tag == "u64" && l->bytes <= kPositionListBytes);
-          if (here) {
+          if (count == 0) {
+            b.push_back(2);  // no elements
+          } else if (!l || l->bytes <= kValueListBytes || (c.tag == "u64" && l->bytes <= kPositionListBytes)) {
+            // Values here: a few bytes, or a list of positions (a sampler's skipped ones) up to 4 KB.
             b.push_back(0);
+            put_varint(b, count);
             ElementBlobs stored;
             const ElementBlobs* v = &e;
             if (l && l->loaded) v = l->loaded.get();
@@ -133,25 +202,59 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
             b.push_back(1);  // where they lie in the rank's file
             put_varint(b, l->offset);
             put_varint(b, l->bytes);
-            const std::uint32_t crc = l->crc;
-            b.append(reinterpret_cast<const char*>(&crc), sizeof crc);
+            put_u32(b, l->crc);
           }
+          c.lists.close_value();
           break;
         }
       }
-      const std::size_t width = b.size() - value_begin;
-      c.width = value_begin == 0 ? width : c.width == width ? width : kVaried;
     }
     for (std::size_t k = at; k < n.columns.size(); ++k) n.columns[k].present.push_back(0);
   });
 }
 
+namespace {
+
+/// A sequence's entry in the directory, its chunks (if stored one by one) appended to `data`.
+void put_sequence(std::string& dir, std::string& data, const SetIndexWriter::Sequence& s, bool numbers) {
+  if (s.all_same()) {
+    dir.push_back(static_cast<char>(IndexNode::Sequence::same));
+    put_text(dir, std::string_view(s.bytes).substr(0, s.ends.empty() ? 0 : s.ends[0]));
+  } else if (numbers && s.progression) {
+    dir.push_back(static_cast<char>(IndexNode::Sequence::progression));
+    put_varint(dir, s.first);
+    put_varint(dir, s.step);
+  } else {
+    dir.push_back(static_cast<char>(IndexNode::Sequence::chunked));
+    put_varint(dir, kPerChunk);
+    put_varint(dir, data.size());
+    const std::size_t chunks = (s.ends.size() + kPerChunk - 1) / kPerChunk;
+    put_varint(dir, chunks);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t begin = c ? s.ends[c * kPerChunk - 1] : 0;
+      const std::size_t end = s.ends[std::min(s.ends.size(), (c + 1) * kPerChunk) - 1];
+      const std::string_view bytes = std::string_view(s.bytes).substr(begin, end - begin);
+      put_varint(dir, bytes.size());
+      put_u32(dir, crc32c(bytes));
+      data += bytes;
+    }
+  }
+}
+
+std::string varints(const std::vector<std::uint32_t>& values) {
+  std::string out;
+  for (const auto v : values) put_varint(out, v);
+  return out;
+}
+
+}  // namespace
+
 std::string SetIndexWriter::finish() {
-  std::string body;
-  put_text(body, identity_);
-  put_varint(body, ranks_);
-  put_varint(body, workers_);
-  put_varint(body, nodes_.size());
+  std::string dir, data;
+  put_text(dir, identity_);
+  put_varint(dir, ranks_);
+  put_varint(dir, workers_);
+  put_varint(dir, nodes_.size());
   const std::uint64_t k_workers = workers_;
   for (const Node& n : nodes_) {
     std::string b;
@@ -172,14 +275,14 @@ std::string SetIndexWriter::finish() {
       b.push_back(static_cast<char>(kRankNumbers));
     } else {
       b.push_back(static_cast<char>(kListed));
-      for (const auto r : n.ranks) put_varint(b, r);
-      for (const auto i : n.instances) put_varint(b, i);
+      put_part(b, data, varints(n.ranks));
+      put_part(b, data, varints(n.instances));
     }
     if (!n.modes.empty() && n.modes.find_first_not_of(n.modes.front()) == std::string::npos) {
       b.push_back(n.modes.front());
     } else {
       b.push_back(0);
-      b += n.modes;
+      put_part(b, data, n.modes);
     }
     put_varint(b, n.columns.size());
     for (const Column& c : n.columns) {
@@ -190,31 +293,37 @@ std::string SetIndexWriter::finish() {
         b.push_back(1);
       } else {
         b.push_back(0);
-        b += c.present;
+        put_part(b, data, c.present);
       }
-      put_varint(b, c.width == kVaried ? 0 : c.width);
-      put_varint(b, c.bytes.size());
-      b += c.bytes;
+      put_sequence(b, data, c.values, c.type != FieldType::str);
+      if (c.type == FieldType::elements) put_sequence(b, data, c.lists, false);
     }
-    put_varint(body, b.size());
-    body += b;
+    put_varint(dir, b.size());
+    dir += b;
   }
   std::string out(kMagic, sizeof kMagic);
-  const std::uint32_t version = kVersion, crc = crc32c(body);
-  out.append(reinterpret_cast<const char*>(&version), sizeof version);
-  out.append(reinterpret_cast<const char*>(&crc), sizeof crc);
-  return out + body;
+  put_u32(out, kVersion);
+  put_u32(out, static_cast<std::uint32_t>(dir.size()));
+  put_u32(out, crc32c(dir));
+  return out + dir + data;
 }
 
-std::optional<SetIndex> SetIndex::parse(std::string bytes, std::string_view identity) {
-  if (bytes.size() < kHeadBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return std::nullopt;
-  std::uint32_t version = 0, crc = 0;
-  std::memcpy(&version, bytes.data() + 8, sizeof version);
-  std::memcpy(&crc, bytes.data() + 12, sizeof crc);
-  if (version != kVersion || crc32c(std::string_view(bytes).substr(kHeadBytes)) != crc) return std::nullopt;
+std::optional<SetIndex> SetIndex::open(const std::string& path, std::string_view identity) {
   SetIndex out;
   try {
-    ByteReader r(std::string_view(bytes).substr(kHeadBytes), "set index");
+    out.file_ = std::make_shared<const RegularFile>(path, FileRole::snapshot);  // no device opened, no FIFO waited on
+    if (out.file_->size() < kHeadBytes) return std::nullopt;
+    const std::string head = read_at(*out.file_, path, 0, kHeadBytes);
+    if (std::memcmp(head.data(), kMagic, sizeof kMagic) != 0) return std::nullopt;
+    std::uint32_t version = 0, length = 0, crc = 0;
+    std::memcpy(&version, head.data() + 8, sizeof version);
+    std::memcpy(&length, head.data() + 12, sizeof length);
+    std::memcpy(&crc, head.data() + 16, sizeof crc);
+    if (version != kVersion || length > kMaxDirectory || length > out.file_->size() - kHeadBytes) return std::nullopt;
+    out.directory_ = read_at(*out.file_, path, kHeadBytes, length);
+    if (crc32c(out.directory_) != crc) return std::nullopt;
+    out.data_begin_ = kHeadBytes + length;
+    ByteReader r(out.directory_, "set index");
     if (get_text(r) != identity) return std::nullopt;
     const std::uint64_t world = get_varint(r), workers = get_varint(r);
     constexpr auto kMaxInt = std::uint64_t(std::numeric_limits<std::int32_t>::max());
@@ -224,7 +333,7 @@ std::optional<SetIndex> SetIndex::parse(std::string bytes, std::string_view iden
     const std::size_t nodes = get_count(r, 1);
     for (std::size_t k = 0; k < nodes; ++k) {
       const std::size_t length = get_count(r, 1);
-      const std::size_t begin = kHeadBytes + static_cast<std::size_t>(r.pos() - (bytes.data() + kHeadBytes));
+      const auto begin = static_cast<std::size_t>(r.pos() - out.directory_.data());
       ByteReader block(r.bytes(length), "set index");
       out.keys_.emplace_back(get_text(block));
       out.blocks_.push_back({begin, begin + length});
@@ -233,18 +342,76 @@ std::optional<SetIndex> SetIndex::parse(std::string bytes, std::string_view iden
     std::vector<std::string_view> keys(out.keys_.begin(), out.keys_.end());
     std::sort(keys.begin(), keys.end());
     if (std::adjacent_find(keys.begin(), keys.end()) != keys.end()) return std::nullopt;  // a node twice
-  } catch (const SnapshotError&) {
+  } catch (const Error&) {
     return std::nullopt;
   }
-  out.bytes_ = std::move(bytes);
   return out;
 }
 
+std::string SetIndex::read(const IndexNode::Part& part) const {
+  const std::uint64_t size = file_->size() - data_begin_;
+  if (part.offset > size || part.length > size - part.offset)
+    throw SetIndexDamaged("its part at [" + std::to_string(part.offset) + ", +" + std::to_string(part.length) +
+                          ") lies past its end");
+  std::string bytes;
+  try {
+    bytes = read_at(*file_, file_->path(), data_begin_ + part.offset, part.length);
+  } catch (const SnapshotError& e) {
+    throw SetIndexDamaged(e.what());
+  }
+  if (crc32c(bytes) != part.crc)
+    throw SetIndexDamaged("its part at [" + std::to_string(part.offset) + ", +" + std::to_string(part.length) +
+                          ") does not match its checksum");
+  return bytes;
+}
+
+namespace {
+
+/// A sequence's entry in the directory, for `values` values.
+template <class Fail>
+IndexNode::Sequence get_sequence(ByteReader& r, std::size_t values, const Fail& fail) {
+  IndexNode::Sequence s;
+  const auto form = r.get<std::uint8_t>();
+  switch (form) {
+    case IndexNode::Sequence::same: s.value = get_text(r); break;
+    case IndexNode::Sequence::progression:
+      s.first = get_varint(r);
+      s.step = get_varint(r);
+      break;
+    case IndexNode::Sequence::chunked: {
+      s.per_chunk = get_varint(r);
+      s.offset = get_varint(r);
+      if (s.per_chunk == 0) fail("has chunks of no values");
+      const std::uint64_t chunks = values / s.per_chunk + (values % s.per_chunk != 0);
+      if (get_varint(r) != chunks) fail("has another number of chunks than its " + std::to_string(values) + " values fill");
+      if (chunks > r.remaining() / 5) fail("has more chunks than fit");
+      s.chunks.resize(static_cast<std::size_t>(chunks));
+      std::uint64_t at = s.offset;
+      for (auto& c : s.chunks) {
+        c.offset = at;
+        c.length = get_varint(r);
+        c.crc = r.get<std::uint32_t>();
+        // Every value takes a byte at least (an empty list none; lists are read as a chunk is).
+        if (c.length > std::numeric_limits<std::uint64_t>::max() - at) fail("has a chunk past any file's end");
+        at += c.length;
+      }
+      s.cache.resize(s.chunks.size());
+      break;
+    }
+    default: fail("has values of an unknown form " + std::to_string(form));
+  }
+  s.form = static_cast<IndexNode::Sequence::Form>(form);
+  return s;
+}
+
+}  // namespace
+
 std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
   const Block& blk = blocks_.at(k);
-  ByteReader r(std::string_view(bytes_).substr(blk.begin, blk.end - blk.begin), "set index");
+  ByteReader r(std::string_view(directory_).substr(blk.begin, blk.end - blk.begin), "set index");
   auto out = std::make_unique<IndexNode>();
   IndexNode& n = *out;
+  n.index_ = this;
   n.key_ = get_text(r);
   n.kind_ = get_text(r);
   const auto fail = [&](const std::string& what) { r.fail("node '" + n.key_ + "' " + what); };
@@ -260,26 +427,31 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
     case kRankNumbers:
       if (rows > world_) fail("has more rows than ranks");
       break;
-    case kListed:
-      if (rows > r.remaining() / 2) fail("has more rows than fit");
+    case kListed: {
+      const std::string ranks = read(get_part(r)), instances = read(get_part(r));
+      ByteReader rank_in(ranks, "set index"), instance_in(instances, "set index");
+      if (rows > ranks.size() || rows > instances.size()) fail("has more rows than its ranks and instances");
       n.rank_.resize(n.rows_);
       n.instance_.resize(n.rows_);
       for (auto& rank : n.rank_) {
-        const std::uint64_t v = get_varint(r);
+        const std::uint64_t v = get_varint(rank_in);
         if (v >= world_) fail("has a record of rank " + std::to_string(v) + " in a set of " + std::to_string(world_));
         rank = static_cast<std::uint32_t>(v);
       }
       for (auto& instance : n.instance_) {
-        const std::uint64_t v = get_varint(r);
+        const std::uint64_t v = get_varint(instance_in);
         if (v > std::numeric_limits<std::uint32_t>::max()) fail("has a record of instance " + std::to_string(v));
         instance = static_cast<std::uint32_t>(v);
       }
+      if (!rank_in.done() || !instance_in.done()) fail("has bytes after its ranks and instances");
       break;
+    }
     default: fail("has rows of layout " + std::to_string(n.rows_are_));
   }
   n.one_mode_ = r.get<std::uint8_t>();
   if (n.one_mode_ == 0) {
-    n.modes_ = r.bytes(n.rows_);
+    n.modes_ = read(get_part(r));
+    if (n.modes_.size() != n.rows_) fail("has " + std::to_string(n.modes_.size()) + " modes for " + std::to_string(n.rows_) + " rows");
     for (const char m : n.modes_)
       if (m < 1 || m > 3) fail("has an unknown state mode " + std::to_string(int(m)));
   } else if (n.one_mode_ > 3) {
@@ -288,28 +460,38 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
   n.columns_.resize(get_count(r, 4));
   for (auto& c : n.columns_) {
     c.name = get_text(r);
+    const auto column_fail = [&](const std::string& what) { fail("field '" + c.name + "' " + what); };
     const auto type = r.get<std::uint8_t>();
     if (type < 1 || type > 4) fail("has a field '" + c.name + "' of unknown type " + std::to_string(type));
     c.type = static_cast<FieldType>(type);
     if (c.type == FieldType::elements) c.tag = get_text(r);
     const auto all = r.get<std::uint8_t>();
-    if (all > 1) fail("has a presence flag " + std::to_string(all) + " for field '" + c.name + "'");
-    std::size_t present = n.rows_;
+    if (all > 1) column_fail("has a presence flag " + std::to_string(all));
+    c.values = n.rows_;
     if (!all) {
-      const std::string_view flags = r.bytes(n.rows_);
+      const std::string flags = read(get_part(r));
+      if (flags.size() != n.rows_) column_fail("has " + std::to_string(flags.size()) + " presence flags for " + std::to_string(n.rows_) + " rows");
       c.present.assign(flags.begin(), flags.end());
-      present = 0;
-      for (const auto p : c.present) {
-        if (p > 1) fail("has a presence flag " + std::to_string(p) + " for field '" + c.name + "'");
-        present += p;
+      c.nth.resize(n.rows_);
+      c.values = 0;
+      for (std::size_t i = 0; i < n.rows_; ++i) {
+        if (c.present[i] > 1) column_fail("has a presence flag " + std::to_string(c.present[i]));
+        c.nth[i] = static_cast<std::uint32_t>(c.values);
+        c.values += c.present[i];
       }
     }
-    c.width = get_count(r, 0);
-    c.bytes = r.bytes(get_count(r, 1));
-    // Every value takes a byte at least: the rows a column claims are bounded by its bytes.
-    if (c.width ? c.bytes.size() / c.width != present || c.bytes.size() % c.width : present > c.bytes.size())
-      fail("has " + std::to_string(c.bytes.size()) + " bytes for " + std::to_string(present) + " values of field '" +
-           c.name + "'" + (c.width ? " of " + std::to_string(c.width) + " bytes" : ""));
+    c.numbers = get_sequence(r, c.values, column_fail);
+    if (c.type == FieldType::str && c.numbers.form == IndexNode::Sequence::progression) column_fail("has texts as a progression");
+    if (c.type != FieldType::str && c.numbers.form == IndexNode::Sequence::same && c.values) {
+      ByteReader one(c.numbers.value, "set index");  // the one number, read once: a progression of step 0
+      c.numbers.first = get_varint(one);
+      if (!one.done()) column_fail("has bytes after its one value");
+      c.numbers.form = IndexNode::Sequence::progression;
+    }
+    if (c.type == FieldType::elements) {
+      c.lists = get_sequence(r, c.values, column_fail);
+      if (c.lists.form == IndexNode::Sequence::progression) column_fail("has lists as a progression");
+    }
   }
   if (!r.done()) fail("has " + std::to_string(r.remaining()) + " unexpected bytes after its fields");
   if (n.rows_are_ == kListed) {
@@ -358,92 +540,104 @@ bool IndexNode::has(std::size_t i, std::size_t k) const {
   return c.present.empty() || c.present[row(i)];
 }
 
-void IndexNode::scan(std::size_t k) const {
-  const Column& c = columns_[k];
-  if (c.scanned) return;
-  if (!c.present.empty()) {
-    c.nth.resize(rows_);
-    std::uint32_t n = 0;
-    for (std::size_t r = 0; r < rows_; ++r) {
-      c.nth[r] = n;
-      n += c.present[r];
-    }
+const IndexNode::Sequence::Chunk& IndexNode::chunk(std::size_t k, const Sequence& s, std::size_t c) const {
+  Sequence::Chunk& out = s.cache[c];
+  if (out.loaded) return out;
+  const Column& col = columns_[k];
+  out.bytes = index_->read(s.chunks[c]);
+  ByteReader in(out.bytes, "set index");
+  const auto fail = [&](const std::string& what) { in.fail("field '" + col.name + "' of node '" + key_ + "' " + what); };
+  const std::uint64_t values = std::min<std::uint64_t>(s.per_chunk, col.values - c * s.per_chunk);
+  if (values > out.bytes.size())  // every value takes a byte at least
+    fail("has a chunk of " + std::to_string(out.bytes.size()) + " bytes for " + std::to_string(values) + " values");
+  out.at.resize(static_cast<std::size_t>(values));
+  for (auto& at : out.at) {
+    at = static_cast<std::uint32_t>(in.pos() - out.bytes.data());
+    if (&s == &col.lists) skip_list(in, fail);
+    else if (col.type == FieldType::str) get_text(in);
+    else get_varint(in);
   }
-  if (!c.width) {
-    ByteReader in(c.bytes, "set index");
-    const std::size_t values = c.present.empty() ? rows_ : c.nth.empty() ? 0 : c.nth.back() + c.present.back();
-    c.at.resize(values);
-    for (auto& a : c.at) {
-      a = static_cast<std::uint32_t>(in.pos() - c.bytes.data());
-      if (c.type == FieldType::elements) read_list(in, k);
-      else if (c.type == FieldType::str) get_text(in);
-      else get_varint(in);
-    }
-    if (!in.done()) in.fail("field '" + c.name + "' of node '" + key_ + "' has bytes after its values");
-  }
-  c.scanned = true;
+  if (!in.done()) fail("has bytes after its values");
+  out.loaded = true;
+  return out;
 }
 
-ByteReader IndexNode::value(std::size_t k, std::size_t r) const {
-  const Column& c = columns_[k];
-  if (!c.scanned && (!c.width || !c.present.empty())) scan(k);
-  const std::size_t nth = c.present.empty() ? r : c.nth[r];
-  const std::size_t at = c.width ? nth * c.width : c.at[nth];
-  return ByteReader(c.bytes.substr(at), "set index");
+std::string_view IndexNode::bytes_of(std::size_t k, const Sequence& s, std::size_t n) const {
+  if (s.form == Sequence::same) return s.value;
+  const auto c = static_cast<std::size_t>(n / s.per_chunk);
+  const Sequence::Chunk& ch = chunk(k, s, c);
+  return std::string_view(ch.bytes).substr(ch.at[n - c * s.per_chunk]);
+}
+
+std::uint64_t IndexNode::number_of(std::size_t k, const Sequence& s, std::size_t n) const {
+  if (s.form == Sequence::progression) return s.first + std::uint64_t(n) * s.step;
+  ByteReader in(bytes_of(k, s, n), "set index");
+  return get_varint(in);
+}
+
+std::uint64_t IndexNode::row_number(std::size_t k, std::size_t r) const {
+  return number_of(k, columns_[k].numbers, nth(k, r));
 }
 
 std::uint64_t IndexNode::number(std::size_t i, std::size_t k) const {
-  const std::size_t r = row(i);
-  if (!has(i, k)) return 0;
-  ByteReader in = value(k, r);
-  const std::uint64_t v = get_varint(in);
-  return columns_[k].type == FieldType::i64 ? static_cast<std::uint64_t>(unzigzag(v)) : v;
+  return has(i, k) ? row_number(k, row(i)) : 0;
 }
 
 std::string_view IndexNode::text(std::size_t i, std::size_t k) const {
   if (!has(i, k)) return {};
-  ByteReader in = value(k, row(i));
+  ByteReader in(bytes_of(k, columns_[k].numbers, nth(k, row(i))), "set index");
   return get_text(in);
 }
 
 IndexNode::ListValue IndexNode::list_value(std::size_t k, std::size_t r) const {
-  ByteReader in = value(k, r);
-  return read_list(in, k);
-}
-
-IndexNode::ListValue IndexNode::read_list(ByteReader& in, std::size_t k) const {
   ListValue l;
-  l.count = get_varint(in);
-  const auto how = in.get<std::uint8_t>();
-  const auto fail = [&](const std::string& what) {
-    in.fail("field '" + columns_[k].name + "' of node '" + key_ + "' " + what);
-  };
-  if (how == 0) {
-    if (l.count > in.remaining()) fail("claims more values than fit");
-    const char* begin = in.pos();
-    std::uint64_t total = 0;
-    for (std::uint64_t e = 0; e < l.count; ++e) {
-      const std::uint64_t len = get_varint(in);
-      if (len > in.remaining()) fail("has a value that runs past the end");
-      total += len;
-    }
-    in.bytes(static_cast<std::size_t>(total));
+  l.count = row_number(k, r);
+  const Column& c = columns_[k];
+  ByteReader in(bytes_of(k, c.lists, nth(k, r)), "set index");
+  const auto fail = [&](const std::string& what) { in.fail("field '" + c.name + "' of node '" + key_ + "' " + what); };
+  ByteReader value = in;
+  const auto how = skip_list(in, fail);
+  value = ByteReader(value.bytes(static_cast<std::size_t>(in.pos() - value.pos())).substr(1), "set index");
+  if ((how == kNoElements) != (l.count == 0))
+    fail("has a list of " + std::to_string(l.count) + " elements stored as " + (how == kNoElements ? "empty" : "not empty"));
+  if (how == kValuesHere) {
+    if (get_varint(value) != l.count) fail("has a list whose values are not as many as its count");
     l.values_here = true;
-    l.values = std::string_view(begin, static_cast<std::size_t>(in.pos() - begin));
-  } else if (how == 1) {
-    l.offset = get_varint(in);
-    l.bytes = get_varint(in);
-    l.crc = in.get<std::uint32_t>();
-    if (l.count == 0 || l.count > l.bytes / 8 || l.offset > std::numeric_limits<std::uint64_t>::max() - l.bytes)
+    l.values = value.bytes(value.remaining());
+  } else if (how == kPlace) {
+    l.offset = get_varint(value);
+    l.bytes = get_varint(value);
+    l.crc = value.get<std::uint32_t>();
+    if (l.count > l.bytes / 8 || l.offset > std::numeric_limits<std::uint64_t>::max() - l.bytes)
       fail("claims " + std::to_string(l.count) + " elements in " + std::to_string(l.bytes) + " bytes");
-  } else {
-    fail("has a list flag " + std::to_string(how));
   }
   return l;
 }
 
+std::vector<std::uint64_t> IndexNode::all_numbers(std::size_t k) const {
+  const Column& c = columns_[k];
+  if (c.type == FieldType::str) return OldColumns::all_numbers(k);
+  // The values in row order (rows that have the field), a chunk at a time; then by slot.
+  const Sequence& s = c.numbers;
+  std::vector<std::uint64_t> values(c.values);
+  if (s.form == Sequence::chunked) {
+    for (std::size_t j = 0; j < s.chunks.size(); ++j) {
+      const Sequence::Chunk& ch = chunk(k, s, j);
+      ByteReader in(ch.bytes, "set index");
+      for (std::size_t v = 0; v < ch.at.size(); ++v) values[j * s.per_chunk + v] = get_varint(in);
+    }
+  } else {
+    for (std::size_t n = 0; n < values.size(); ++n) values[n] = number_of(k, s, n);
+  }
+  if (c.present.empty() && order_.empty()) return values;
+  std::vector<std::uint64_t> out(rows_, 0);
+  for (std::size_t i = 0; i < rows_; ++i)
+    if (const std::size_t r = row(i); c.present.empty() || c.present[r]) out[i] = values[nth(k, r)];
+  return out;
+}
+
 std::uint64_t IndexNode::list_size(std::size_t i, std::size_t k) const {
-  return has(i, k) ? list_value(k, row(i)).count : 0;  // checked as a list read is
+  return has(i, k) ? row_number(k, row(i)) : 0;
 }
 
 void IndexNode::fill_values(const ListValue& l, std::uint64_t id, ElementBlobs& out) const {
@@ -505,7 +699,7 @@ std::vector<std::uint64_t> IndexNode::lists_to_load(std::string_view name) const
     if (!has(i, std::size_t(k))) continue;
     const std::size_t r = row(i);
     const std::uint64_t id = list_id(std::size_t(k), r);
-    if (loaded_.count(id)) continue;
+    if (loaded_.count(id) || row_number(std::size_t(k), r) == 0) continue;
     const ListValue l = list_value(std::size_t(k), r);
     if (l.count && !l.values_here) out.push_back(id);
   }
@@ -528,18 +722,10 @@ const Field& IndexNode::Row::field(std::size_t index) const {
   f.name = c.name;
   f.type = c.type;
   switch (c.type) {
-    case FieldType::u64: {
-      ByteReader in = node->value(k, row);
-      f.u = get_varint(in);
-      break;
-    }
-    case FieldType::i64: {
-      ByteReader in = node->value(k, row);
-      f.i = unzigzag(get_varint(in));
-      break;
-    }
+    case FieldType::u64: f.u = node->row_number(k, row); break;
+    case FieldType::i64: f.i = static_cast<std::int64_t>(node->row_number(k, row)); break;
     case FieldType::str: {
-      ByteReader in = node->value(k, row);
+      ByteReader in(node->bytes_of(k, c.numbers, node->nth(k, row)), "set index");
       f.s = get_text(in);
       break;
     }

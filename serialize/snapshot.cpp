@@ -469,25 +469,6 @@ void Snapshot::write_file(const std::string& path) const { write_file_atomically
 
 namespace {
 
-/// Bytes [offset, offset + length) of the open snapshot `file` at `path` (a SnapshotError naming it if
-/// they cannot be read).
-std::string read_at(const RegularFile& file, const std::string& path, std::uint64_t offset, std::uint64_t length) {
-  // Never sized by a length the file cannot hold (a damaged index must not make this allocate).
-  if (offset > file.size() || length > file.size() - offset)
-    throw SnapshotError("'" + path + "': bytes [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                        ") lie past the end of the file (" + std::to_string(file.size()) + " bytes)");
-  std::string bytes(static_cast<std::size_t>(length), '\0');
-  std::size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t k = ::pread(file.fd(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0)
-      throw SnapshotError("'" + path + "': cannot read it: " + (k < 0 ? std::strerror(errno) : "it shrank"));
-    got += static_cast<std::size_t>(k);
-  }
-  return bytes;
-}
-
 /// A snapshot file read in parts: its header and section table (verified) from its first bytes, then
 /// sections one at a time, each verified against its checksum.
 class SnapshotFileParts {
@@ -557,7 +538,7 @@ class SnapshotFileParts {
     return body;
   }
   /// Bytes [offset, offset + length) of the file.
-  std::string read(std::uint64_t offset, std::uint64_t length) const { return read_at(file_, path_, offset, length); }
+  std::string read(std::uint64_t offset, std::uint64_t length) const { return detail::read_at(file_, path_, offset, length); }
   SnapshotError fail(const std::string& why) const { return SnapshotError("'" + path_ + "': " + why); }
 
  private:
@@ -584,6 +565,24 @@ SnapshotIdentity Snapshot::read_identity(const std::string& path) {
 }
 
 namespace detail {
+
+std::string read_at(const RegularFile& file, const std::string& path, std::uint64_t offset, std::uint64_t length) {
+  // Never sized by a length the file cannot hold (a damaged index must not make this allocate).
+  if (offset > file.size() || length > file.size() - offset)
+    throw SnapshotError("'" + path + "': bytes [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                        ") lie past the end of the file (" + std::to_string(file.size()) + " bytes)");
+  std::string bytes(static_cast<std::size_t>(length), '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t k = ::pread(file.fd(), bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0)
+      throw SnapshotError("'" + path + "': cannot read it: " + (k < 0 ? std::strerror(errno) : "it shrank"));
+    got += static_cast<std::size_t>(k);
+  }
+  return bytes;
+}
+
 
 std::optional<SnapshotPlan> read_snapshot_plan(const std::string& path) {
   const SnapshotFileParts parts(path);

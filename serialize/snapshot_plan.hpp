@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/regular_file.hpp"
 #include "dpipe/snapshot.hpp"
 
 namespace dpipe::detail {
@@ -54,6 +55,10 @@ NodeState decode_plan_record(const SnapshotPlan& plan, std::size_t offset, std::
 /// those bytes computed here; an inline list is loaded as well. For the set index (set_index.hpp).
 void for_each_located_record(const SnapshotPlan& plan, std::uint32_t file,
                              const std::function<void(const NodeState&, const std::vector<StoredList>&)>& each);
+
+/// Bytes [offset, offset + length) of the open snapshot `file` at `path`, bounded by its size first (a
+/// SnapshotError naming it if they cannot be read).
+std::string read_at(const RegularFile& file, const std::string& path, std::uint64_t offset, std::uint64_t length);
 
 /// The elements of a stored list, read from `path` (the list's file) and verified against its checksum.
 ElementBlobs load_stored_list(const std::string& path, const StoredList& list);

@@ -796,6 +796,8 @@ class IndexRecords final : public OldRecords {
     resolved_.clear();
     try {
       node_ = index_.node(k);
+    } catch (const detail::SetIndexDamaged&) {
+      throw;
     } catch (const SnapshotError& e) {
       throw SnapshotError("snapshot set '" + dir_ + "', its index '" + index_path(dir_) + "': " + e.what());
     }
@@ -834,15 +836,10 @@ class IndexRecords final : public OldRecords {
 
 /// The index of the set `set` (its manifest) in `dir`, or nullopt when there is none that names it.
 std::optional<detail::SetIndex> read_set_index(const std::string& dir, const SetIdentity& set) {
-  std::string bytes;
-  try {
-    const RegularFile file(index_path(dir), FileRole::snapshot);  // no device opened, no FIFO waited on
-    bytes = file.read_all();
-  } catch (const Error&) {
+  auto index = detail::SetIndex::open(index_path(dir), manifest_text(set));
+  if (!index || index->world() != static_cast<std::uint32_t>(set.world) ||
+      index->workers() != static_cast<std::uint32_t>(set.workers))
     return std::nullopt;
-  }
-  auto index = detail::SetIndex::parse(std::move(bytes), manifest_text(set));
-  if (!index || index->world() != static_cast<std::uint32_t>(set.world)) return std::nullopt;
   return index;
 }
 
@@ -860,9 +857,13 @@ std::optional<Snapshot> read_rescaled_by_index(const std::string& dir, const Set
   if (!first) return std::nullopt;
   std::vector<detail::StoredList> lists;
   IndexRecords old(*index, lists, dir, l);
-  Snapshot out =
-      std::move(rescale_records(first->meta, set.world, old, to.world_size, to.num_workers, to.rank, to.rank + 1).front());
-  load_ranges(out, lists, dir, l);
+  std::optional<Snapshot> out;
+  try {
+    out = std::move(rescale_records(first->meta, set.world, old, to.world_size, to.num_workers, to.rank, to.rank + 1).front());
+  } catch (const detail::SetIndexDamaged&) {
+    return std::nullopt;  // a part of the index that does not match its checksum: the rank files are read
+  }
+  load_ranges(*out, lists, dir, l);
   return out;
 }
 
@@ -1121,11 +1122,19 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
     }
     lists->clear();  // the lists of the batch before, its ranges done with
     if (index) {
-      IndexRecords old(*index, *lists, dir, l);
-      b.ranks = rescale_records(first_rank->meta, l.world, old, world_size, num_workers, first, b.end);
-    } else {
-      b.ranks = rescale_plan(*plan, dir, l, world_size, num_workers, first, b.end);
+      try {
+        IndexRecords old(*index, *lists, dir, l);
+        b.ranks = rescale_records(first_rank->meta, l.world, old, world_size, num_workers, first, b.end);
+      } catch (const detail::SetIndexDamaged& e) {
+        // A part of the index that does not match its checksum: from here on the set is read without it.
+        index.reset();
+        plan = read_plan(dir, l);
+        if (!plan) throw SnapshotError("snapshot set '" + dir + "': its index is damaged (" + e.what() +
+                                       ") and its rank files have no state index");
+        lists = &plan->lists;
+      }
     }
+    if (!index) b.ranks = rescale_plan(*plan, dir, l, world_size, num_workers, first, b.end);
     // A list dealt to the next batch too is read again then.
     std::vector<int> last_use(lists->size(), -1);
     for (int r = first; r < b.end; ++r)

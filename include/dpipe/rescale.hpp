@@ -78,6 +78,13 @@ class OldColumns {
   virtual std::uint64_t number(std::size_t i, std::size_t k) const = 0;  // u64, or i64's bits
   virtual std::string_view text(std::size_t i, std::size_t k) const = 0;
   virtual std::uint64_t list_size(std::size_t i, std::size_t k) const = 0;
+  /// Column k's numbers (number(), or list_size() for a list column) of every slot, in slot order.
+  virtual std::vector<std::uint64_t> all_numbers(std::size_t k) const {
+    std::vector<std::uint64_t> out(size());
+    const bool lists = column_type(k) == FieldType::elements;
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = lists ? list_size(i, k) : number(i, k);
+    return out;
+  }
   /// Slot i's list k: its elements, or ranges of them for the driver to load.
   virtual ElementBlobs list(std::size_t i, std::size_t k) const = 0;
   /// Column k's element tag.
@@ -144,15 +151,18 @@ struct RescaleInput {
   /// `name` ("" where none).
   std::vector<std::uint64_t> list_sizes(std::string_view name) const {
     return column_values<std::uint64_t>(name, FieldType::elements, [](const Field& f) { return std::uint64_t(f.elements.size()); },
-                                        [&](std::size_t i, std::size_t k) { return columns->list_size(i, k); });
+                                        [&](std::size_t k) { return columns->all_numbers(k); });
   }
   std::vector<std::uint64_t> numbers(std::string_view name) const {
     return column_values<std::uint64_t>(name, FieldType::u64, [](const Field& f) { return f.u; },
-                                        [&](std::size_t i, std::size_t k) { return columns->number(i, k); });
+                                        [&](std::size_t k) { return columns->all_numbers(k); });
   }
   std::vector<std::string> texts(std::string_view name) const {
-    return column_values<std::string>(name, FieldType::str, [](const Field& f) { return f.s; },
-                                      [&](std::size_t i, std::size_t k) { return std::string(columns->text(i, k)); });
+    return column_values<std::string>(name, FieldType::str, [](const Field& f) { return f.s; }, [&](std::size_t k) {
+      std::vector<std::string> out(old_slots());
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = columns->text(i, k);
+      return out;
+    });
   }
 
   /// Checks that the old records are states `S` (`prototype` with every optional field present: a
@@ -273,7 +283,8 @@ struct RescaleInput {
   /// new slot (merge deals to every worker of a rank): the parts of wanted slots only are filled.
   std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t per_slot = 1) const;
 
-  /// One value per old slot of field `name`: `of_field` of a record's field, `of_column(i, k)` of a column.
+  /// One value per old slot of field `name`: `of_field` of a record's field, `of_column(k)` (every slot's)
+  /// of a column.
   template <class V, class OfField, class OfColumn>
   std::vector<V> column_values(std::string_view name, FieldType type, OfField of_field, OfColumn of_column) const {
     std::vector<V> out(old_slots());
@@ -286,7 +297,8 @@ struct RescaleInput {
       const std::ptrdiff_t k = columns->column(name);
       if (k >= 0) {
         check(columns->column_type(static_cast<std::size_t>(k)));
-        for (std::size_t i = 0; i < out.size(); ++i) out[i] = of_column(i, static_cast<std::size_t>(k));
+        out = of_column(static_cast<std::size_t>(k));
+        if (out.size() != old_slots()) refuse("its field '" + std::string(name) + "' has a value for another number of slots");
       }
       return out;
     }
@@ -432,13 +444,17 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
       if (x.name == fields[f]) return &x;
     return nullptr;
   };
+  std::vector<std::vector<std::uint64_t>> sizes(per_old);  // per field, every slot's list size (columns)
+  if (columns)
+    for (std::size_t f = 0; f < per_old; ++f)
+      if (column_of[f] >= 0) sizes[f] = list_sizes(fields[f]);
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < n_old; ++i)
     for (std::size_t f = 0; f < per_old; ++f) {
       if (include(i)) {
         std::uint64_t size = 0;
         if (columns) {
-          if (column_of[f] >= 0) size = columns->list_size(i, static_cast<std::size_t>(column_of[f]));
+          if (column_of[f] >= 0) size = sizes[f][i];
         } else if (const Field* x = field_of(i, f)) {
           if (!tag.empty() && x->elements.tag != tag)
             throw SnapshotError("cannot rescale: elements of types " + tag + " and " + x->elements.tag + " in one list");

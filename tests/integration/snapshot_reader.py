@@ -310,7 +310,7 @@ def check_state_index(body, data, states_entry, states):
 # ---- the set index (docs/snapshot-format.md, "The set index") ----
 
 INDEX_MAGIC = b"DPIPESIX"
-SET_INDEX_VERSION = 1
+SET_INDEX_VERSION = 2
 VALUE_LIST_BYTES, POSITION_LIST_BYTES = 64, 4096
 
 
@@ -332,34 +332,83 @@ def _text(c):
     return c.take(_varint(c))
 
 
-def _index_value(c, t):
-    if t == 1:
-        return _varint(c)
-    if t == 2:
-        z = _varint(c)
-        return (z >> 1) ^ -(z & 1)
-    if t == 3:
-        return _text(c).decode("utf-8", errors="surrogateescape")
-    count, how = _varint(c), c.u8()
+def _index_list(c, count):
+    how = c.u8()
     if how == 0:
+        if _varint(c) != count:
+            raise FormatError(f"{c.what}: a list's values are not as many as its count")
         lengths = [_varint(c) for _ in range(count)]
         return {"count": count, "blobs": [c.take(n) for n in lengths]}
     if how == 1:
+        if count == 0:
+            raise FormatError(f"{c.what}: an empty list placed in a file")
         return {"count": count, "offset": _varint(c), "length": _varint(c), "crc": c.u32()}
+    if how == 2:
+        if count != 0:
+            raise FormatError(f"{c.what}: a list of {count} elements stored as empty")
+        return {"count": 0, "blobs": []}
     raise FormatError(f"{c.what}: a list flag {how}")
 
 
 def read_set_index(data):
     """A set index read whole: its identity (the manifest's text), W, K and per node its rows, each a
-    dict of rank, instance, mode and the fields it has (name → (type, value))."""
-    if len(data) < 16 or data[:8] != INDEX_MAGIC:
+    dict of rank, instance, mode and the fields it has (name → (type, tag, value)). Every part's checksum
+    is verified, and the parts must cover everything after the directory."""
+    if len(data) < 20 or data[:8] != INDEX_MAGIC:
         raise FormatError("not a set index")
-    version, crc = struct.unpack("<II", data[8:16])
+    version, dir_len, dir_crc = struct.unpack("<III", data[8:20])
     if version != SET_INDEX_VERSION:
         raise FormatError(f"set index version {version}")
-    if crc32c(data[16:]) != crc:
-        raise ChecksumError("set index checksum mismatch")
-    c = Cursor(data[16:], "set index")
+    if 20 + dir_len > len(data):
+        raise FormatError("the set index directory runs past the file")
+    directory, parts = data[20:20 + dir_len], data[20 + dir_len:]
+    if crc32c(directory) != dir_crc:
+        raise ChecksumError("set index directory checksum mismatch")
+    spans = []
+
+    def part_bytes(offset, length, crc, what):
+        if offset + length > len(parts):
+            raise FormatError(f"{what} lies past the end of the set index")
+        b = parts[offset:offset + length]
+        if crc32c(b) != crc:
+            raise ChecksumError(f"{what}: checksum mismatch")
+        spans.append((offset, length))
+        return b
+
+    def part(c, what):
+        return part_bytes(_varint(c), _varint(c), c.u32(), what)
+
+    def sequence(c, count, decode, what):
+        form = c.u8()
+        if form == 0:
+            one = _text(c)
+            return [whole(decode)(Cursor(one, what)) for _ in range(count)]
+        if form == 1:
+            a, d = _varint(c), _varint(c)
+            return [(a + n * d) % (1 << 64) for n in range(count)]
+        if form != 2:
+            raise FormatError(f"{what}: values of form {form}")
+        per, offset, chunks = _varint(c), _varint(c), _varint(c)
+        if per == 0 or chunks != -(-count // per):
+            raise FormatError(f"{what}: {chunks} chunks of {per} for {count} values")
+        values = []
+        for j in range(chunks):
+            length, crc = _varint(c), c.u32()
+            chunk = Cursor(part_bytes(offset, length, crc, f"{what} chunk {j}"), what)
+            offset += length
+            for _ in range(min(per, count - j * per)):
+                values.append(decode(chunk))
+            chunk.end()
+        return values
+
+    def whole(decode):
+        def read(cur):
+            v = decode(cur)
+            cur.end()
+            return v
+        return read
+
+    c = Cursor(directory, "set index directory")
     out = {"identity": _text(c), "world": _varint(c), "workers": _varint(c), "nodes": []}
     K = out["workers"]
     for _ in range(_varint(c)):
@@ -367,15 +416,20 @@ def read_set_index(data):
         node = {"key": _text(n).decode(), "kind": _text(n).decode()}
         R, layout = _varint(n), n.u8()
         if layout == 0:
-            ranks = [_varint(n) for _ in range(R)]
-            instances = [_varint(n) for _ in range(R)]
+            rc, ic = Cursor(part(n, "ranks"), "ranks"), Cursor(part(n, "instances"), "instances")
+            ranks = [_varint(rc) for _ in range(R)]
+            instances = [_varint(ic) for _ in range(R)]
+            rc.end()
+            ic.end()
         elif layout in (1, 2, 3):
             ranks = [i // K if layout == 1 else i for i in range(R)]
             instances = [i * K if layout == 2 else i for i in range(R)]
         else:
             raise FormatError(f"node {node['key']!r}: rows layout {layout}")
         mode = n.u8()
-        modes = list(n.take(R)) if mode == 0 else [mode] * R
+        modes = list(part(n, "modes")) if mode == 0 else [mode] * R
+        if len(modes) != R:
+            raise FormatError(f"node {node['key']!r}: {len(modes)} modes for {R} rows")
         rows = [{"rank": ranks[i], "instance": instances[i], "mode": STATE_MODES[modes[i]], "fields": {}}
                 for i in range(R)]
         for _ in range(_varint(n)):
@@ -383,22 +437,36 @@ def read_set_index(data):
             if t not in FIELD_TYPES:
                 raise FormatError(f"field {name!r}: type {t}")
             tag = _text(n).decode() if t == 4 else None
-            present = [1] * R if n.u8() == 1 else list(n.take(R))
-            width = _varint(n)
-            col = Cursor(n.take(_varint(n)), f"column {name!r}")
+            present = [1] * R if n.u8() == 1 else list(part(n, f"presence of {name!r}"))
+            if len(present) != R or any(p > 1 for p in present):
+                raise FormatError(f"field {name!r}: presence flags")
+            count = sum(present)
+            what = f"field {name!r}"
+            if t == 3:
+                values = sequence(n, count, lambda cur: _text(cur).decode("utf-8", errors="surrogateescape"), what)
+            else:
+                values = sequence(n, count, _varint, what)
+                if t == 2:
+                    values = [v - (1 << 64) if v >= 1 << 63 else v for v in values]
+            if t == 4:
+                counts = values
+                lists = iter(counts)
+                values = sequence(n, count, lambda cur: _index_list(cur, next(lists)), what)
+            values = iter(values)
             for i in range(R):
-                if not present[i]:
-                    continue
-                start = col.pos
-                value = _index_value(col, t)
-                if width and col.pos - start != width:
-                    raise FormatError(f"column {name!r} says every value is {width} bytes, one is {col.pos - start}")
-                rows[i]["fields"][name] = (FIELD_TYPES[t], tag, value)
-            col.end()
+                if present[i]:
+                    rows[i]["fields"][name] = (FIELD_TYPES[t], tag, next(values))
         n.end()
         node["rows"] = rows
         out["nodes"].append(node)
     c.end()
+    at = 0
+    for offset, length in sorted(set(spans)):
+        if offset != at:
+            raise FormatError(f"the set index's parts leave bytes [{at}, {offset}) unread")
+        at = offset + length
+    if at != len(parts):
+        raise FormatError(f"the set index's parts leave bytes [{at}, {len(parts)}) unread")
     return out
 
 

@@ -123,8 +123,8 @@ struct LineShardsState {
 inline RescaleRule line_shards_rescale() {
   return RescaleRule::dealt([](const RescaleInput& in) {
     const auto old = in.read<LineShardsState>();
-    std::vector<DealState> deals;
-    for (const auto& s : old) deals.push_back(s.deal);
+    OldDeals deals;
+    for (const auto& s : old) deals.add(s.deal);
     auto redealt = redeal_positions(in, deals);
     const auto [first, end] = in.wanted_slots();
     std::vector<LineShardsState> out(end - first);

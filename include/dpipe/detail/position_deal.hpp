@@ -122,18 +122,38 @@ class PositionDeal {
   std::size_t skip_at_ = 0;
 };
 
-/// Every old instance's DealState, for redeal_positions: from the columns of a set index, a record is read
-/// whole only where it has skipped positions.
-inline std::vector<DealState> read_deals(const RescaleInput& in) {
-  if (!in.columns) return in.read<DealState>();
-  in.check_fields<DealState>();
-  const auto base = in.numbers("base"), stride = in.numbers("stride"), offset = in.numbers("offset"),
-             next = in.numbers("next"), skipped = in.list_sizes("skip");
-  std::vector<DealState> out(in.old_slots());
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    out[i] = {base[i], stride[i], offset[i], next[i], {}};
-    if (skipped[i]) out[i].skip = in.read_one<DealState>(i).skip;
+/// Every old instance's DealState by field, for redeal_positions: four numbers per instance, and the
+/// skipped positions of the instances that have some.
+struct OldDeals {
+  std::vector<std::uint64_t> base, stride, offset, next;
+  std::vector<std::pair<std::size_t, std::vector<std::uint64_t>>> skips;  // (slot, its skip), by slot
+
+  std::size_t size() const { return base.size(); }
+  void add(DealState s) {
+    if (!s.skip.empty()) skips.emplace_back(size(), std::move(s.skip));
+    base.push_back(s.base);
+    stride.push_back(s.stride);
+    offset.push_back(s.offset);
+    next.push_back(s.next);
   }
+};
+
+/// The old instances' deals: from the columns of a set index, a record is read whole only where it has
+/// skipped positions.
+inline OldDeals read_deals(const RescaleInput& in) {
+  OldDeals out;
+  if (!in.columns) {
+    for (auto& s : in.read<DealState>()) out.add(std::move(s));
+    return out;
+  }
+  in.check_fields<DealState>();
+  out.base = in.numbers("base");
+  out.stride = in.numbers("stride");
+  out.offset = in.numbers("offset");
+  out.next = in.numbers("next");
+  const auto skipped = in.list_sizes("skip");
+  for (std::size_t i = 0; i < skipped.size(); ++i)
+    if (skipped[i]) out.skips.emplace_back(i, in.read_one<DealState>(i).skip);
   return out;
 }
 
@@ -145,36 +165,48 @@ inline std::vector<DealState> read_deals(const RescaleInput& in) {
 /// any arithmetic: positions below 2^62, and at most kMaxRedealt positions taken above the frontier (the
 /// lists this builds), so a crafted record cannot make it wrap or allocate without bound.
 inline constexpr std::uint64_t kMaxRedealt = std::uint64_t{1} << 24;
-inline std::vector<DealState> redeal_positions(const RescaleInput& in, const std::vector<DealState>& old) {
+inline std::vector<DealState> redeal_positions(const RescaleInput& in, const OldDeals& old) {
   const std::size_t n_old = old.size();
+  if (n_old == 0) in.refuse("it has no old instances");
   constexpr std::uint64_t kLimit = std::uint64_t{1} << 62;
+  static const std::vector<std::uint64_t> none;
+  // Instance i's skipped positions, for i visited in order (`at` walks old.skips along).
+  const auto skip_of = [&](std::size_t i, std::size_t& at) -> const std::vector<std::uint64_t>& {
+    while (at < old.skips.size() && old.skips[at].first < i) ++at;
+    return at < old.skips.size() && old.skips[at].first == i ? old.skips[at].second : none;
+  };
+  const std::uint64_t base = old.base.front();
   std::uint64_t min_next = ~std::uint64_t{0};
   std::vector<bool> offsets(n_old, false);
-  for (const DealState& s : old) {
-    if (s.base != old.front().base || s.stride != n_old || s.offset >= n_old || offsets[s.offset])
+  for (std::size_t i = 0, at = 0; i < n_old; ++i) {
+    const std::uint64_t offset = old.offset[i], next = old.next[i];
+    const auto& skip = skip_of(i, at);
+    if (old.base[i] != base || old.stride[i] != n_old || offset >= n_old || offsets[offset])
       in.refuse("its instances do not deal one position sequence between them");
-    if (s.base > kLimit || s.next > (kLimit - s.base) / s.stride || !std::is_sorted(s.skip.begin(), s.skip.end()) ||
-        (!s.skip.empty() && (s.skip.front() < s.base || s.skip.back() > kLimit)))
-      in.refuse("instance " + std::to_string(s.offset) + "'s positions (base " + std::to_string(s.base) + ", next " +
-                std::to_string(s.next) + ") are outside any sequence dpipe deals");
-    offsets[s.offset] = true;
-    min_next = std::min(min_next, s.next);
+    if (base > kLimit || next > (kLimit - base) / n_old || !std::is_sorted(skip.begin(), skip.end()) ||
+        (!skip.empty() && (skip.front() < base || skip.back() > kLimit)))
+      in.refuse("instance " + std::to_string(offset) + "'s positions (base " + std::to_string(base) + ", next " +
+                std::to_string(next) + ") are outside any sequence dpipe deals");
+    offsets[offset] = true;
+    min_next = std::min(min_next, next);
   }
   std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
-  for (const DealState& s : old)
-    if (ahead <= kMaxRedealt) ahead += std::min(s.next - min_next, kMaxRedealt + 1) + s.skip.size();
+  for (std::size_t i = 0; i < n_old; ++i)
+    if (ahead <= kMaxRedealt) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
+  for (const auto& [i, skip] : old.skips)
+    if (ahead <= kMaxRedealt) ahead += skip.size();
   if (ahead > kMaxRedealt)
     in.refuse("its instances are " + std::to_string(ahead) + " positions apart, more than the " +
               std::to_string(kMaxRedealt) + " a rescale lists");
-  const std::uint64_t base = old.front().base;
   const std::uint64_t frontier = base + min_next * n_old;
   std::vector<std::uint64_t> taken;
-  for (const DealState& s : old) {
-    for (std::uint64_t k = min_next; k < s.next; ++k) {
-      const std::uint64_t q = base + s.offset + k * n_old;
-      if (!std::binary_search(s.skip.begin(), s.skip.end(), q)) taken.push_back(q);
+  for (std::size_t i = 0, at = 0; i < n_old; ++i) {
+    const auto& skip = skip_of(i, at);
+    for (std::uint64_t k = min_next; k < old.next[i]; ++k) {
+      const std::uint64_t q = base + old.offset[i] + k * n_old;
+      if (!std::binary_search(skip.begin(), skip.end(), q)) taken.push_back(q);
     }
-    for (auto q : s.skip)
+    for (auto q : skip)
       if (q >= frontier) taken.push_back(q);
   }
   std::sort(taken.begin(), taken.end());
