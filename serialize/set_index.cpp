@@ -525,6 +525,14 @@ std::uint32_t IndexNode::instance(std::size_t i) const {
   }
 }
 
+std::uint32_t IndexNode::instance_step() const {
+  switch (rows_are_) {
+    case kRanks: return workers_;
+    case kListed: return 0;
+    default: return 1;
+  }
+}
+
 StateMode IndexNode::mode(std::size_t i) const {
   return static_cast<StateMode>(one_mode_ ? one_mode_ : static_cast<std::uint8_t>(modes_[row(i)]));
 }
@@ -614,11 +622,22 @@ IndexNode::ListValue IndexNode::list_value(std::size_t k, std::size_t r) const {
   return l;
 }
 
-std::vector<std::uint64_t> IndexNode::all_numbers(std::size_t k) const {
+std::size_t IndexNode::first_text(std::size_t k) const {
+  const Column& c = columns_[k];
+  if (c.type == FieldType::str && c.numbers.form == Sequence::same) {  // every row that has it has one text
+    ByteReader in(c.numbers.value, "set index");
+    if (c.values == 0 || get_text(in).empty()) return rows_;
+  }
+  return OldColumns::first_text(k);
+}
+
+rescale::Numbers IndexNode::all_numbers(std::size_t k) const {
   const Column& c = columns_[k];
   if (c.type == FieldType::str) return OldColumns::all_numbers(k);
-  // The values in row order (rows that have the field), a chunk at a time; then by slot.
   const Sequence& s = c.numbers;
+  const bool by_row = c.present.empty() && order_.empty();  // value n is slot n's
+  if (by_row && s.form == Sequence::progression) return rescale::Numbers(rows_, s.first, s.step);  // one value too
+  // The values in row order (rows that have the field), a chunk at a time; then by slot.
   std::vector<std::uint64_t> values(c.values);
   if (s.form == Sequence::chunked) {
     for (std::size_t j = 0; j < s.chunks.size(); ++j) {
@@ -629,11 +648,11 @@ std::vector<std::uint64_t> IndexNode::all_numbers(std::size_t k) const {
   } else {
     for (std::size_t n = 0; n < values.size(); ++n) values[n] = number_of(k, s, n);
   }
-  if (c.present.empty() && order_.empty()) return values;
+  if (by_row) return rescale::Numbers(std::move(values));
   std::vector<std::uint64_t> out(rows_, 0);
   for (std::size_t i = 0; i < rows_; ++i)
     if (const std::size_t r = row(i); c.present.empty() || c.present[r]) out[i] = values[nth(k, r)];
-  return out;
+  return rescale::Numbers(std::move(out));
 }
 
 std::uint64_t IndexNode::list_size(std::size_t i, std::size_t k) const {

@@ -85,6 +85,7 @@ class IndexNode final : public OldColumns {
  public:
   std::size_t size() const override { return rows_; }
   std::uint32_t instance(std::size_t i) const override;
+  std::uint32_t instance_step() const override;
   StateMode mode(std::size_t i) const override;
   const FieldSource& fields(std::size_t i) const override;
   std::ptrdiff_t column(std::string_view name) const override;
@@ -93,7 +94,8 @@ class IndexNode final : public OldColumns {
   std::uint64_t number(std::size_t i, std::size_t k) const override;
   std::string_view text(std::size_t i, std::size_t k) const override;
   std::uint64_t list_size(std::size_t i, std::size_t k) const override;
-  std::vector<std::uint64_t> all_numbers(std::size_t k) const override;
+  rescale::Numbers all_numbers(std::size_t k) const override;
+  std::size_t first_text(std::size_t k) const override;
   ElementBlobs list(std::size_t i, std::size_t k) const override;
   const std::string& tag(std::size_t k) const override { return columns_[k].tag; }
   std::size_t column_count() const override { return columns_.size(); }

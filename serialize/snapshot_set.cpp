@@ -1243,8 +1243,10 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     if (const OldColumns* columns = old_records.columns(key)) {
       if (columns->size() > slots)
         refuse("node '" + key + "' has " + std::to_string(columns->size()) + " records, expected " + std::to_string(slots));
-      for (std::size_t i = 0; i < slots; ++i)
-        if (i >= columns->size() || columns->instance(i) != instance_of(i)) refuse(missing(columns->size()));
+      const std::uint32_t step = columns->instance_step();
+      if (columns->size() < slots || slots == 0 || step == 0 || step != instance_of(1))  // else every slot is as expected
+        for (std::size_t i = 0; i < slots; ++i)
+          if (i >= columns->size() || columns->instance(i) != instance_of(i)) refuse(missing(columns->size()));
       if (const std::ptrdiff_t k = columns->column("deferred_failure"); k >= 0)
         for (std::size_t i = 0; i < slots; ++i)
           if (columns->has(i, std::size_t(k))) refuse("node '" + key + "' had failed: " + std::string(columns->text(i, std::size_t(k))));

@@ -56,6 +56,35 @@ struct FieldNames {
     else types.push_back(FieldType::elements);
   }
 };
+/// One number per old slot, as a rule reads a column of them: held, or, for a column whose numbers step
+/// evenly (all one number: a step of 0), computed.
+class Numbers {
+ public:
+  Numbers() = default;
+  explicit Numbers(std::vector<std::uint64_t> values) : values_(std::move(values)), size_(values_.size()) {}
+  Numbers(std::size_t size, std::uint64_t first, std::uint64_t step) : size_(size), first_(first), step_(step), even_(true) {}
+  std::size_t size() const { return size_; }
+  std::uint64_t operator[](std::size_t i) const { return even_ ? first_ + std::uint64_t(i) * step_ : values_[i]; }
+  /// Whether every number is `n`.
+  bool all_equal(std::uint64_t n) const {
+    if (even_) return size_ == 0 || (first_ == n && (step_ == 0 || size_ == 1));
+    return std::all_of(values_.begin(), values_.end(), [&](std::uint64_t v) { return v == n; });
+  }
+  /// The smallest number (none: the largest u64).
+  std::uint64_t min() const {
+    std::uint64_t out = ~std::uint64_t{0};
+    if (even_ && step_ == 0) return size_ ? first_ : out;
+    for (std::size_t i = 0; i < size_; ++i) out = std::min(out, (*this)[i]);
+    return out;
+  }
+
+ private:
+  std::vector<std::uint64_t> values_;
+  std::size_t size_ = 0;
+  std::uint64_t first_ = 0, step_ = 0;
+  bool even_ = false;
+};
+
 }  // namespace rescale
 
 /// The old records of one node as columns (a rescale from a set index, serialize/set_index.hpp): a rule
@@ -66,6 +95,8 @@ class OldColumns {
   /// Old slots, in slot order (by instance).
   virtual std::size_t size() const = 0;
   virtual std::uint32_t instance(std::size_t i) const = 0;
+  /// `step` when slot i's instance is i × step for every slot, else 0.
+  virtual std::uint32_t instance_step() const { return 0; }
   virtual StateMode mode(std::size_t i) const = 0;
   /// Slot i's fields, as a StateReader reads them (one slot's at a time).
   virtual const FieldSource& fields(std::size_t i) const = 0;
@@ -78,12 +109,18 @@ class OldColumns {
   virtual std::uint64_t number(std::size_t i, std::size_t k) const = 0;  // u64, or i64's bits
   virtual std::string_view text(std::size_t i, std::size_t k) const = 0;
   virtual std::uint64_t list_size(std::size_t i, std::size_t k) const = 0;
+  /// The first slot whose text (column k, of type str) is not empty; size() when none is.
+  virtual std::size_t first_text(std::size_t k) const {
+    for (std::size_t i = 0; i < size(); ++i)
+      if (has(i, k) && !text(i, k).empty()) return i;
+    return size();
+  }
   /// Column k's numbers (number(), or list_size() for a list column) of every slot, in slot order.
-  virtual std::vector<std::uint64_t> all_numbers(std::size_t k) const {
+  virtual rescale::Numbers all_numbers(std::size_t k) const {
     std::vector<std::uint64_t> out(size());
     const bool lists = column_type(k) == FieldType::elements;
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = lists ? list_size(i, k) : number(i, k);
-    return out;
+    return rescale::Numbers(std::move(out));
   }
   /// Slot i's list k: its elements, or ranges of them for the driver to load.
   virtual ElementBlobs list(std::size_t i, std::size_t k) const = 0;
@@ -149,13 +186,27 @@ struct RescaleInput {
   /// Columns of the old records, one value per old slot, read without building any record: the sizes of
   /// list field `name`, the values of u64 field `name` (0 where a record has no such field), of str field
   /// `name` ("" where none).
-  std::vector<std::uint64_t> list_sizes(std::string_view name) const {
-    return column_values<std::uint64_t>(name, FieldType::elements, [](const Field& f) { return std::uint64_t(f.elements.size()); },
-                                        [&](std::size_t k) { return columns->all_numbers(k); });
+  rescale::Numbers list_sizes(std::string_view name) const {
+    return number_values(name, FieldType::elements, [](const Field& f) { return std::uint64_t(f.elements.size()); });
   }
-  std::vector<std::uint64_t> numbers(std::string_view name) const {
-    return column_values<std::uint64_t>(name, FieldType::u64, [](const Field& f) { return f.u; },
-                                        [&](std::size_t k) { return columns->all_numbers(k); });
+  rescale::Numbers numbers(std::string_view name) const {
+    return number_values(name, FieldType::u64, [](const Field& f) { return f.u; });
+  }
+  /// The first old slot whose str field `name` is not empty, and its text; nullopt when every one is.
+  std::optional<std::pair<std::size_t, std::string>> first_text(std::string_view name) const {
+    if (columns) {
+      const std::ptrdiff_t k = columns->column(name);
+      if (k < 0) return std::nullopt;
+      if (columns->column_type(static_cast<std::size_t>(k)) != FieldType::str)
+        refuse("its field '" + std::string(name) + "' is not a text");
+      if (const std::size_t i = columns->first_text(static_cast<std::size_t>(k)); i < old_slots())
+        return std::pair{i, std::string(columns->text(i, static_cast<std::size_t>(k)))};
+      return std::nullopt;
+    }
+    const auto all = texts(name);
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (!all[i].empty()) return std::pair{i, all[i]};
+    return std::nullopt;
   }
   std::vector<std::string> texts(std::string_view name) const {
     return column_values<std::string>(name, FieldType::str, [](const Field& f) { return f.s; }, [&](std::size_t k) {
@@ -283,11 +334,26 @@ struct RescaleInput {
   /// new slot (merge deals to every worker of a rank): the parts of wanted slots only are filled.
   std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t per_slot = 1) const;
 
+  /// column_values for numbers: a column's as the columns give them (computed where they step evenly).
+  template <class OfField>
+  rescale::Numbers number_values(std::string_view name, FieldType type, OfField of_field) const {
+    if (columns) {
+      const std::ptrdiff_t k = columns->column(name);
+      if (k < 0) return rescale::Numbers(old_slots(), 0, 0);
+      if (const auto t = columns->column_type(static_cast<std::size_t>(k)); t != type)
+        refuse("its field '" + std::string(name) + "' has type " + std::to_string(static_cast<int>(t)) + ", expected " +
+               std::to_string(static_cast<int>(type)));
+      auto out = columns->all_numbers(static_cast<std::size_t>(k));
+      if (out.size() != old_slots()) refuse("its field '" + std::string(name) + "' has a value for another number of slots");
+      return out;
+    }
+    return rescale::Numbers(column_values<std::uint64_t>(name, type, of_field, [](std::size_t) { return std::vector<std::uint64_t>{}; }));
+  }
   /// One value per old slot of field `name`: `of_field` of a record's field, `of_column(k)` (every slot's)
   /// of a column.
   template <class V, class OfField, class OfColumn>
   std::vector<V> column_values(std::string_view name, FieldType type, OfField of_field, OfColumn of_column) const {
-    std::vector<V> out(old_slots());
+    std::vector<V> out(columns ? 0 : old_slots());  // columns: filled by of_column
     const auto check = [&](FieldType t) {
       if (t != type)
         refuse("its field '" + std::string(name) + "' has type " + std::to_string(static_cast<int>(t)) + ", expected " +
@@ -299,6 +365,8 @@ struct RescaleInput {
         check(columns->column_type(static_cast<std::size_t>(k)));
         out = of_column(static_cast<std::size_t>(k));
         if (out.size() != old_slots()) refuse("its field '" + std::string(name) + "' has a value for another number of slots");
+      } else {
+        out.resize(old_slots());
       }
       return out;
     }
@@ -444,7 +512,7 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
       if (x.name == fields[f]) return &x;
     return nullptr;
   };
-  std::vector<std::vector<std::uint64_t>> sizes(per_old);  // per field, every slot's list size (columns)
+  std::vector<rescale::Numbers> sizes(per_old);  // per field, every slot's list size (columns)
   if (columns)
     for (std::size_t f = 0; f < per_old; ++f)
       if (column_of[f] >= 0) sizes[f] = list_sizes(fields[f]);

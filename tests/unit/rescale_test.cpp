@@ -613,6 +613,107 @@ TEST(SnapshotSetIndex, ADamagedOrForeignIndexIsPassedOverAndTheRankFilesAreRead)
   check("the index of another set (another step)");
 }
 
+/// Where the chunks of one sequence of a set index lie (read from its directory as docs/snapshot-format.md
+/// lays it out): file offsets and lengths, in order.
+struct IndexChunks {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks;
+};
+/// The chunks of the list sequence of column `column` of the node whose key starts with `node`.
+IndexChunks list_chunks_of(const std::string& bytes, const std::string& node, const std::string& column) {
+  std::size_t at = 12;
+  const auto u32 = [&] {
+    std::uint32_t v = 0;
+    std::memcpy(&v, bytes.data() + at, 4);
+    at += 4;
+    return v;
+  };
+  const std::uint32_t directory = u32();
+  u32();  // its CRC
+  const std::uint64_t parts = 20 + std::uint64_t(directory);
+  const auto varint = [&] {
+    std::uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      const auto b = static_cast<std::uint8_t>(bytes.at(at++));
+      v |= std::uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+  };
+  const auto text = [&] {
+    const auto n = static_cast<std::size_t>(varint());
+    at += n;
+    return bytes.substr(at - n, n);
+  };
+  const auto part = [&] { varint(), varint(), u32(); };
+  IndexChunks found;
+  const auto sequence = [&](bool wanted) {
+    const auto form = static_cast<std::uint8_t>(bytes.at(at++));
+    if (form == 0) {
+      text();
+    } else if (form == 1) {
+      varint(), varint();
+    } else {
+      varint();  // values per chunk
+      std::uint64_t offset = parts + varint();
+      for (std::uint64_t m = varint(); m > 0; --m) {
+        const std::uint64_t length = varint();
+        u32();
+        if (wanted) found.chunks.emplace_back(offset, length);
+        offset += length;
+      }
+    }
+  };
+  text(), varint(), varint();  // identity, W, K
+  for (std::uint64_t n = varint(); n > 0; --n) {
+    const std::uint64_t length = varint(), end = at + length;
+    const std::string key = text();
+    text();  // kind
+    varint();  // rows
+    if (bytes.at(at++) == 0) part(), part();
+    if (bytes.at(at++) == 0) part();
+    for (std::uint64_t c = varint(); c > 0; --c) {
+      const std::string name = text();
+      const auto type = bytes.at(at++);
+      if (type == 4) text();
+      if (bytes.at(at++) == 0) part();
+      sequence(false);
+      if (type == 4) sequence(key.rfind(node, 0) == 0 && name == column);
+    }
+    EXPECT_EQ(at, end) << key;
+    at = static_cast<std::size_t>(end);
+  }
+  return found;
+}
+
+TEST(SnapshotSetIndex, ARankReadsOnlyTheChunksOfTheRowsItTakesElementsFrom) {
+  // 72 ranks of 4 workers: 288 shuffle buffers, whose places lie in two chunks (rows 0–255, 256–287).
+  const auto p = range(0, 72 * 4 * 2000) | sampler() | shuffle({.buffer = 10}) | batch({.size = 2});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  write_set(p, dir, 72, 4, 20, [](int) { return 3; });
+  const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(54, 4);
+  // Old rank 35's state index is garbage now: new ranks 0 and 53 take no elements from it, so through the
+  // index they never read it; without the index every rank reads every state index.
+  garble_section((fs::path(dir) / name_of(dir, 35)).string(), 5);
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{53, 54, 4}, true).to_bytes(), expected.rank(53).to_bytes());
+  const fs::path index = fs::path(dir) / kIndex;
+  std::string bytes;
+  {
+    std::ifstream in(index, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto buffers = list_chunks_of(bytes, "shuffle", "buffer");
+  ASSERT_EQ(buffers.chunks.size(), 2u);
+  // The second chunk damaged: new rank 0 takes elements from the first old buffers only, reads the first
+  // chunk only, and rescales through the index.
+  const auto [offset, length] = buffers.chunks[1];
+  bytes[static_cast<std::size_t>(offset + length / 2)] ^= 0x40;
+  testing::write_bytes(index.string(), bytes);
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{0, 54, 4}, true).to_bytes(), expected.rank(0).to_bytes());
+  // New rank 53 takes elements from the last: it finds the chunk damaged, passes the index over and reads
+  // every rank's state index, old rank 35's too.
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{53, 54, 4}, true); }, "rank 35");
+}
+
 TEST(SnapshotSetIndex, ARankWritingItsStepAgainRebuildsTheIndex) {
   const auto p = range(0, 2000) | sampler() | shuffle({.buffer = 30}) | batch({.size = 3});
   testing::TempDir d;

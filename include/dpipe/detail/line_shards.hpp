@@ -123,9 +123,9 @@ struct LineShardsState {
 inline RescaleRule line_shards_rescale() {
   return RescaleRule::dealt([](const RescaleInput& in) {
     const auto old = in.read<LineShardsState>();
-    OldDeals deals;
-    for (const auto& s : old) deals.add(s.deal);
-    auto redealt = redeal_positions(in, deals);
+    std::vector<DealState> deals;
+    for (const auto& s : old) deals.push_back(s.deal);
+    auto redealt = redeal_positions(in, OldDeals::of(std::move(deals)));
     const auto [first, end] = in.wanted_slots();
     std::vector<LineShardsState> out(end - first);
     const std::size_t n_new = in.new_slots();

@@ -125,35 +125,44 @@ class PositionDeal {
 /// Every old instance's DealState by field, for redeal_positions: four numbers per instance, and the
 /// skipped positions of the instances that have some.
 struct OldDeals {
-  std::vector<std::uint64_t> base, stride, offset, next;
+  rescale::Numbers base, stride, offset, next;
   std::vector<std::pair<std::size_t, std::vector<std::uint64_t>>> skips;  // (slot, its skip), by slot
 
   std::size_t size() const { return base.size(); }
-  void add(DealState s) {
-    if (!s.skip.empty()) skips.emplace_back(size(), std::move(s.skip));
-    base.push_back(s.base);
-    stride.push_back(s.stride);
-    offset.push_back(s.offset);
-    next.push_back(s.next);
+  /// The deals of records in memory, in slot order.
+  static OldDeals of(std::vector<DealState> states) {
+    OldDeals out;
+    std::vector<std::uint64_t> base, stride, offset, next;
+    for (std::size_t i = 0; i < states.size(); ++i) {
+      DealState& s = states[i];
+      if (!s.skip.empty()) out.skips.emplace_back(i, std::move(s.skip));
+      base.push_back(s.base);
+      stride.push_back(s.stride);
+      offset.push_back(s.offset);
+      next.push_back(s.next);
+    }
+    out.base = rescale::Numbers(std::move(base));
+    out.stride = rescale::Numbers(std::move(stride));
+    out.offset = rescale::Numbers(std::move(offset));
+    out.next = rescale::Numbers(std::move(next));
+    return out;
   }
 };
 
 /// The old instances' deals: from the columns of a set index, a record is read whole only where it has
 /// skipped positions.
 inline OldDeals read_deals(const RescaleInput& in) {
-  OldDeals out;
-  if (!in.columns) {
-    for (auto& s : in.read<DealState>()) out.add(std::move(s));
-    return out;
-  }
+  if (!in.columns) return OldDeals::of(in.read<DealState>());
   in.check_fields<DealState>();
+  OldDeals out;
   out.base = in.numbers("base");
   out.stride = in.numbers("stride");
   out.offset = in.numbers("offset");
   out.next = in.numbers("next");
   const auto skipped = in.list_sizes("skip");
-  for (std::size_t i = 0; i < skipped.size(); ++i)
-    if (skipped[i]) out.skips.emplace_back(i, in.read_one<DealState>(i).skip);
+  if (!skipped.all_equal(0))
+    for (std::size_t i = 0; i < skipped.size(); ++i)
+      if (skipped[i]) out.skips.emplace_back(i, in.read_one<DealState>(i).skip);
   return out;
 }
 
@@ -175,7 +184,7 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const Old
     while (at < old.skips.size() && old.skips[at].first < i) ++at;
     return at < old.skips.size() && old.skips[at].first == i ? old.skips[at].second : none;
   };
-  const std::uint64_t base = old.base.front();
+  const std::uint64_t base = old.base[0];
   std::uint64_t min_next = ~std::uint64_t{0};
   std::vector<bool> offsets(n_old, false);
   for (std::size_t i = 0, at = 0; i < n_old; ++i) {
@@ -191,8 +200,9 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const Old
     min_next = std::min(min_next, next);
   }
   std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
-  for (std::size_t i = 0; i < n_old; ++i)
-    if (ahead <= kMaxRedealt) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
+  if (!old.next.all_equal(min_next))
+    for (std::size_t i = 0; i < n_old; ++i)
+      if (ahead <= kMaxRedealt) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
   for (const auto& [i, skip] : old.skips)
     if (ahead <= kMaxRedealt) ahead += skip.size();
   if (ahead > kMaxRedealt)

@@ -247,10 +247,8 @@ struct MergeKind {
       in.check_fields(prototype);
       std::vector<std::string> pending;
       for (std::size_t w = 0; w < static_cast<std::size_t>(in.from.num_workers); ++w) {
-        const auto causes = in.texts("failure_" + std::to_string(w));
-        for (std::size_t r = 0; r < causes.size(); ++r)
-          if (!causes[r].empty())
-            in.refuse("worker " + std::to_string(w) + " of rank " + std::to_string(r) + " had failed: " + causes[r]);
+        if (const auto failed = in.first_text("failure_" + std::to_string(w)))
+          in.refuse("worker " + std::to_string(w) + " of rank " + std::to_string(failed->first) + " had failed: " + failed->second);
         pending.push_back("pending_" + std::to_string(w));
       }
       const auto workers = static_cast<std::size_t>(in.to.num_workers);

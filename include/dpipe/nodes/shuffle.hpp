@@ -154,7 +154,7 @@ struct ShuffleKind {
       in.check_fields<S>();
       const auto dealt = in.deal_fields({"buffer"});
       const auto done = in.numbers("input_done");
-      const bool all_done = std::all_of(done.begin(), done.end(), [](std::uint64_t d) { return d != 0; });
+      const bool all_done = done.min() != 0;
       return in.write_slots([&](std::size_t j) {
         S s;
         s.buffer = dealt[j];
