@@ -301,6 +301,7 @@ std::string SetIndexWriter::finish() {
     put_varint(dir, b.size());
     dir += b;
   }
+  if (dir.size() > kMaxDirectory) throw SnapshotError("set index: a directory of " + std::to_string(dir.size()) + " bytes");
   std::string out(kMagic, sizeof kMagic);
   put_u32(out, kVersion);
   put_u32(out, static_cast<std::uint32_t>(dir.size()));

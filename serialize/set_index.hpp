@@ -2,10 +2,12 @@
 // The set index (`set.dpipe-index`, inside the library): the node records of every rank of a complete set
 // in one small file, by node and by field (a column of every old instance's values), numbers as varints,
 // element lists as where they lie in the rank files (offset, length, CRC-32C) or, for a generator's four
-// words and short position lists, their values. The write that completes a set writes it beside the
-// manifest; a rescale through the directory reads this one file and hands each node's columns to its
-// rule (OldColumns): a column is decoded when a rule first asks for it, a record is built only for a
-// slot a rule reads whole, and then only the element lists dealt to the rank are read from the rank files.
+// words and short position lists, their values. It is a directory and parts, each with its checksum: a
+// column of one value (or of numbers that step evenly) is that value in the directory, any other is
+// stored in chunks of rows. The write that completes a set writes it beside the manifest; a rescale
+// through the directory reads the directory and hands each node's columns to its rule (OldColumns): a
+// column's chunks are read when a rule first asks for its rows, a record is built only for a slot a rule
+// reads whole, and then only the element lists dealt to the rank are read from the rank files.
 // Format: docs/snapshot-format.md, "The set index".
 #include <cstdint>
 #include <memory>
