@@ -7,7 +7,7 @@
 // state indexes, then only the lists dealt): that never crashes, and for files in dpipe's own encoding it
 // gives each new rank the bytes the in-memory rescale gives. The snapshots written by dpipe's own
 // SnapshotSet::write_rank make a set with its manifest and index, rescaled through the index the same;
-// then the index with a few bytes changed (its directory's checksum made right again) is read: never a crash.
+// then the index with a few bytes changed (its checksums made right again, and not) is read: never a crash.
 #include <unistd.h>
 
 #include <cstddef>
@@ -20,7 +20,7 @@
 #include <optional>
 #include <string_view>
 
-#include "dpipe/crc32c.hpp"
+#include "../serialize/set_index.hpp"
 #include "fuzz_common.hpp"
 #include "set_container.hpp"
 #include "snapshot_mutator.hpp"
@@ -73,8 +73,8 @@ void rescale_through_dir(const std::vector<std::string>& ranks, const std::optio
 
 /// The snapshots written into a fresh directory by SnapshotSet::write_rank (the manifest and the set index
 /// with them), each new rank rescaled through the index and compared with `expected`; then the index with
-/// bytes changed (chosen by `seed`), in its directory under a right checksum and after it under a wrong
-/// one, read by a rescale that may refuse but never crashes or hangs.
+/// bytes changed (chosen by `seed`), under right checksums and under a wrong one, read by a rescale that
+/// may refuse but never crashes or hangs.
 void rescale_through_index(const std::vector<dpipe::Snapshot>& snapshots, const std::optional<dpipe::SnapshotSet>& expected,
                            int w, int k, std::uint32_t seed) {
   namespace fs = std::filesystem;
@@ -103,28 +103,37 @@ void rescale_through_index(const std::vector<dpipe::Snapshot>& snapshots, const 
     std::ifstream f(index, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(f), {});
   }
-  // Two bytes of the directory changed and its checksum made right (the decoder's checks are what stand),
-  // and one byte anywhere after the head left wrong (a part that does not match: the rank files are read).
+  // Two bytes of the directory and one of its parts changed, every checksum made right again (the
+  // decoders' checks are what stand); then one byte of the parts changed under a wrong checksum (a part that
+  // does not match: the rank files are read).
   constexpr std::size_t kHead = 20;
   if (bytes.size() <= kHead) return;
   std::uint32_t directory = 0;
   std::memcpy(&directory, bytes.data() + 12, sizeof directory);
   if (directory == 0 || directory > bytes.size() - kHead) return;
+  const std::size_t parts = bytes.size() - kHead - directory;
+  const auto read_every_rank = [&] {
+    for (int r = 0; r < w && r < 8; ++r) {
+      try {
+        (void)dpipe::SnapshotSet::read_rank(dir, dpipe::Layout{r, w, k}, true);
+      } catch (const dpipe::Error&) {
+      }
+    }
+  };
+  std::string changed = bytes;
   for (std::uint32_t t = 0; t < 2; ++t) {
     const std::size_t at = kHead + (seed * 2654435761u + t * 40503u) % directory;
-    bytes[at] = static_cast<char>(bytes[at] ^ (1u << ((seed + t) % 8)));
+    changed[at] = static_cast<char>(changed[at] ^ (1u << ((seed + t) % 8)));
   }
-  const std::uint32_t crc = dpipe::crc32c(std::string_view(bytes).substr(kHead, directory));
-  std::memcpy(bytes.data() + 16, &crc, sizeof crc);
-  const std::size_t at = kHead + (seed * 40503u) % (bytes.size() - kHead);
-  bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
-  std::ofstream(index, std::ios::binary | std::ios::trunc) << bytes;
-  for (int r = 0; r < w && r < 8; ++r) {
-    try {
-      (void)dpipe::SnapshotSet::read_rank(dir, dpipe::Layout{r, w, k}, true);
-    } catch (const dpipe::Error&) {
-    }
-  }
+  if (parts) changed[kHead + directory + (seed * 40503u) % parts] ^= static_cast<char>(1u << (seed % 7));
+  dpipe::detail::recompute_set_index_checksums(changed);
+  std::ofstream(index, std::ios::binary | std::ios::trunc) << changed;
+  read_every_rank();
+  if (!parts) return;
+  changed = bytes;
+  changed[kHead + directory + (seed * 2654435761u) % parts] ^= 0x10;
+  std::ofstream(index, std::ios::binary | std::ios::trunc) << changed;
+  read_every_rank();
 }
 
 }  // namespace

@@ -392,7 +392,6 @@ IndexNode::Sequence get_sequence(ByteReader& r, std::size_t values, const Fail& 
         c.offset = at;
         c.length = get_varint(r);
         c.crc = r.get<std::uint32_t>();
-        // Every value takes a byte at least (an empty list none; lists are read as a chunk is).
         if (c.length > std::numeric_limits<std::uint64_t>::max() - at) fail("has a chunk past any file's end");
         at += c.length;
       }
@@ -429,7 +428,7 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
       if (rows > world_) fail("has more rows than ranks");
       break;
     case kListed: {
-      const std::string ranks = read(get_part(r)), instances = read(get_part(r));
+      const std::string ranks = n.read(get_part(r)), instances = n.read(get_part(r));
       ByteReader rank_in(ranks, "set index"), instance_in(instances, "set index");
       if (rows > ranks.size() || rows > instances.size()) fail("has more rows than its ranks and instances");
       n.rank_.resize(n.rows_);
@@ -451,7 +450,7 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
   }
   n.one_mode_ = r.get<std::uint8_t>();
   if (n.one_mode_ == 0) {
-    n.modes_ = read(get_part(r));
+    n.modes_ = n.read(get_part(r));
     if (n.modes_.size() != n.rows_) fail("has " + std::to_string(n.modes_.size()) + " modes for " + std::to_string(n.rows_) + " rows");
     for (const char m : n.modes_)
       if (m < 1 || m > 3) fail("has an unknown state mode " + std::to_string(int(m)));
@@ -470,7 +469,7 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
     if (all > 1) column_fail("has a presence flag " + std::to_string(all));
     c.values = n.rows_;
     if (!all) {
-      const std::string flags = read(get_part(r));
+      const std::string flags = n.read(get_part(r));
       if (flags.size() != n.rows_) column_fail("has " + std::to_string(flags.size()) + " presence flags for " + std::to_string(n.rows_) + " rows");
       c.present.assign(flags.begin(), flags.end());
       c.nth.resize(n.rows_);
@@ -489,9 +488,19 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
       if (!one.done()) column_fail("has bytes after its one value");
       c.numbers.form = IndexNode::Sequence::progression;
     }
+    if (c.type == FieldType::str && c.numbers.form == IndexNode::Sequence::same && c.values) {
+      ByteReader one(c.numbers.value, "set index");  // the one text, whole
+      get_text(one);
+      if (!one.done()) column_fail("has bytes after its one value");
+    }
     if (c.type == FieldType::elements) {
       c.lists = get_sequence(r, c.values, column_fail);
       if (c.lists.form == IndexNode::Sequence::progression) column_fail("has lists as a progression");
+      if (c.lists.form == IndexNode::Sequence::same && c.values) {
+        ByteReader one(c.lists.value, "set index");  // the one list, whole
+        skip_list(one, column_fail);
+        if (!one.done()) column_fail("has bytes after its one list");
+      }
     }
   }
   if (!r.done()) fail("has " + std::to_string(r.remaining()) + " unexpected bytes after its fields");
@@ -549,11 +558,20 @@ bool IndexNode::has(std::size_t i, std::size_t k) const {
   return c.present.empty() || c.present[row(i)];
 }
 
+std::string IndexNode::read(const Part& part) const {
+  // A node's parts are disjoint in a file dpipe writes: one that reads more than the file holds has parts
+  // that overlap (crafted to make it allocate several times over), and is passed over as damaged.
+  if (part.length > index_->parts_size() - std::min(read_bytes_, index_->parts_size()))
+    throw SetIndexDamaged("node '" + key_ + "' reads more of the index than it holds: its parts overlap");
+  read_bytes_ += part.length;
+  return index_->read(part);
+}
+
 const IndexNode::Sequence::Chunk& IndexNode::chunk(std::size_t k, const Sequence& s, std::size_t c) const {
   Sequence::Chunk& out = s.cache[c];
   if (out.loaded) return out;
   const Column& col = columns_[k];
-  out.bytes = index_->read(s.chunks[c]);
+  out.bytes = read(s.chunks[c]);
   ByteReader in(out.bytes, "set index");
   const auto fail = [&](const std::string& what) { in.fail("field '" + col.name + "' of node '" + key_ + "' " + what); };
   const std::uint64_t values = std::min<std::uint64_t>(s.per_chunk, col.values - c * s.per_chunk);
@@ -752,6 +770,69 @@ const Field& IndexNode::Row::field(std::size_t index) const {
     case FieldType::elements: node->fill_list(k, row, f.elements); break;
   }
   return f;
+}
+
+void recompute_set_index_checksums(std::string& bytes) {
+  if (bytes.size() < kHeadBytes) return;
+  std::uint32_t length = 0;
+  std::memcpy(&length, bytes.data() + 12, sizeof length);
+  if (length > bytes.size() - kHeadBytes) return;
+  const std::string_view parts = std::string_view(bytes).substr(kHeadBytes + length);
+  // Writes the CRC-32C of parts [offset, offset + n) where the reader stands (on the CRC of that part).
+  const auto fix = [&](ByteReader& r, std::uint64_t offset, std::uint64_t n) {
+    const auto at = static_cast<std::size_t>(r.pos() - bytes.data());
+    r.get<std::uint32_t>();
+    if (offset > parts.size() || n > parts.size() - offset) return;
+    const std::uint32_t crc = crc32c(parts.substr(static_cast<std::size_t>(offset), static_cast<std::size_t>(n)));
+    std::memcpy(bytes.data() + at, &crc, sizeof crc);
+  };
+  try {
+    ByteReader r(std::string_view(bytes).substr(kHeadBytes, length), "set index");
+    const auto part = [&] {
+      const std::uint64_t offset = get_varint(r), n = get_varint(r);
+      fix(r, offset, n);
+    };
+    const auto sequence = [&] {
+      const auto form = r.get<std::uint8_t>();
+      if (form == IndexNode::Sequence::same) {
+        get_text(r);
+      } else if (form == IndexNode::Sequence::progression) {
+        get_varint(r);
+        get_varint(r);
+      } else {
+        get_varint(r);
+        std::uint64_t offset = get_varint(r);
+        for (std::uint64_t m = get_varint(r); m > 0; --m) {
+          const std::uint64_t n = get_varint(r);
+          fix(r, offset, n);
+          offset += n;
+        }
+      }
+    };
+    get_text(r);
+    get_varint(r);
+    get_varint(r);
+    for (std::uint64_t nodes = get_varint(r); nodes > 0; --nodes) {
+      get_varint(r);  // the node's length
+      get_text(r);
+      get_text(r);
+      get_varint(r);
+      if (r.get<std::uint8_t>() == kListed) part(), part();
+      if (r.get<std::uint8_t>() == 0) part();
+      for (std::uint64_t c = get_varint(r); c > 0; --c) {
+        get_text(r);
+        const auto type = r.get<std::uint8_t>();
+        if (type == static_cast<std::uint8_t>(FieldType::elements)) get_text(r);
+        if (r.get<std::uint8_t>() == 0) part();
+        sequence();
+        if (type == static_cast<std::uint8_t>(FieldType::elements)) sequence();
+      }
+    }
+  } catch (const SnapshotError&) {
+    // a directory that does not parse: its parts' checksums are left as they are
+  }
+  const std::uint32_t crc = crc32c(std::string_view(bytes).substr(kHeadBytes, length));
+  std::memcpy(bytes.data() + 16, &crc, sizeof crc);
 }
 
 }  // namespace dpipe::detail

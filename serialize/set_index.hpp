@@ -170,6 +170,8 @@ class IndexNode final : public OldColumns {
   std::string_view bytes_of(std::size_t k, const Sequence& s, std::size_t n) const;
   /// Value `n` of a sequence of numbers of column k.
   std::uint64_t number_of(std::size_t k, const Sequence& s, std::size_t n) const;
+  /// A part of the index, counted against what this node may read (no more than the parts hold).
+  std::string read(const Part& part) const;
   /// Chunk c of sequence `s` of column k, read and its values found (checked as they are) when first asked for.
   const Sequence::Chunk& chunk(std::size_t k, const Sequence& s, std::size_t c) const;
   std::size_t nth(std::size_t k, std::size_t row) const { return columns_[k].nth.empty() ? row : columns_[k].nth[row]; }
@@ -181,6 +183,7 @@ class IndexNode final : public OldColumns {
   std::uint64_t list_id(std::size_t k, std::size_t row) const { return std::uint64_t(k) * rows_ + row; }
 
   const SetIndex* index_ = nullptr;
+  mutable std::uint64_t read_bytes_ = 0;  // of the index's parts, so far
   std::string key_, kind_;
   std::size_t rows_ = 0;
   std::uint32_t workers_ = 1;
@@ -209,6 +212,8 @@ class SetIndex {
   std::unique_ptr<IndexNode> node(std::size_t k) const;
   /// A part's bytes, verified against its CRC-32C (SetIndexDamaged when they do not match or cannot be read).
   std::string read(const IndexNode::Part& part) const;
+  /// The bytes after the directory.
+  std::uint64_t parts_size() const { return file_->size() - data_begin_; }
 
  private:
   std::shared_ptr<const RegularFile> file_;
@@ -221,5 +226,9 @@ class SetIndex {
   };
   std::vector<Block> blocks_;
 };
+
+/// For fuzzing: makes every checksum of the set index in `bytes` right again (each part's and chunk's
+/// from the bytes it names, then the directory's), so that changed bytes reach the decoders.
+void recompute_set_index_checksums(std::string& bytes);
 
 }  // namespace dpipe::detail

@@ -311,6 +311,7 @@ def check_state_index(body, data, states_entry, states):
 
 INDEX_MAGIC = b"DPIPESIX"
 SET_INDEX_VERSION = 2
+MAX_INDEX_DIRECTORY = 1 << 30
 VALUE_LIST_BYTES, POSITION_LIST_BYTES = 64, 4096
 
 
@@ -340,9 +341,10 @@ def _index_list(c, count):
         lengths = [_varint(c) for _ in range(count)]
         return {"count": count, "blobs": [c.take(n) for n in lengths]}
     if how == 1:
-        if count == 0:
-            raise FormatError(f"{c.what}: an empty list placed in a file")
-        return {"count": count, "offset": _varint(c), "length": _varint(c), "crc": c.u32()}
+        placed = {"count": count, "offset": _varint(c), "length": _varint(c), "crc": c.u32()}
+        if count == 0 or count > placed["length"] // 8:
+            raise FormatError(f"{c.what}: a list of {count} elements in {placed['length']} bytes")
+        return placed
     if how == 2:
         if count != 0:
             raise FormatError(f"{c.what}: a list of {count} elements stored as empty")
@@ -359,7 +361,7 @@ def read_set_index(data):
     version, dir_len, dir_crc = struct.unpack("<III", data[8:20])
     if version != SET_INDEX_VERSION:
         raise FormatError(f"set index version {version}")
-    if 20 + dir_len > len(data):
+    if 20 + dir_len > len(data) or dir_len > MAX_INDEX_DIRECTORY:
         raise FormatError("the set index directory runs past the file")
     directory, parts = data[20:20 + dir_len], data[20 + dir_len:]
     if crc32c(directory) != dir_crc:
@@ -378,12 +380,14 @@ def read_set_index(data):
     def part(c, what):
         return part_bytes(_varint(c), _varint(c), c.u32(), what)
 
-    def sequence(c, count, decode, what):
+    def sequence(c, count, decode, what, numbers):
         form = c.u8()
         if form == 0:
             one = _text(c)
             return [whole(decode)(Cursor(one, what)) for _ in range(count)]
         if form == 1:
+            if not numbers:
+                raise FormatError(f"{what}: texts or lists as a progression")
             a, d = _varint(c), _varint(c)
             return [(a + n * d) % (1 << 64) for n in range(count)]
         if form != 2:
@@ -415,12 +419,16 @@ def read_set_index(data):
         n = Cursor(c.take(_varint(c)), "set index node")
         node = {"key": _text(n).decode(), "kind": _text(n).decode()}
         R, layout = _varint(n), n.u8()
+        if R > out["world"] * K or (layout in (2, 3) and R > out["world"]):
+            raise FormatError(f"node {node['key']!r}: {R} rows in a set of {out['world']} x {K}")
         if layout == 0:
             rc, ic = Cursor(part(n, "ranks"), "ranks"), Cursor(part(n, "instances"), "instances")
             ranks = [_varint(rc) for _ in range(R)]
             instances = [_varint(ic) for _ in range(R)]
             rc.end()
             ic.end()
+            if any(r >= out["world"] for r in ranks):
+                raise FormatError(f"node {node['key']!r}: a record of a rank past the set's")
         elif layout in (1, 2, 3):
             ranks = [i // K if layout == 1 else i for i in range(R)]
             instances = [i * K if layout == 2 else i for i in range(R)]
@@ -428,8 +436,8 @@ def read_set_index(data):
             raise FormatError(f"node {node['key']!r}: rows layout {layout}")
         mode = n.u8()
         modes = list(part(n, "modes")) if mode == 0 else [mode] * R
-        if len(modes) != R:
-            raise FormatError(f"node {node['key']!r}: {len(modes)} modes for {R} rows")
+        if len(modes) != R or any(m not in STATE_MODES for m in modes):
+            raise FormatError(f"node {node['key']!r}: modes {sorted(set(modes))} for {R} rows")
         rows = [{"rank": ranks[i], "instance": instances[i], "mode": STATE_MODES[modes[i]], "fields": {}}
                 for i in range(R)]
         for _ in range(_varint(n)):
@@ -443,15 +451,15 @@ def read_set_index(data):
             count = sum(present)
             what = f"field {name!r}"
             if t == 3:
-                values = sequence(n, count, lambda cur: _text(cur).decode("utf-8", errors="surrogateescape"), what)
+                values = sequence(n, count, lambda cur: _text(cur).decode("utf-8", errors="surrogateescape"), what, False)
             else:
-                values = sequence(n, count, _varint, what)
+                values = sequence(n, count, _varint, what, True)
                 if t == 2:
                     values = [v - (1 << 64) if v >= 1 << 63 else v for v in values]
             if t == 4:
                 counts = values
                 lists = iter(counts)
-                values = sequence(n, count, lambda cur: _index_list(cur, next(lists)), what)
+                values = sequence(n, count, lambda cur: _index_list(cur, next(lists)), what, False)
             values = iter(values)
             for i in range(R):
                 if present[i]:
@@ -461,7 +469,7 @@ def read_set_index(data):
         out["nodes"].append(node)
     c.end()
     at = 0
-    for offset, length in sorted(set(spans)):
+    for offset, length in sorted(spans):
         if offset != at:
             raise FormatError(f"the set index's parts leave bytes [{at}, {offset}) unread")
         at = offset + length

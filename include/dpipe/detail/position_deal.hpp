@@ -200,11 +200,13 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const Old
     min_next = std::min(min_next, next);
   }
   std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
-  if (!old.next.all_equal(min_next))
-    for (std::size_t i = 0; i < n_old; ++i)
-      if (ahead <= kMaxRedealt) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
-  for (const auto& [i, skip] : old.skips)
-    if (ahead <= kMaxRedealt) ahead += skip.size();
+  if (old.next.all_equal(min_next)) {  // no instance ahead of another: only the skipped ones count
+    for (const auto& [i, skip] : old.skips)
+      if (ahead <= kMaxRedealt) ahead += skip.size();
+  } else {
+    for (std::size_t i = 0, at = 0; i < n_old; ++i)
+      if (ahead <= kMaxRedealt) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1) + skip_of(i, at).size();
+  }
   if (ahead > kMaxRedealt)
     in.refuse("its instances are " + std::to_string(ahead) + " positions apart, more than the " +
               std::to_string(kMaxRedealt) + " a rescale lists");
