@@ -70,9 +70,9 @@ long rss_kib() {
   return 0;
 }
 
-/// In a fresh process: rank `rank` of `world` restores from `dir`, a set written on `written` ranks of the
-/// pipeline sized for `sized_for` ranks; prints "ms bytes peak_kib base_kib".
-int measure(const std::string& dir, int rank, int world, int written, int sized_for) {
+/// In a fresh process: rank `rank` of `world` restores from `dir`, a set of the pipeline sized for
+/// `sized_for` ranks (the world it was first written on); prints "ms bytes peak_kib base_kib".
+int measure(const std::string& dir, int rank, int world, int sized_for) {
   const long base = rss_kib();
   const std::uint64_t read0 = bytes_read();
   const auto t0 = Clock::now();
@@ -110,8 +110,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--measure" && i + 4 < argc)
-      return measure(argv[i + 1], std::atoi(argv[i + 2]), std::atoi(argv[i + 3]), std::atoi(argv[i + 4]),
-                     i + 5 < argc ? std::atoi(argv[i + 5]) : std::atoi(argv[i + 4]));
+      return measure(argv[i + 1], std::atoi(argv[i + 2]), std::atoi(argv[i + 3]), std::atoi(argv[i + 4]));
     if (a == "--measure-offline" && i + 3 < argc) return measure_offline(argv[i + 1], argv[i + 2], std::atoi(argv[i + 3]));
     if (a == "--worlds" && i + 1 < argc) {
       worlds.clear();
@@ -152,10 +151,9 @@ int main(int argc, char** argv) {
     std::uintmax_t bytes = 0;
     for (const auto& e : fs::directory_iterator(dir)) bytes += e.file_size();
     // The run of median time of five, each in a fresh process (the time varies run to run).
-    auto child = [&](int rank, int new_world, const std::string& from = "", int written = 0) {
+    auto child = [&](int rank, int new_world, const std::string& from = "") {
       const std::string cmd = std::string(argv[0]) + " --measure " + (from.empty() ? dir : from) + " " +
-                              std::to_string(rank) + " " + std::to_string(new_world) + " " +
-                              std::to_string(written ? written : world) + " " + std::to_string(world);
+                              std::to_string(rank) + " " + std::to_string(new_world) + " " + std::to_string(world);
       std::vector<std::array<double, 4>> runs;
       for (int k = 0; k < 5; ++k) {
         FILE* f = ::popen(cmd.c_str(), "r");
@@ -197,7 +195,7 @@ int main(int argc, char** argv) {
     }
     // The rescaled set (its states uneven now: buffers dealt, offsets re-sliced) rescaled again to 3/4.
     const int again_from = world * 3 / 4;
-    const std::string again = child(0, again_from * 3 / 4, out, again_from);
+    const std::string again = child(0, again_from * 3 / 4, out);
     std::printf("%7d %9.1f %8.1f %13.1f %8.2f | %-38s | %-9s | %-38s | %-11s | %-29s | %s\n", world, bytes / 1e6, write_s,
                 last_write_ms, index_mb, same.c_str(), listed.c_str(), rescaled.c_str(), no_index.c_str(), offline.c_str(),
                 again.c_str());
