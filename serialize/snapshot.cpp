@@ -583,7 +583,6 @@ std::string read_at(const RegularFile& file, const std::string& path, std::uint6
   return bytes;
 }
 
-
 std::optional<SnapshotPlan> read_snapshot_plan(const std::string& path) {
   const SnapshotFileParts parts(path);
   const auto* index = parts.find(kStateIndex);

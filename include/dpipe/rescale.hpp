@@ -195,10 +195,8 @@ struct RescaleInput {
   /// The first old slot whose str field `name` is not empty, and its text; nullopt when every one is.
   std::optional<std::pair<std::size_t, std::string>> first_text(std::string_view name) const {
     if (columns) {
-      const std::ptrdiff_t k = columns->column(name);
+      const std::ptrdiff_t k = typed_column(name, FieldType::str);
       if (k < 0) return std::nullopt;
-      if (columns->column_type(static_cast<std::size_t>(k)) != FieldType::str)
-        refuse("its field '" + std::string(name) + "' is not a text");
       if (const std::size_t i = columns->first_text(static_cast<std::size_t>(k)); i < old_slots())
         return std::pair{i, std::string(columns->text(i, static_cast<std::size_t>(k)))};
       return std::nullopt;
@@ -209,11 +207,11 @@ struct RescaleInput {
     return std::nullopt;
   }
   std::vector<std::string> texts(std::string_view name) const {
-    return column_values<std::string>(name, FieldType::str, [](const Field& f) { return f.s; }, [&](std::size_t k) {
-      std::vector<std::string> out(old_slots());
-      for (std::size_t i = 0; i < out.size(); ++i) out[i] = columns->text(i, k);
-      return out;
-    });
+    if (!columns) return field_values<std::string>(name, FieldType::str, [](const Field& f) { return f.s; });
+    std::vector<std::string> out(old_slots());
+    if (const std::ptrdiff_t k = typed_column(name, FieldType::str); k >= 0)
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = columns->text(i, static_cast<std::size_t>(k));
+    return out;
   }
 
   /// Checks that the old records are states `S` (`prototype` with every optional field present: a
@@ -334,46 +332,39 @@ struct RescaleInput {
   /// new slot (merge deals to every worker of a rank): the parts of wanted slots only are filled.
   std::vector<ElementBlobs> deal(const std::vector<const ElementBlobs*>& lists, std::size_t per_slot = 1) const;
 
-  /// column_values for numbers: a column's as the columns give them (computed where they step evenly).
+  /// One number per old slot of field `name` (0 where a record has none): a column's as the columns give
+  /// them (computed where they step evenly), `of_field` of each record's field.
   template <class OfField>
   rescale::Numbers number_values(std::string_view name, FieldType type, OfField of_field) const {
-    if (columns) {
-      const std::ptrdiff_t k = columns->column(name);
-      if (k < 0) return rescale::Numbers(old_slots(), 0, 0);
-      if (const auto t = columns->column_type(static_cast<std::size_t>(k)); t != type)
-        refuse("its field '" + std::string(name) + "' has type " + std::to_string(static_cast<int>(t)) + ", expected " +
-               std::to_string(static_cast<int>(type)));
-      auto out = columns->all_numbers(static_cast<std::size_t>(k));
-      if (out.size() != old_slots()) refuse("its field '" + std::string(name) + "' has a value for another number of slots");
-      return out;
-    }
-    return rescale::Numbers(column_values<std::uint64_t>(name, type, of_field, [](std::size_t) { return std::vector<std::uint64_t>{}; }));
+    if (!columns) return rescale::Numbers(field_values<std::uint64_t>(name, type, of_field));
+    const std::ptrdiff_t k = typed_column(name, type);
+    return k < 0 ? rescale::Numbers(old_slots(), 0, 0) : column_numbers(static_cast<std::size_t>(k));
   }
-  /// One value per old slot of field `name`: `of_field` of a record's field, `of_column(k)` (every slot's)
-  /// of a column.
-  template <class V, class OfField, class OfColumn>
-  std::vector<V> column_values(std::string_view name, FieldType type, OfField of_field, OfColumn of_column) const {
-    std::vector<V> out(columns ? 0 : old_slots());  // columns: filled by of_column
-    const auto check = [&](FieldType t) {
-      if (t != type)
-        refuse("its field '" + std::string(name) + "' has type " + std::to_string(static_cast<int>(t)) + ", expected " +
-               std::to_string(static_cast<int>(type)));
-    };
-    if (columns) {
-      const std::ptrdiff_t k = columns->column(name);
-      if (k >= 0) {
-        check(columns->column_type(static_cast<std::size_t>(k)));
-        out = of_column(static_cast<std::size_t>(k));
-        if (out.size() != old_slots()) refuse("its field '" + std::string(name) + "' has a value for another number of slots");
-      } else {
-        out.resize(old_slots());
-      }
-      return out;
-    }
+  /// Column k's numbers (list sizes for a list column), one per old slot.
+  rescale::Numbers column_numbers(std::size_t k) const {
+    auto out = columns->all_numbers(k);
+    if (out.size() != old_slots()) refuse("its field '" + columns->column_name(k) + "' has a value for another number of slots");
+    return out;
+  }
+  /// The column of field `name` (−1 when no record has it), refused when its values are not of `type`.
+  std::ptrdiff_t typed_column(std::string_view name, FieldType type) const {
+    const std::ptrdiff_t k = columns->column(name);
+    if (k >= 0) check_type(name, columns->column_type(static_cast<std::size_t>(k)), type);
+    return k;
+  }
+  void check_type(std::string_view name, FieldType t, FieldType type) const {
+    if (t != type)
+      refuse("its field '" + std::string(name) + "' has type " + std::to_string(static_cast<int>(t)) + ", expected " +
+             std::to_string(static_cast<int>(type)));
+  }
+  /// One value per old record in memory of field `name`: `of_field` of its field (V{} where it has none).
+  template <class V, class OfField>
+  std::vector<V> field_values(std::string_view name, FieldType type, OfField of_field) const {
+    std::vector<V> out(old_slots());
     for (std::size_t i = 0; i < out.size(); ++i)
       for (const Field& f : old[i]->fields)
         if (f.name == name) {
-          check(f.type);
+          check_type(name, f.type, type);
           out[i] = of_field(f);
           break;
         }
@@ -515,7 +506,7 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
   std::vector<rescale::Numbers> sizes(per_old);  // per field, every slot's list size (columns)
   if (columns)
     for (std::size_t f = 0; f < per_old; ++f)
-      if (column_of[f] >= 0) sizes[f] = list_sizes(fields[f]);
+      if (column_of[f] >= 0) sizes[f] = column_numbers(static_cast<std::size_t>(column_of[f]));
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < n_old; ++i)
     for (std::size_t f = 0; f < per_old; ++f) {
