@@ -14,6 +14,7 @@
 
 #include "dpipe/error.hpp"
 #include "durable_dir.hpp"
+#include "file_type.hpp"
 
 namespace dpipe {
 namespace {
@@ -23,7 +24,7 @@ constexpr int kMaxLinkHops = 40;  // as the kernel's ELOOP limit
 // A temporary's name holds at most this much of the target's name, so it stays within NAME_MAX.
 constexpr std::size_t kMaxNameInTemp = 200;
 
-std::string quoted(const std::string& p) { return "'" + p + "'"; }
+std::string in_quotes(const std::string& p) { return "'" + p + "'"; }
 
 std::string dir_of(const std::string& p) {
   const auto slash = p.find_last_of('/');
@@ -40,15 +41,6 @@ std::string temp_prefix(const std::string& target) {
   return "." + name_of(target).substr(0, kMaxNameInTemp) + ".dpipe-tmp.";
 }
 
-const char* kind_of(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
 /// Follows symbolic links from `path` to the name they end at (which may not exist yet).
 std::string follow_links(const std::string& path) {
   std::string p = path;
@@ -57,11 +49,11 @@ std::string follow_links(const std::string& path) {
     if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
     std::string link(static_cast<std::size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
     const ssize_t n = ::readlink(p.c_str(), link.data(), link.size());
-    if (n < 0) throw FileError("cannot write " + quoted(path) + ": cannot read the link " + quoted(p) + ": " + std::strerror(errno));
+    if (n < 0) throw FileError("cannot write " + in_quotes(path) + ": cannot read the link " + in_quotes(p) + ": " + std::strerror(errno));
     link.resize(static_cast<std::size_t>(n));
     p = (link.empty() || link[0] == '/') ? link : dir_of(p) + "/" + link;
   }
-  throw FileError("cannot write " + quoted(path) + ": more than " + std::to_string(kMaxLinkHops) +
+  throw FileError("cannot write " + in_quotes(path) + ": more than " + std::to_string(kMaxLinkHops) +
                   " symbolic links to follow");
 }
 
@@ -102,9 +94,9 @@ std::string random_hex() {
 void check_replaceable(const std::string& given, const std::string& target, struct stat& st, bool& exists) {
   exists = ::stat(target.c_str(), &st) == 0;
   if (!exists && errno != ENOENT)
-    throw FileError("cannot write " + quoted(given) + ": " + std::strerror(errno));
+    throw FileError("cannot write " + in_quotes(given) + ": " + std::strerror(errno));
   if (exists && !S_ISREG(st.st_mode))
-    throw FileError("cannot write " + quoted(given) + ": it is " + kind_of(st.st_mode) +
+    throw FileError("cannot write " + in_quotes(given) + ": it is " + detail::file_type_name(st.st_mode) +
                     ", and dpipe replaces only regular files");
 }
 
@@ -114,13 +106,13 @@ namespace detail {
 
 void fsync_directory(const std::string& dir, const std::string& path) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw FileError("cannot make " + quoted(path) + " durable: cannot open its directory: " + std::strerror(errno));
+  if (fd < 0) throw FileError("cannot make " + in_quotes(path) + " durable: cannot open its directory: " + std::strerror(errno));
   // Some file systems cannot fsync a directory (EINVAL): the rename is as durable as they make it.
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
   if (rc != 0 && err != EINVAL && err != ENOTSUP)
-    throw FileError("cannot make " + quoted(path) + " durable: fsync of its directory failed: " + std::strerror(err));
+    throw FileError("cannot make " + in_quotes(path) + " durable: fsync of its directory failed: " + std::strerror(err));
 }
 
 bool process_is_gone(long pid) {
@@ -136,7 +128,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, AtomicWriteOptions options)
   if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     const bool streamable = S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode);
     if (!streamable || options.special != SpecialFiles::write_in_place)
-      throw FileError("cannot write " + quoted(path_) + ": it is " + kind_of(st.st_mode) +
+      throw FileError("cannot write " + in_quotes(path_) + ": it is " + detail::file_type_name(st.st_mode) +
                       ", and dpipe replaces only regular files" +
                       (streamable ? " (the tool's --output writes devices and FIFOs in place)" : ""));
     target_ = path_;
@@ -159,7 +151,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, AtomicWriteOptions options)
     if (fd_ < 0 && (errno != EEXIST || attempt == 8)) {
       const int err = errno;
       temp_.clear();
-      throw FileError("cannot write " + quoted(path_) + ": cannot create a temporary file in " + quoted(dir) + ": " +
+      throw FileError("cannot write " + in_quotes(path_) + ": cannot create a temporary file in " + in_quotes(dir) + ": " +
                       std::strerror(err));
     }
   }
@@ -177,7 +169,7 @@ AtomicFileWriter::~AtomicFileWriter() {
 }
 
 void AtomicFileWriter::fail(const std::string& what, int err) const {
-  throw FileError(what + " " + quoted(path_) + (target_ != path_ && !target_.empty() ? " (" + quoted(target_) + ")" : "") +
+  throw FileError(what + " " + in_quotes(path_) + (target_ != path_ && !target_.empty() ? " (" + in_quotes(target_) + ")" : "") +
                   ": " + std::strerror(err));
 }
 
@@ -192,7 +184,7 @@ void AtomicFileWriter::write_out(const char* data, std::size_t n) {
 }
 
 void AtomicFileWriter::write(std::string_view bytes) {
-  if (done_ || fd_ < 0) throw FileError("cannot write " + quoted(path_) + ": it is already committed");
+  if (done_ || fd_ < 0) throw FileError("cannot write " + in_quotes(path_) + ": it is already committed");
   if (buffer_.size() + bytes.size() > kBufferBytes) {
     flush();
     if (bytes.size() >= kBufferBytes) return write_out(bytes.data(), bytes.size());  // no copy of big writes
@@ -207,7 +199,7 @@ void AtomicFileWriter::flush() {
 }
 
 void AtomicFileWriter::finish(const std::string& final_path) {
-  if (done_ || fd_ < 0) throw FileError("cannot commit " + quoted(path_) + " twice");
+  if (done_ || fd_ < 0) throw FileError("cannot commit " + in_quotes(path_) + " twice");
   flush();
   if (!in_place() && sync_ && ::fsync(fd_) != 0) fail("cannot flush", errno);
   const int fd = fd_;
@@ -219,7 +211,7 @@ void AtomicFileWriter::finish(const std::string& final_path) {
   }
   if (::rename(temp_.c_str(), final_path.c_str()) != 0) {
     const int err = errno;
-    throw FileError("cannot move the new content of " + quoted(path_) + " into place at " + quoted(final_path) + ": " +
+    throw FileError("cannot move the new content of " + in_quotes(path_) + " into place at " + in_quotes(final_path) + ": " +
                     std::strerror(err));
   }
   done_ = true;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "dpipe/error.hpp"
+#include "file_type.hpp"
 
 namespace dpipe {
 namespace {
@@ -32,7 +33,14 @@ const char* role_name(FileRole role) {
   throw Error(msg);
 }
 
-const char* kind_of(mode_t m) {
+[[noreturn]] void not_regular(FileRole role, const std::string& path, mode_t m) {
+  throw FileError(std::string("cannot read ") + role_name(role) + " '" + path + "': it is " + detail::file_type_name(m) +
+                  ", and dpipe reads only regular files");
+}
+
+}  // namespace
+
+const char* detail::file_type_name(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISCHR(m)) return "a character device";
   if (S_ISBLK(m)) return "a block device";
@@ -40,13 +48,6 @@ const char* kind_of(mode_t m) {
   if (S_ISSOCK(m)) return "a socket";
   return "not a regular file";
 }
-
-[[noreturn]] void not_regular(FileRole role, const std::string& path, mode_t m) {
-  throw FileError(std::string("cannot read ") + role_name(role) + " '" + path + "': it is " + kind_of(m) +
-                  ", and dpipe reads only regular files");
-}
-
-}  // namespace
 
 RegularFile::RegularFile(std::string path, FileRole role) : path_(std::move(path)), role_(role) {
   // A stat first, so a device is refused without being opened (opening one may have effects); the
