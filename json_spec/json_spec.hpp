@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dpipe/spec.hpp"
-#include "spec_runs.hpp"  // Run<T> of the spec element types: compiled once, in spec.cpp
+#include "dpipe/engine.hpp"  // the runs of the spec element types are libdpipe's (DPIPE_FOR_EACH_PREBUILT_RUN_TYPE)
 
 namespace dpipe {
 

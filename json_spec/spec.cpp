@@ -447,10 +447,4 @@ Spec parse_spec(std::string_view text, SpecOptions options) {
   return Spec{seed, std::move(p), bytes};
 }
 
-// Run<T> for every spec element type (spec_runs.hpp): here, where the merge op has already compiled the
-// MergeIter<T> each of them needs.
-#define DPIPE_INSTANTIATE_SPEC_RUN(T) template class Run<T>;
-DPIPE_FOR_EACH_SPEC_RUN_TYPE(DPIPE_INSTANTIATE_SPEC_RUN)
-#undef DPIPE_INSTANTIATE_SPEC_RUN
-
 }  // namespace dpipe

@@ -22,6 +22,7 @@
 #include "dpipe/pipeline.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/snapshot_set.hpp"
+#include "dpipe/value.hpp"
 
 namespace dpipe {
 
@@ -267,8 +268,8 @@ class Run {
 };
 
 // The members that build, save and restore a run's iterators, defined outside the class so that an
-// explicit instantiation declaration (`extern template class Run<T>;`) keeps them out of a translation
-// unit: a front end that runs many element types instantiates them once (json_spec/runs.cpp).
+// explicit instantiation declaration (`extern template class Run<T>;`, below) keeps them out of a
+// translation unit.
 
 template <class T>
 Run<T>::Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor)
@@ -389,5 +390,21 @@ class Engine {
  private:
   std::shared_ptr<detail::Executor> executor_;
 };
+
+/// The element types whose runs libdpipe compiles once (engine/prebuilt_runs.cpp): integers, strings,
+/// Values and batches of them, the types the JSON spec front end and most programs run. A program that
+/// runs one of them links its Run, merge and worker lanes instead of compiling them; other types are
+/// compiled where they are used, as any template.
+#define DPIPE_FOR_EACH_PREBUILT_RUN_TYPE(DO)                                                    \
+  DO(std::int64_t) DO(std::string) DO(std::vector<std::int64_t>) DO(std::vector<std::string>) \
+  DO(std::vector<std::vector<std::int64_t>>) DO(std::vector<std::vector<std::string>>)        \
+  DO(Value) DO(std::vector<Value>)
+
+#define DPIPE_DECLARE_PREBUILT_RUN(T) \
+  extern template class Run<T>;       \
+  extern template class MergeIter<T>; \
+  extern template class detail::AsyncLane<T>;
+DPIPE_FOR_EACH_PREBUILT_RUN_TYPE(DPIPE_DECLARE_PREBUILT_RUN)
+#undef DPIPE_DECLARE_PREBUILT_RUN
 
 }  // namespace dpipe
