@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dpipe/spec.hpp"
-#include "dpipe/engine.hpp"  // the runs of the spec element types are libdpipe's (DPIPE_FOR_EACH_PREBUILT_RUN_TYPE)
+#include "dpipe/engine.hpp"  // the runs of the spec element types are libdpipe's (detail/prebuilt_types.hpp)
 
 namespace dpipe {
 

@@ -227,11 +227,11 @@ dpipe::RunOptions run_options(const CommonArgs& a, std::uint64_t spec_seed) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-/// Per-node elements and seconds, so a user sees which node is the bottleneck.
-template <class R>
-Json node_stats_json(R& run) {
+/// Per-node elements and seconds, so a user sees which node is the bottleneck. (The figures of a run are
+/// put together outside the commands' per-element-type code, which is compiled once per type.)
+Json node_stats_json(const std::vector<dpipe::NodeStats>& stats) {
   Json out = Json::array();
-  for (const auto& n : run.node_stats())
+  for (const auto& n : stats)
     out.push_back({{"key", n.key},
                    {"kind", n.kind},
                    {"instance", n.instance},
@@ -310,6 +310,44 @@ void check_distinct_outputs(const std::string& output, const std::string& snapsh
                      "' name the same file; the snapshot would replace the elements");
 }
 
+/// What `run --stats` prints on standard error.
+struct RunFigures {
+  std::uint64_t elements = 0;
+  double seconds = 0;
+  double restore_ms = 0;
+  std::uint64_t replayed_elements = 0;
+  std::uint64_t elements_total = 0;
+  std::uint64_t skipped_records = 0;
+  std::uint64_t skipped_bytes = 0;
+  int threads = 0;
+};
+
+void print_run_stats(const RunFigures& f, const std::vector<dpipe::NodeStats>& nodes) {
+  const Json stats = {{"elements", f.elements},
+                      {"seconds", f.seconds},
+                      {"restore_ms", f.restore_ms},
+                      {"replayed_elements", f.replayed_elements},
+                      {"elements_total", f.elements_total},
+                      {"skipped_records", f.skipped_records},
+                      {"skipped_bytes", f.skipped_bytes},
+                      {"threads", f.threads},
+                      {"nodes", node_stats_json(nodes)}};
+  std::fprintf(stderr, "%s\n", dump(stats).c_str());
+}
+
+/// What `bench` prints on standard output; `nodes` with --stats.
+void print_bench_figures(std::uint64_t n, double secs, std::size_t items, int workers, int threads,
+                         const std::optional<std::vector<dpipe::NodeStats>>& nodes) {
+  Json figures = {{"elements", n},
+                  {"seconds", secs},
+                  {"elements_per_s", secs > 0 ? n / secs : 0.0},
+                  {"items", items},
+                  {"workers", workers},
+                  {"threads", threads}};
+  if (nodes) figures["nodes"] = node_stats_json(*nodes);
+  std::cout << dump(figures) << "\n";
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Commands.
 
@@ -365,18 +403,16 @@ int cmd_run(const RunArgs& a) {
     const std::map<std::string, std::string> meta{{"elements_delivered_by_this_run", std::to_string(n)}};
     if (a.snapshot_out) run.snapshot(meta, a.step).write_file(*a.snapshot_out);
     if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run.reproducible_snapshot(meta, a.step));
-    if (a.common.stats) {
-      const Json stats = {{"elements", n},
-                          {"seconds", secs},
-                          {"restore_ms", restore_ms},
-                          {"replayed_elements", replayed},
-                          {"elements_total", run.delivered()},
-                          {"skipped_records", run.graph().skipped_records()},
-                          {"skipped_bytes", run.graph().skipped_bytes()},
-                          {"threads", engine.threads()},
-                          {"nodes", node_stats_json(run)}};
-      std::fprintf(stderr, "%s\n", dump(stats).c_str());
-    }
+    if (a.common.stats)
+      print_run_stats(RunFigures{.elements = n,
+                                 .seconds = secs,
+                                 .restore_ms = restore_ms,
+                                 .replayed_elements = replayed,
+                                 .elements_total = run.delivered(),
+                                 .skipped_records = run.graph().skipped_records(),
+                                 .skipped_bytes = run.graph().skipped_bytes(),
+                                 .threads = engine.threads()},
+                      run.node_stats());
     return 0;
   });
 }
@@ -415,14 +451,8 @@ int cmd_bench(const BenchArgs& a) {
     }
     const double secs = seconds_since(t0);
     if (progress) std::fprintf(stderr, "\r%80s\r", "");
-    Json figures = {{"elements", n},
-                    {"seconds", secs},
-                    {"elements_per_s", secs > 0 ? n / secs : 0.0},
-                    {"items", sink},
-                    {"workers", run.layout().num_workers},
-                    {"threads", engine.threads()}};
-    if (a.common.stats) figures["nodes"] = node_stats_json(run);
-    std::cout << dump(figures) << "\n";
+    print_bench_figures(n, secs, sink, run.layout().num_workers, engine.threads(),
+                        a.common.stats ? std::optional(run.node_stats()) : std::nullopt);
     return 0;
   });
 }

@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "dpipe/detail/executor.hpp"
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/detail/run_shared.hpp"
 #include "dpipe/graph.hpp"
 #include "dpipe/nodes/merge.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/snapshot_set.hpp"
-#include "dpipe/value.hpp"
 
 namespace dpipe {
 
@@ -391,20 +391,12 @@ class Engine {
   std::shared_ptr<detail::Executor> executor_;
 };
 
-/// The element types whose runs libdpipe compiles once (engine/prebuilt_runs.cpp): integers, strings,
-/// Values and batches of them, the types the JSON spec front end and most programs run. A program that
-/// runs one of them links its Run, merge and worker lanes instead of compiling them; other types are
-/// compiled where they are used, as any template.
-#define DPIPE_FOR_EACH_PREBUILT_RUN_TYPE(DO)                                                    \
-  DO(std::int64_t) DO(std::string) DO(std::vector<std::int64_t>) DO(std::vector<std::string>) \
-  DO(std::vector<std::vector<std::int64_t>>) DO(std::vector<std::vector<std::string>>)        \
-  DO(Value) DO(std::vector<Value>)
-
+// Compiled once in libdpipe for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
 #define DPIPE_DECLARE_PREBUILT_RUN(T) \
   extern template class Run<T>;       \
   extern template class MergeIter<T>; \
   extern template class detail::AsyncLane<T>;
-DPIPE_FOR_EACH_PREBUILT_RUN_TYPE(DPIPE_DECLARE_PREBUILT_RUN)
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_RUN)
 #undef DPIPE_DECLARE_PREBUILT_RUN
 
 }  // namespace dpipe

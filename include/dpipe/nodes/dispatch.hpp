@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/detail/run_shared.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/pipeline.hpp"
@@ -340,5 +341,11 @@ struct DispatchKind {
     Params describe() const { return {{"fn", "unshare"}}; }
   };
 };
+
+// A dispatch of each prebuilt element type to itself is compiled once, in libdpipe
+// (dpipe/detail/prebuilt_types.hpp).
+#define DPIPE_DECLARE_PREBUILT_DISPATCH(T) extern template class DispatchIter<T, T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_DISPATCH)
+#undef DPIPE_DECLARE_PREBUILT_DISPATCH
 
 }  // namespace dpipe
