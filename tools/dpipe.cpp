@@ -227,8 +227,7 @@ dpipe::RunOptions run_options(const CommonArgs& a, std::uint64_t spec_seed) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-/// Per-node elements and seconds, so a user sees which node is the bottleneck. (The figures of a run are
-/// put together outside the commands' per-element-type code, which is compiled once per type.)
+/// Per-node elements and seconds, so a user sees which node is the bottleneck.
 Json node_stats_json(const std::vector<dpipe::NodeStats>& stats) {
   Json out = Json::array();
   for (const auto& n : stats)
@@ -309,6 +308,9 @@ void check_distinct_outputs(const std::string& output, const std::string& snapsh
     throw UsageError("--output '" + output + "' and --snapshot-out '" + snapshot_out +
                      "' name the same file; the snapshot would replace the elements");
 }
+
+// The figures of a run are put together here, outside the commands' code for each element type, which
+// is compiled once per spec element type.
 
 /// What `run --stats` prints on standard error.
 struct RunFigures {
