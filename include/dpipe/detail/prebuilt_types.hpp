@@ -1,9 +1,10 @@
 #pragma once
-/// The element types whose engine code libdpipe compiles once (engine/prebuilt.cpp): integers, strings,
-/// Values and batches of them, the types the JSON spec front end and most programs run. For them,
-/// dpipe/engine.hpp declares Run, the merge and its worker lanes, and nodes/dispatch.hpp the dispatch,
-/// `extern template`: a program links that code instead of compiling it. Other types are compiled where
-/// they are used, as any template.
+/// The element types whose code libdpipe compiles once (engine/prebuilt.cpp): integers, strings, Values
+/// and batches of them, the types the JSON spec front end and most programs run. For them, dpipe/engine.hpp
+/// declares Run, the merge and its worker lanes `extern template`, and so do the headers of dispatch and
+/// of the kinds whose only parameter is the element type (shuffle, sharding_filter, sampler, take, cycle,
+/// prefetch; batch for the scalar types): a program links that code instead of compiling it. Other types
+/// are compiled where they are used, as any template.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -3,6 +3,7 @@
 /// `drop_last`. In: T → Out: std::vector<T>. State: the partial batch.
 #include <string>
 
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/rescale.hpp"
 #include "dpipe/spec.hpp"
@@ -142,5 +143,13 @@ struct BatchKind {
         "batches of batches of batches are deeper than specs go");
   }
 };
+
+// Batches of the prebuilt scalar types (dpipe/detail/prebuilt_types.hpp) are compiled once, in libdpipe.
+extern template class BatchDef<std::int64_t>;
+extern template class BatchIter<std::int64_t>;
+extern template class BatchDef<std::string>;
+extern template class BatchIter<std::string>;
+extern template class BatchDef<Value>;
+extern template class BatchIter<Value>;
 
 }  // namespace dpipe

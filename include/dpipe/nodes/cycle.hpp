@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/rescale.hpp"
 #include "dpipe/spec.hpp"
@@ -158,5 +159,12 @@ struct CycleKind {
     return s.input().apply([&](const auto& p) { return p | cycle(o); });
   }
 };
+
+// Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
+#define DPIPE_DECLARE_PREBUILT_CYCLE(T) \
+  extern template class CycleDef<T>; \
+  extern template class CycleIter<T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_CYCLE)
+#undef DPIPE_DECLARE_PREBUILT_CYCLE
 
 }  // namespace dpipe

@@ -5,6 +5,7 @@
 /// elements belong to the merge's state).
 #include <string>
 
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/nodes/merge.hpp"
 #include "dpipe/rescale.hpp"
 #include "dpipe/spec.hpp"
@@ -73,5 +74,12 @@ struct PrefetchKind {
     return s.input().apply([&](const auto& p) { return p | prefetch(o); });
   }
 };
+
+// Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
+#define DPIPE_DECLARE_PREBUILT_PREFETCH(T) \
+  extern template class PrefetchDef<T>; \
+  extern template class PrefetchIter<T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_PREFETCH)
+#undef DPIPE_DECLARE_PREBUILT_PREFETCH
 
 }  // namespace dpipe

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dpipe/detail/position_deal.hpp"
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/permutation.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/spec.hpp"
@@ -161,5 +162,12 @@ struct SamplerKind {
     return s.input().apply([&](const auto& p) { return p | sampler(o); });
   }
 };
+
+// Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
+#define DPIPE_DECLARE_PREBUILT_SAMPLER(T) \
+  extern template class SamplerDef<T>; \
+  extern template class SamplerIter<T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_SAMPLER)
+#undef DPIPE_DECLARE_PREBUILT_SAMPLER
 
 }  // namespace dpipe

@@ -4,6 +4,7 @@
 /// or an explicit num_shards/shard_id. In: T → Out: T. State: the position.
 #include <string>
 
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/rescale.hpp"
 #include "dpipe/spec.hpp"
@@ -153,5 +154,12 @@ struct ShardingFilterKind {
     return s.input().apply([&](const auto& p) { return p | sharding_filter(o); });
   }
 };
+
+// Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
+#define DPIPE_DECLARE_PREBUILT_SHARDING_FILTER(T) \
+  extern template class ShardingFilterDef<T>; \
+  extern template class ShardingFilterIter<T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_SHARDING_FILTER)
+#undef DPIPE_DECLARE_PREBUILT_SHARDING_FILTER
 
 }  // namespace dpipe

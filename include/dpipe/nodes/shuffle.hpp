@@ -5,6 +5,7 @@
 /// buffered elements of all instances are dealt to the new ones.
 #include <string>
 
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/rescale.hpp"
 #include "dpipe/spec.hpp"
@@ -176,5 +177,12 @@ struct ShuffleKind {
     return s.input().apply([&](const auto& p) { return p | shuffle(o); });
   }
 };
+
+// Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
+#define DPIPE_DECLARE_PREBUILT_SHUFFLE(T) \
+  extern template class ShuffleDef<T>; \
+  extern template class ShuffleIter<T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_SHUFFLE)
+#undef DPIPE_DECLARE_PREBUILT_SHUFFLE
 
 }  // namespace dpipe

@@ -3,6 +3,7 @@
 /// State: how many were taken.
 #include <string>
 
+#include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/rescale.hpp"
 #include "dpipe/spec.hpp"
@@ -112,5 +113,12 @@ struct TakeKind {
     return s.input().apply([&](const auto& p) { return p | take(count, o); });
   }
 };
+
+// Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
+#define DPIPE_DECLARE_PREBUILT_TAKE(T) \
+  extern template class TakeDef<T>; \
+  extern template class TakeIter<T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_TAKE)
+#undef DPIPE_DECLARE_PREBUILT_TAKE
 
 }  // namespace dpipe
