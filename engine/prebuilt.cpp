@@ -13,31 +13,25 @@
 
 namespace dpipe {
 
-#define DPIPE_INSTANTIATE_PREBUILT(T)    \
-  template class Run<T>;                 \
-  template class MergeIter<T>;           \
-  template class detail::AsyncLane<T>;   \
-  template class DispatchIter<T, T>;     \
-  template class ShuffleDef<T>;          \
-  template class ShuffleIter<T>;         \
-  template class ShardingFilterDef<T>;   \
-  template class ShardingFilterIter<T>;  \
-  template class SamplerDef<T>;          \
-  template class SamplerIter<T>;         \
-  template class TakeDef<T>;             \
-  template class TakeIter<T>;            \
-  template class CycleDef<T>;            \
-  template class CycleIter<T>;           \
-  template class PrefetchDef<T>;         \
-  template class PrefetchIter<T>;
-DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_INSTANTIATE_PREBUILT)
-#undef DPIPE_INSTANTIATE_PREBUILT
+#define DPIPE_INSTANTIATE_PREBUILT_RUN(T) \
+  template class Run<T>;                  \
+  template class MergeIter<T>;            \
+  template class detail::AsyncLane<T>;    \
+  template class DispatchIter<T, T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_INSTANTIATE_PREBUILT_RUN)
+#undef DPIPE_INSTANTIATE_PREBUILT_RUN
 
-template class BatchDef<std::int64_t>;
-template class BatchIter<std::int64_t>;
-template class BatchDef<std::string>;
-template class BatchIter<std::string>;
-template class BatchDef<Value>;
-template class BatchIter<Value>;
+// The kinds whose headers declare DPIPE_DECLARE_PREBUILT_NODE (and batch, for the scalar types).
+#define DPIPE_NODE_TEMPLATES(T, Def, Iter) \
+  template class Def<T>;                   \
+  template class Iter<T>;
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_NODE_TEMPLATES, ShuffleDef, ShuffleIter)
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_NODE_TEMPLATES, ShardingFilterDef, ShardingFilterIter)
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_NODE_TEMPLATES, SamplerDef, SamplerIter)
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_NODE_TEMPLATES, TakeDef, TakeIter)
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_NODE_TEMPLATES, CycleDef, CycleIter)
+DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_NODE_TEMPLATES, PrefetchDef, PrefetchIter)
+DPIPE_FOR_EACH_PREBUILT_SCALAR_TYPE(DPIPE_NODE_TEMPLATES, BatchDef, BatchIter)
+#undef DPIPE_NODE_TEMPLATES
 
 }  // namespace dpipe

@@ -11,8 +11,23 @@
 
 #include "dpipe/value.hpp"
 
-/// Calls DO(T) for each prebuilt element type.
-#define DPIPE_FOR_EACH_PREBUILT_TYPE(DO)                                                        \
-  DO(std::int64_t) DO(std::string) DO(std::vector<std::int64_t>) DO(std::vector<std::string>) \
-  DO(std::vector<std::vector<std::int64_t>>) DO(std::vector<std::vector<std::string>>)        \
-  DO(Value) DO(std::vector<Value>)
+/// Calls DO(T), or DO(T, args...) when arguments follow DO, for each prebuilt element type.
+#define DPIPE_FOR_EACH_PREBUILT_TYPE(DO, ...)                                                         \
+  DO(std::int64_t __VA_OPT__(, ) __VA_ARGS__) DO(std::string __VA_OPT__(, ) __VA_ARGS__)            \
+  DO(std::vector<std::int64_t> __VA_OPT__(, ) __VA_ARGS__)                                         \
+  DO(std::vector<std::string> __VA_OPT__(, ) __VA_ARGS__)                                          \
+  DO(std::vector<std::vector<std::int64_t>> __VA_OPT__(, ) __VA_ARGS__)                             \
+  DO(std::vector<std::vector<std::string>> __VA_OPT__(, ) __VA_ARGS__)                              \
+  DO(Value __VA_OPT__(, ) __VA_ARGS__) DO(std::vector<Value> __VA_OPT__(, ) __VA_ARGS__)
+
+/// The same for the scalar ones (batch is prebuilt for these: their batches are prebuilt types too).
+#define DPIPE_FOR_EACH_PREBUILT_SCALAR_TYPE(DO, ...)                                       \
+  DO(std::int64_t __VA_OPT__(, ) __VA_ARGS__) DO(std::string __VA_OPT__(, ) __VA_ARGS__) \
+  DO(Value __VA_OPT__(, ) __VA_ARGS__)
+
+/// In a kind's header: its `Def<T>` and `Iter<T>` are compiled in libdpipe (engine/prebuilt.cpp).
+#define DPIPE_EXTERN_NODE_TEMPLATES(T, Def, Iter) \
+  extern template class Def<T>;                   \
+  extern template class Iter<T>;
+/// DPIPE_EXTERN_NODE_TEMPLATES for every prebuilt element type.
+#define DPIPE_DECLARE_PREBUILT_NODE(Def, Iter) DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_EXTERN_NODE_TEMPLATES, Def, Iter)

@@ -145,11 +145,6 @@ struct BatchKind {
 };
 
 // Batches of the prebuilt scalar types (dpipe/detail/prebuilt_types.hpp) are compiled once, in libdpipe.
-extern template class BatchDef<std::int64_t>;
-extern template class BatchIter<std::int64_t>;
-extern template class BatchDef<std::string>;
-extern template class BatchIter<std::string>;
-extern template class BatchDef<Value>;
-extern template class BatchIter<Value>;
+DPIPE_FOR_EACH_PREBUILT_SCALAR_TYPE(DPIPE_EXTERN_NODE_TEMPLATES, BatchDef, BatchIter)
 
 }  // namespace dpipe

@@ -161,10 +161,6 @@ struct CycleKind {
 };
 
 // Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
-#define DPIPE_DECLARE_PREBUILT_CYCLE(T) \
-  extern template class CycleDef<T>; \
-  extern template class CycleIter<T>;
-DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_CYCLE)
-#undef DPIPE_DECLARE_PREBUILT_CYCLE
+DPIPE_DECLARE_PREBUILT_NODE(CycleDef, CycleIter)
 
 }  // namespace dpipe

@@ -76,10 +76,6 @@ struct PrefetchKind {
 };
 
 // Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
-#define DPIPE_DECLARE_PREBUILT_PREFETCH(T) \
-  extern template class PrefetchDef<T>; \
-  extern template class PrefetchIter<T>;
-DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_PREFETCH)
-#undef DPIPE_DECLARE_PREBUILT_PREFETCH
+DPIPE_DECLARE_PREBUILT_NODE(PrefetchDef, PrefetchIter)
 
 }  // namespace dpipe

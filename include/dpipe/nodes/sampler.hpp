@@ -164,10 +164,6 @@ struct SamplerKind {
 };
 
 // Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
-#define DPIPE_DECLARE_PREBUILT_SAMPLER(T) \
-  extern template class SamplerDef<T>; \
-  extern template class SamplerIter<T>;
-DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_SAMPLER)
-#undef DPIPE_DECLARE_PREBUILT_SAMPLER
+DPIPE_DECLARE_PREBUILT_NODE(SamplerDef, SamplerIter)
 
 }  // namespace dpipe

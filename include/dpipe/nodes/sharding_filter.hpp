@@ -156,10 +156,6 @@ struct ShardingFilterKind {
 };
 
 // Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
-#define DPIPE_DECLARE_PREBUILT_SHARDING_FILTER(T) \
-  extern template class ShardingFilterDef<T>; \
-  extern template class ShardingFilterIter<T>;
-DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_SHARDING_FILTER)
-#undef DPIPE_DECLARE_PREBUILT_SHARDING_FILTER
+DPIPE_DECLARE_PREBUILT_NODE(ShardingFilterDef, ShardingFilterIter)
 
 }  // namespace dpipe

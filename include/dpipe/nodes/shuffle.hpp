@@ -179,10 +179,6 @@ struct ShuffleKind {
 };
 
 // Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
-#define DPIPE_DECLARE_PREBUILT_SHUFFLE(T) \
-  extern template class ShuffleDef<T>; \
-  extern template class ShuffleIter<T>;
-DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_SHUFFLE)
-#undef DPIPE_DECLARE_PREBUILT_SHUFFLE
+DPIPE_DECLARE_PREBUILT_NODE(ShuffleDef, ShuffleIter)
 
 }  // namespace dpipe

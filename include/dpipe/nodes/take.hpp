@@ -115,10 +115,6 @@ struct TakeKind {
 };
 
 // Compiled once, in libdpipe, for the prebuilt element types (dpipe/detail/prebuilt_types.hpp).
-#define DPIPE_DECLARE_PREBUILT_TAKE(T) \
-  extern template class TakeDef<T>; \
-  extern template class TakeIter<T>;
-DPIPE_FOR_EACH_PREBUILT_TYPE(DPIPE_DECLARE_PREBUILT_TAKE)
-#undef DPIPE_DECLARE_PREBUILT_TAKE
+DPIPE_DECLARE_PREBUILT_NODE(TakeDef, TakeIter)
 
 }  // namespace dpipe
