@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <memory>
 #include <numeric>
 #include <cstdio>
 #include <random>
@@ -13,6 +15,7 @@
 #include <thread>
 
 #include "builtins.hpp"
+#include "dpipe/detail/fifo.hpp"
 #include "dpipe/dpipe.hpp"
 #include "../test_util.hpp"
 
@@ -40,6 +43,67 @@ auto busy = [](I64 x) {
   builtins::spin_for(200);
   return x;
 };
+
+// ---- the queue of the lanes and the dispatcher ---------------------------------------------------
+
+// Random appends and takes against std::deque: the same elements in the same order, whatever the runs
+// and wherever the taken front is dropped; move-only elements are moved, never copied.
+TEST(Fifo, KeepsOrderAcrossRandomAppendsAndTakesLikeADeque) {
+  std::mt19937_64 rng(7);
+  detail::Fifo<std::unique_ptr<I64>> fifo;
+  std::deque<I64> reference;
+  I64 next = 0;
+  std::size_t taken_total = 0;
+  for (int step = 0; step < 20000; ++step) {
+    if (rng() % 2) {
+      std::vector<std::unique_ptr<I64>> chunk;
+      for (auto k = rng() % 9; k > 0; --k) {
+        reference.push_back(next);
+        chunk.push_back(std::make_unique<I64>(next++));
+      }
+      if (rng() % 2) {
+        fifo.append_moved(chunk);
+      } else {
+        for (auto& x : chunk) fifo.push_back(std::move(x));
+      }
+    } else {
+      std::vector<std::unique_ptr<I64>> out;
+      out.push_back(std::make_unique<I64>(-1));  // taken elements go after what `out` holds
+      const std::size_t want = rng() % 12;
+      const std::size_t n = fifo.take_into(out, want);
+      ASSERT_EQ(n, std::min(want, reference.size()));
+      ASSERT_EQ(out.size(), n + 1);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(*out[i + 1], reference.front());
+        reference.pop_front();
+      }
+      taken_total += n;
+    }
+    ASSERT_EQ(fifo.size(), reference.size());
+    ASSERT_EQ(fifo.empty(), reference.empty());
+  }
+  EXPECT_GT(taken_total, 10000u);
+  std::vector<I64> queued;
+  for (auto it = fifo.begin(); it != fifo.end(); ++it) queued.push_back(**it);
+  EXPECT_EQ(queued, std::vector<I64>(reference.begin(), reference.end()));
+}
+
+TEST(Fifo, AssignReplacesTheQueueAndCopiesArePushedAsCopies) {
+  detail::Fifo<std::string> fifo;
+  const std::string kept = "kept";
+  fifo.push_back(kept);
+  fifo.push_back(std::string("dropped"));
+  std::vector<std::string> out;
+  ASSERT_EQ(fifo.take_into(out, 1), 1u);
+  EXPECT_EQ(kept, "kept");
+  fifo.assign({"a", "b", "c"});
+  EXPECT_EQ(fifo.size(), 3u);
+  EXPECT_EQ(std::vector<std::string>(fifo.begin(), fifo.end()), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(fifo.take_into(out, 10), 3u);
+  EXPECT_EQ(out, (std::vector<std::string>{"kept", "a", "b", "c"}));
+  EXPECT_TRUE(fifo.empty());
+  EXPECT_EQ(fifo.take_into(out, 10), 0u);
+}
 
 // ---- determinism -------------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
-#include <deque>
 #include <exception>
 #include <iterator>
 #include <memory>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "dpipe/detail/executor.hpp"
+#include "dpipe/detail/fifo.hpp"
 #include "dpipe/node.hpp"
 
 namespace dpipe::detail {
@@ -242,7 +242,7 @@ class AsyncLane final : public AsyncLaneBase {
     staged_.clear();  // keeps its capacity: no allocation per chunk
     return chain_->pull(staged_, max);
   }
-  void publish_staged() override { std::move(staged_.begin(), staged_.end(), std::back_inserter(queue_)); }
+  void publish_staged() override { queue_.append_moved(staged_); }
   void take_staged() override {
     current_.swap(staged_);
     head_ = 0;
@@ -251,16 +251,13 @@ class AsyncLane final : public AsyncLaneBase {
   std::size_t take_front(std::size_t max) override {
     current_.clear();
     head_ = 0;
-    const std::size_t n = std::min(max, queue_.size());
-    std::move(queue_.begin(), queue_.begin() + std::ptrdiff_t(n), std::back_inserter(current_));
-    queue_.erase(queue_.begin(), queue_.begin() + std::ptrdiff_t(n));
-    return n;
+    return queue_.take_into(current_, max);
   }
 
  private:
   std::unique_ptr<Iter<T>> chain_;
   std::vector<T> staged_;    // producer side
-  std::deque<T> queue_;      // under the lock
+  Fifo<T> queue_;            // under the lock
   std::vector<T> current_;   // consumer side
   std::size_t head_ = 0;
 };

@@ -8,11 +8,11 @@
 /// In: T → Out: T (round_robin, broadcast_copies) or std::shared_ptr<const T> (broadcast).
 /// State: the prefix's states, whose turn it is, and each worker's elements not yet taken.
 #include <algorithm>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <string>
 
+#include "dpipe/detail/fifo.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/detail/run_shared.hpp"
 #include "dpipe/nodes/map.hpp"
@@ -76,12 +76,7 @@ class Dispatcher {
       if (settle_failure_) std::rethrow_exception(settle_failure_);  // where the refill would have failed
       refill();
     }
-    const std::size_t n = std::min(max, q.size());
-    for (std::size_t i = 0; i < n; ++i) {
-      out.push_back(std::move(q.front()));
-      q.pop_front();
-    }
-    return n;
+    return q.take_into(out, max);
   }
 
   Iter<T>& prefix() { return *prefix_; }
@@ -128,7 +123,7 @@ class Dispatcher {
     prefix_done_ = st.prefix_done;
     if (next_ >= backlog_.size()) r.fail("next worker " + std::to_string(next_) + " is not a worker");
     for (std::size_t i = 0; i < backlog_.size(); ++i)
-      backlog_[i].assign(std::make_move_iterator(st.backlogs[i].begin()), std::make_move_iterator(st.backlogs[i].end()));
+      backlog_[i].assign(std::move(st.backlogs[i]));
   }
 
  private:
@@ -162,7 +157,7 @@ class Dispatcher {
 
   std::mutex mu_;
   std::unique_ptr<Iter<T>> prefix_;
-  std::vector<std::deque<Out>> backlog_;
+  std::vector<Fifo<Out>> backlog_;
   const bool broadcast_;
   std::uint64_t next_ = 0;
   bool prefix_done_ = false;
