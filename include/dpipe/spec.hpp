@@ -144,9 +144,8 @@ class SpecPipeline {
   /// The typed pipeline; a ConfigError when it holds another type.
   template <class T>
   Pipeline<T> get() const {
-    if (!holds<T>())
-      throw ConfigError("expected a pipeline of " + SpecElement<T>::name() + "s, got one of " + type_name() + "s");
-    return Pipeline<T>(std::static_pointer_cast<const NodeDef<T>>(def_));
+    if (!holds<T>()) refuse_type(SpecElement<T>::name());
+    return typed<T>();
   }
   const NodeDefBase& def() const { return *def_; }
 
@@ -182,16 +181,29 @@ class SpecPipeline {
     SpecPipeline (*const table[])(F&, const SpecPipeline&, std::string_view) = {
         +[](F& g, const SpecPipeline& self, std::string_view w) -> SpecPipeline {
           if constexpr (std::is_invocable_v<F&, const Pipeline<Ts>&>) {
-            auto out = g(self.get<Ts>());
+            auto out = g(self.typed<Ts>());
             using U = typename decltype(out)::element_type;
             if constexpr (is_spec_element_v<U>) return SpecPipeline(std::move(out));
-            else throw ConfigError(std::string(w) + ", but its input yields " + SpecElement<Ts>::name() +
-                                   "s and the result would be a type specs do not carry");
+            else self.refuse_input(w, true);
           } else {
-            throw ConfigError(std::string(w) + ", but its input yields " + SpecElement<Ts>::name() + "s");
+            self.refuse_input(w, false);
           }
         }...};
     return table[index_](f, *this, what);
+  }
+
+  // The pipeline as the type it holds (the caller knows it does).
+  template <class T>
+  Pipeline<T> typed() const {
+    return Pipeline<T>(std::static_pointer_cast<const NodeDef<T>>(def_));
+  }
+  // The errors of get() and apply(), out of their per-type code.
+  [[noreturn]] void refuse_type(const std::string& expected) const {
+    throw ConfigError("expected a pipeline of " + expected + "s, got one of " + type_name() + "s");
+  }
+  [[noreturn]] void refuse_input(std::string_view takes, bool result) const {
+    throw ConfigError(std::string(takes) + ", but its input yields " + type_name() + "s" +
+                      (result ? " and the result would be a type specs do not carry" : ""));
   }
 
   std::shared_ptr<const NodeDefBase> def_;
