@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -254,9 +256,11 @@ class Output {
   explicit Output(const std::optional<std::string>& path) {
     if (path) file_.emplace(*path, dpipe::AtomicWriteOptions{.special = dpipe::SpecialFiles::write_in_place});
   }
+  /// Bytes buffered before they are written.
+  static constexpr std::size_t kFlushBytes = std::size_t{1} << 16;
   std::string& buffer() { return buf_; }
   void maybe_flush() {
-    if (buf_.size() >= (1 << 16)) flush();
+    if (buf_.size() >= kFlushBytes) flush();
   }
   void flush() {
     if (file_) {
@@ -309,8 +313,7 @@ void check_distinct_outputs(const std::string& output, const std::string& snapsh
                      "' name the same file; the snapshot would replace the elements");
 }
 
-// The figures of a run are put together here, outside the commands' code for each element type, which
-// is compiled once per spec element type.
+// The figures of a run: what `run --stats` and `bench` print.
 
 /// What `run --stats` prints on standard error.
 struct RunFigures {
@@ -351,6 +354,91 @@ void print_bench_figures(std::uint64_t n, double secs, std::size_t items, int wo
 }
 
 // ---------------------------------------------------------------------------------------------------
+// A run with its element type behind it: this class is compiled once per spec element type, the commands
+// once.
+
+class SpecRun {
+ public:
+  virtual ~SpecRun() = default;
+  /// Appends the next elements to `out`, one JSON line each, until `max` are appended, `out` holds
+  /// `until_bytes` or the stream ends; counts each in `written` once it is in `out` (after a failure,
+  /// `written` counts what reached `out`). Returns false at the end of the stream.
+  virtual bool append_lines(std::string& out, std::uint64_t max, std::size_t until_bytes, std::uint64_t& written) = 0;
+  /// Takes up to `max` next elements and adds their sizes to `items` (1 for an element that is not a batch);
+  /// returns how many it took (fewer only at the end).
+  virtual std::uint64_t take(std::uint64_t max, std::size_t& items) = 0;
+  virtual dpipe::Snapshot snapshot(const std::map<std::string, std::string>& meta, std::optional<std::uint64_t> step) = 0;
+  virtual dpipe::Snapshot reproducible_snapshot(const std::map<std::string, std::string>& meta,
+                                                std::optional<std::uint64_t> step) = 0;
+  virtual std::vector<dpipe::NodeStats> node_stats() = 0;
+  virtual const std::vector<std::string>& warnings() const = 0;
+  virtual const dpipe::RestoreReport& restore_report() const = 0;
+  virtual std::uint64_t delivered() const = 0;
+  virtual const dpipe::Graph& graph() const = 0;
+  virtual const dpipe::Layout& layout() const = 0;
+};
+
+template <class T>
+class TypedSpecRun final : public SpecRun {
+ public:
+  TypedSpecRun(dpipe::Run<T> run, bool bytes) : run_(std::move(run)), bytes_(bytes) {}
+
+  bool append_lines(std::string& out, std::uint64_t max, std::size_t until_bytes, std::uint64_t& written) override {
+    for (std::uint64_t n = 0; n < max && out.size() < until_bytes; ++n) {
+      auto x = run_.next();
+      if (!x) return false;
+      dpipe::append_spec_element_json(out, *x, bytes_);
+      out += '\n';
+      ++written;
+    }
+    return true;
+  }
+  std::uint64_t take(std::uint64_t max, std::size_t& items) override {
+    std::uint64_t n = 0;
+    for (; n < max; ++n) {
+      auto x = run_.next();
+      if (!x) break;
+      if constexpr (requires { x->size(); }) items += x->size();
+      else items += 1;
+    }
+    return n;
+  }
+  dpipe::Snapshot snapshot(const std::map<std::string, std::string>& meta, std::optional<std::uint64_t> step) override {
+    return run_.snapshot(meta, step);
+  }
+  dpipe::Snapshot reproducible_snapshot(const std::map<std::string, std::string>& meta,
+                                        std::optional<std::uint64_t> step) override {
+    return run_.reproducible_snapshot(meta, step);
+  }
+  std::vector<dpipe::NodeStats> node_stats() override { return run_.node_stats(); }
+  const std::vector<std::string>& warnings() const override { return run_.warnings(); }
+  const dpipe::RestoreReport& restore_report() const override { return run_.restore_report(); }
+  std::uint64_t delivered() const override { return run_.delivered(); }
+  const dpipe::Graph& graph() const override { return run_.graph(); }
+  const dpipe::Layout& layout() const override { return run_.layout(); }
+
+ private:
+  dpipe::Run<T> run_;
+  bool bytes_;
+};
+
+/// Where a run starts: at the beginning, or from a snapshot file or a snapshot set directory.
+struct RunStart {
+  std::optional<std::string> snapshot_file, set_dir;
+  dpipe::ResumeOptions how{};
+};
+
+std::unique_ptr<SpecRun> start_run(const dpipe::Spec& spec, dpipe::Engine& engine, const dpipe::RunOptions& options,
+                                   const RunStart& from = {}) {
+  return with_pipeline(spec, [&]<class T>(const dpipe::Pipeline<T>& p) -> std::unique_ptr<SpecRun> {
+    auto typed = [&](dpipe::Run<T> run) { return std::make_unique<TypedSpecRun<T>>(std::move(run), spec.bytes); };
+    if (from.snapshot_file) return typed(engine.resume(p, dpipe::Snapshot::read_file(*from.snapshot_file), options, from.how));
+    if (from.set_dir) return typed(engine.resume(p, dpipe::SnapshotDir{*from.set_dir}, options, from.how));
+    return typed(engine.start(p, options));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Commands.
 
 int cmd_run(const RunArgs& a) {
@@ -364,59 +452,48 @@ int cmd_run(const RunArgs& a) {
     if (a.snapshot_out) check_distinct_outputs(*output, *a.snapshot_out);
   }
   const auto take = static_cast<std::uint64_t>(a.take);
-  return with_pipeline(spec, [&](const auto& pipeline) {
-    dpipe::Engine engine({.threads = a.common.threads});
-    double restore_ms = 0;
-    std::uint64_t replayed = 0;
-    const auto t_restore = Clock::now();
-    auto run = [&] {
-      auto resumed = [&](auto r) {
-        restore_ms = seconds_since(t_restore) * 1e3;
-        replayed = r.restore_report().replayed_elements();
-        return r;
-      };
-      const dpipe::ResumeOptions how{
-          .rescale = a.rescale, .allow_changed_data = a.allow_changed_data, .max_replay = a.max_replay};
-      if (a.resume) return resumed(engine.resume(pipeline, dpipe::Snapshot::read_file(*a.resume), options, how));
-      if (a.resume_dir) return resumed(engine.resume(pipeline, dpipe::SnapshotDir{*a.resume_dir}, options, how));
-      return engine.start(pipeline, options);
-    }();
-    for (const auto& w : run.warnings()) std::cerr << "dpipe: warning: " << w << "\n";
-    Output out(output);
-    const auto t0 = Clock::now();
-    std::uint64_t n = 0;
-    try {
-      while (!take || n < take) {
-        auto x = run.next();
-        if (!x) break;
-        dpipe::append_spec_element_json(out.buffer(), *x, spec.bytes);
-        out.buffer() += '\n';
-        out.maybe_flush();
-        ++n;
-      }
-    } catch (...) {
-      // Every element delivered before a failure reaches the output, then the error is reported.
-      if (const std::string note = out.keep_partial(n); !note.empty())
-        std::fprintf(stderr, "dpipe: note: %s\n", note.c_str());
-      throw;
+  dpipe::Engine engine({.threads = a.common.threads});
+  const RunStart from{.snapshot_file = a.resume,
+                      .set_dir = a.resume_dir,
+                      .how = {.rescale = a.rescale, .allow_changed_data = a.allow_changed_data, .max_replay = a.max_replay}};
+  const auto t_restore = Clock::now();
+  const auto run = start_run(spec, engine, options, from);
+  const bool resumed = a.resume || a.resume_dir;
+  const double restore_ms = resumed ? seconds_since(t_restore) * 1e3 : 0;
+  const std::uint64_t replayed = resumed ? run->restore_report().replayed_elements() : 0;
+  for (const auto& w : run->warnings()) std::cerr << "dpipe: warning: " << w << "\n";
+  Output out(output);
+  const auto t0 = Clock::now();
+  std::uint64_t n = 0;
+  try {
+    // Runs of up to 256 elements, the output flushed whenever it holds 64 KiB.
+    while (!take || n < take) {
+      const std::uint64_t want = take ? std::min<std::uint64_t>(take - n, 256) : 256;
+      const bool more = run->append_lines(out.buffer(), want, Output::kFlushBytes, n);
+      out.maybe_flush();
+      if (!more) break;
     }
-    out.commit();
-    const double secs = seconds_since(t0);
-    const std::map<std::string, std::string> meta{{"elements_delivered_by_this_run", std::to_string(n)}};
-    if (a.snapshot_out) run.snapshot(meta, a.step).write_file(*a.snapshot_out);
-    if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run.reproducible_snapshot(meta, a.step));
-    if (a.common.stats)
-      print_run_stats(RunFigures{.elements = n,
-                                 .seconds = secs,
-                                 .restore_ms = restore_ms,
-                                 .replayed_elements = replayed,
-                                 .elements_total = run.delivered(),
-                                 .skipped_records = run.graph().skipped_records(),
-                                 .skipped_bytes = run.graph().skipped_bytes(),
-                                 .threads = engine.threads()},
-                      run.node_stats());
-    return 0;
-  });
+  } catch (...) {
+    // Every element delivered before a failure reaches the output, then the error is reported.
+    if (const std::string note = out.keep_partial(n); !note.empty()) std::fprintf(stderr, "dpipe: note: %s\n", note.c_str());
+    throw;
+  }
+  out.commit();
+  const double secs = seconds_since(t0);
+  const std::map<std::string, std::string> meta{{"elements_delivered_by_this_run", std::to_string(n)}};
+  if (a.snapshot_out) run->snapshot(meta, a.step).write_file(*a.snapshot_out);
+  if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run->reproducible_snapshot(meta, a.step));
+  if (a.common.stats)
+    print_run_stats(RunFigures{.elements = n,
+                               .seconds = secs,
+                               .restore_ms = restore_ms,
+                               .replayed_elements = replayed,
+                               .elements_total = run->delivered(),
+                               .skipped_records = run->graph().skipped_records(),
+                               .skipped_bytes = run->graph().skipped_bytes(),
+                               .threads = engine.threads()},
+                    run->node_stats());
+  return 0;
 }
 
 int cmd_bench(const BenchArgs& a) {
@@ -424,39 +501,34 @@ int cmd_bench(const BenchArgs& a) {
   const auto options = run_options(a.common, spec.seed);
   const double limit = a.seconds;
   const bool progress = ::isatty(2);
-  return with_pipeline(spec, [&](const auto& pipeline) {
-    dpipe::Engine engine({.threads = a.common.threads});
-    auto run = engine.start(pipeline, options);
-    const auto t0 = Clock::now();
-    auto last_report = t0, last_check = t0;
-    std::uint64_t n = 0, stride = 1, next_check = 1;
-    std::size_t sink = 0;
-    while (auto x = run.next()) {
-      if constexpr (requires { x->size(); }) sink += x->size();
-      else sink += 1;
-      // The clock is read every `stride` elements: every element while they are slow (checks more
-      // than 1 ms apart), up to every 1024th while checks come less than 100 µs apart.
-      if (++n >= next_check) {
-        const auto now = Clock::now();
-        if (now - last_check > std::chrono::milliseconds(1)) stride = 1;
-        else if (now - last_check < std::chrono::microseconds(100) && stride < 1024) stride *= 2;
-        last_check = now;
-        next_check = n + stride;
-        if (limit > 0 && std::chrono::duration<double>(now - t0).count() >= limit) break;
-        if (progress && now - last_report > std::chrono::milliseconds(250)) {
-          const double s = std::chrono::duration<double>(now - t0).count();
-          std::fprintf(stderr, "\r%llu elements  %.1f s  %.0f elements/s   ", static_cast<unsigned long long>(n), s,
-                       n / s);
-          last_report = now;
-        }
-      }
+  dpipe::Engine engine({.threads = a.common.threads});
+  const auto run = start_run(spec, engine, options);
+  const auto t0 = Clock::now();
+  auto last_report = t0, last_check = t0;
+  std::uint64_t n = 0, stride = 1;
+  std::size_t items = 0;
+  for (;;) {
+    // The clock is read every `stride` elements: every element while they are slow (checks more than
+    // 1 ms apart), up to every 1024th while checks come less than 100 µs apart.
+    const std::uint64_t got = run->take(stride, items);
+    n += got;
+    if (got < stride) break;
+    const auto now = Clock::now();
+    if (now - last_check > std::chrono::milliseconds(1)) stride = 1;
+    else if (now - last_check < std::chrono::microseconds(100) && stride < 1024) stride *= 2;
+    last_check = now;
+    if (limit > 0 && std::chrono::duration<double>(now - t0).count() >= limit) break;
+    if (progress && now - last_report > std::chrono::milliseconds(250)) {
+      const double s = std::chrono::duration<double>(now - t0).count();
+      std::fprintf(stderr, "\r%llu elements  %.1f s  %.0f elements/s   ", static_cast<unsigned long long>(n), s, n / s);
+      last_report = now;
     }
-    const double secs = seconds_since(t0);
-    if (progress) std::fprintf(stderr, "\r%80s\r", "");
-    print_bench_figures(n, secs, sink, run.layout().num_workers, engine.threads(),
-                        a.common.stats ? std::optional(run.node_stats()) : std::nullopt);
-    return 0;
-  });
+  }
+  const double secs = seconds_since(t0);
+  if (progress) std::fprintf(stderr, "\r%80s\r", "");
+  print_bench_figures(n, secs, items, run->layout().num_workers, engine.threads(),
+                      a.common.stats ? std::optional(run->node_stats()) : std::nullopt);
+  return 0;
 }
 
 int cmd_graph(const std::string& spec_text) {
