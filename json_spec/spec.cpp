@@ -25,9 +25,6 @@ class PositionedError : public ConfigError {
   using ConfigError::ConfigError;
 };
 
-template <class T>
-constexpr bool is_optional_int = std::is_same_v<T, std::optional<std::int64_t>>;
-
 /// Whether a JSON value, if an integer, is one a std::int64_t holds.
 bool fits_int64(const json& v) {
   return !v.is_number_unsigned() || v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX);
