@@ -426,6 +426,7 @@ class TypedSpecRun final : public SpecRun {
 struct RunStart {
   std::optional<std::string> snapshot_file, set_dir;
   dpipe::ResumeOptions how{};
+  bool resumes() const { return snapshot_file || set_dir; }
 };
 
 std::unique_ptr<SpecRun> start_run(const dpipe::Spec& spec, dpipe::Engine& engine, const dpipe::RunOptions& options,
@@ -458,9 +459,7 @@ int cmd_run(const RunArgs& a) {
                       .how = {.rescale = a.rescale, .allow_changed_data = a.allow_changed_data, .max_replay = a.max_replay}};
   const auto t_restore = Clock::now();
   const auto run = start_run(spec, engine, options, from);
-  const bool resumed = a.resume || a.resume_dir;
-  const double restore_ms = resumed ? seconds_since(t_restore) * 1e3 : 0;
-  const std::uint64_t replayed = resumed ? run->restore_report().replayed_elements() : 0;
+  const double restore_ms = from.resumes() ? seconds_since(t_restore) * 1e3 : 0;
   for (const auto& w : run->warnings()) std::cerr << "dpipe: warning: " << w << "\n";
   Output out(output);
   const auto t0 = Clock::now();
@@ -487,7 +486,7 @@ int cmd_run(const RunArgs& a) {
     print_run_stats(RunFigures{.elements = n,
                                .seconds = secs,
                                .restore_ms = restore_ms,
-                               .replayed_elements = replayed,
+                               .replayed_elements = run->restore_report().replayed_elements(),
                                .elements_total = run->delivered(),
                                .skipped_records = run->graph().skipped_records(),
                                .skipped_bytes = run->graph().skipped_bytes(),
