@@ -46,11 +46,23 @@ void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<con
 /// worker segment; prefetch only where the worker segment ends; no boundary below a cycle, which
 /// rebuilds its upstream every pass.
 /// Also records each node's segment.
+/// A node's graph role, as its kind declares it (a user's own kind, or none: no role).
+const KindInfo& role_of(const GraphNode& n) {
+  static const KindInfo none{};
+  const KindInfo* k = find_kind(n.kind);
+  return k ? *k : none;
+}
+
 void check_segments(std::vector<GraphNode>& nodes) {
   std::size_t merges = 0;
-  for (const auto& n : nodes) merges += n.kind == "merge";
+  std::string merge_kind;
+  for (const auto& n : nodes)
+    if (role_of(n).segment == SegmentRole::ends_workers) {
+      ++merges;
+      merge_kind = n.kind;
+    }
   if (merges > 1)
-    throw ConfigError("the pipeline has " + std::to_string(merges) + " merge nodes; a pipeline has at most one");
+    throw ConfigError("the pipeline has " + std::to_string(merges) + " " + merge_kind + " nodes; a pipeline has at most one");
   using Seg = Segment;
   struct Frame {
     std::size_t node;
@@ -64,27 +76,28 @@ void check_segments(std::vector<GraphNode>& nodes) {
     GraphNode& n = nodes[f.node];
     n.segment = f.seg;  // merge itself runs after the workers, dispatch once per worker
     const std::string label = node_label(n.kind, n.name);
+    const KindInfo& role = role_of(n);
     Seg below = f.seg;
-    if (n.kind == "merge") {
+    if (role.segment == SegmentRole::ends_workers) {
       below = Seg::worker;
-    } else if (n.kind == "dispatch") {
+    } else if (role.segment == SegmentRole::starts_workers) {
       if (f.seg != Seg::worker)
-        throw ConfigError(label + ": dispatch starts the worker segment, so it must stand before merge and not in "
-                                  "another dispatch's prefix");
+        throw ConfigError(label + ": " + n.kind + " starts the worker segment, so it must stand before the node that "
+                                  "ends it (merge) and not in another " + n.kind + "'s prefix");
       below = Seg::prefix;
-    } else if (n.kind == "prefetch") {
+    } else if (role.segment == SegmentRole::worker_depth) {
       const bool ends_workers = f.seg == Seg::worker && (f.node == 0 || [&] {
         for (const auto& m : nodes)
-          if (m.kind == "merge" && !m.inputs.empty() && m.inputs[0] == f.node) return true;
+          if (role_of(m).segment == SegmentRole::ends_workers && !m.inputs.empty() && m.inputs[0] == f.node) return true;
         return false;
       }());
       if (!ends_workers)
-        throw ConfigError(label + ": prefetch sets the depth of the worker queues, so it must be the last node "
+        throw ConfigError(label + ": " + n.kind + " sets the depth of the worker queues, so it must be the last node "
                                   "before merge (or of the pipeline)");
     }
-    if (!f.cycle.empty() && (n.kind == "merge" || n.kind == "dispatch"))
-      throw ConfigError(f.cycle + ": a cycle rebuilds its upstream every pass, so it cannot contain " + label);
-    const std::string cycle = n.kind == "cycle" && f.cycle.empty() ? label : f.cycle;
+    if (!f.cycle.empty() && (role.segment == SegmentRole::ends_workers || role.segment == SegmentRole::starts_workers))
+      throw ConfigError(f.cycle + ": it rebuilds its upstream every pass, so it cannot contain " + label);
+    const std::string cycle = role.restarts_upstream && f.cycle.empty() ? label : f.cycle;
     for (std::size_t in : n.inputs) stack.push_back({in, below, cycle});
   }
 }
@@ -94,16 +107,17 @@ void check_segments(std::vector<GraphNode>& nodes) {
 /// purpose (dealt, broadcast by dispatch, or marked with replicate); whether a source every instance
 /// reads in full feeds it.
 struct Flow {
-  static constexpr unsigned kRank = 1, kWorker = 2;
+  static constexpr unsigned kRank = Split::kRank, kWorker = Split::kWorker;
   unsigned dealt = 0, covered = 0;
   std::size_t dealer = 0;       // the node that dealt it (for messages)
   std::string full_source;      // label of a source read in full, if any
 };
 
-unsigned levels_of(const GraphNode& n, std::string_view level) {
-  if (level == "rank") return Flow::kRank;
-  if (level == "worker") return Flow::kWorker;
-  return n.segment == Segment::worker ? Flow::kRank | Flow::kWorker : Flow::kRank;  // all
+/// Split levels with kSegment resolved to the levels of the node's segment.
+unsigned levels_of(const GraphNode& n, unsigned levels) {
+  if (levels & Split::kSegment)
+    levels = (levels & ~Split::kSegment) | (n.segment == Segment::worker ? Flow::kRank | Flow::kWorker : Flow::kRank);
+  return levels;
 }
 
 std::string describe_levels(unsigned levels) {
@@ -114,11 +128,6 @@ std::string describe_levels(unsigned levels) {
 /// refuses a level-based sharding_filter after a node that already deals its stream over that level.
 std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes) {
   std::vector<Flow> flows(nodes.size());
-  auto param = [](const GraphNode& n, std::string_view key) -> std::string_view {
-    for (const auto& [k, v] : n.params)
-      if (k == key) return v;
-    return {};
-  };
   for (std::size_t i = nodes.size(); i-- > 0;) {
     const GraphNode& n = nodes[i];
     Flow& f = flows[i];
@@ -141,30 +150,27 @@ std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes) {
       f.covered &= g.covered;
       if (f.full_source.empty()) f.full_source = g.full_source;
     }
-    if (n.kind == "sharding_filter") {
-      const std::string_view shards = param(n, "num_shards");
-      if (!shards.empty() && shards != "0") {  // explicit shards: the user splits the stream by hand
-        f.covered = Flow::kRank | Flow::kWorker;
-        continue;
-      }
-      const unsigned levels = levels_of(n, param(n, "level"));
+    if (!kind || !kind->split) continue;
+    const Split split = kind->split(n.params);
+    if (split.by_hand) {  // the user splits the stream by hand, or copies it on purpose
+      f.covered = Flow::kRank | Flow::kWorker;
+      continue;
+    }
+    if (const unsigned levels = levels_of(n, split.shards)) {
       if (f.dealt & levels)
         throw ConfigError(label + " shards over " + describe_levels(levels) + ", but " + nodes[f.dealer].key + " (" +
                           nodes[f.dealer].kind + ") already deals its stream to " + describe_levels(f.dealt) +
                           ": each instance would keep a fraction of its own share and the rest would be lost. "
-                          "Remove the sharding_filter");
+                          "Remove the " + n.kind);
       f.dealt |= levels;
       f.covered |= levels;
       f.dealer = i;
-    } else if (n.kind == "dispatch") {
-      if (param(n, "mode") == "round_robin") {
-        f.dealt |= Flow::kWorker;
-        f.dealer = i;
-      }
-      f.covered |= Flow::kWorker;  // broadcast hands every worker every element on purpose
-    } else if (n.kind == "replicate") {
-      f.covered = Flow::kRank | Flow::kWorker;
     }
+    if (const unsigned levels = levels_of(n, split.deals)) {
+      f.dealt |= levels;
+      f.dealer = i;
+    }
+    f.covered |= levels_of(n, split.covers);
   }
   return flows;
 }
@@ -199,7 +205,7 @@ Graph Graph::build(const NodeDefBase& output) {
     g.full_source_ = flows.front().full_source;
     g.covered_levels_ = flows.front().covered;
   }
-  for (const auto& n : g.nodes_) g.has_merge_ = g.has_merge_ || n.kind == "merge";
+  for (const auto& n : g.nodes_) g.has_merge_ = g.has_merge_ || role_of(n).segment == SegmentRole::ends_workers;
 
   BoostGraph bg(g.nodes_.size());
   for (std::size_t v = 0; v < g.nodes_.size(); ++v)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <stdexcept>
 
 #include "builtins.hpp"
 #include "dpipe/kinds.hpp"
@@ -42,8 +43,79 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
 struct OpEntry {
   std::string_view name;
   bool source;  // starts a pipeline
+  std::span<const ParamSchema> params;
   SpecPipeline (*build)(JsonNode&);
 };
+
+// ---- the builtin functions' schemas (a spec names one with "fn") ----
+constexpr ParamSchema kAffineParams[] = {
+    {.name = "mul", .type = ParamType::integer, .doc = "the factor", .fallback = "1"},
+    {.name = "add", .type = ParamType::integer, .doc = "the term added", .fallback = "0"},
+};
+constexpr ParamSchema kStackParams[] = {
+    {.name = "dtype", .type = ParamType::choice, .doc = "the array's type", .fallback = "\"int64\"",
+     .choices = "int64|int32|uint32|int16|uint16|uint8"},
+};
+constexpr ParamSchema kSpinParams[] = {
+    {.name = "ns", .type = ParamType::integer, .doc = "nanoseconds of work per element, 0 to 1e9"},
+};
+constexpr ParamSchema kThrowAtParams[] = {
+    {.name = "index", .type = ParamType::integer, .doc = "the position (from 0) whose call throws"},
+};
+constexpr ParamSchema kModEqParams[] = {
+    {.name = "mod", .type = ParamType::integer, .doc = "the modulus (positive)"},
+    {.name = "eq", .type = ParamType::integer, .doc = "the remainder kept, in [0, mod)"},
+};
+constexpr ParamSchema kReplicateParams[] = {
+    {.name = "times", .type = ParamType::integer, .doc = "copies of each element (not negative)"},
+};
+constexpr ParamSchema kCountParams[] = {
+    {.name = "count", .type = ParamType::integer, .doc = "how many integers (not negative)"},
+};
+constexpr ParamSchema kRandomIntsParams[] = {
+    {.name = "count", .type = ParamType::integer, .doc = "how many integers (not negative)"},
+    {.name = "lo", .type = ParamType::integer, .doc = "the lowest value", .fallback = "0"},
+    {.name = "hi", .type = ParamType::integer, .doc = "the bound above every value (above lo)"},
+};
+constexpr ParamSchema kExternalOutParams[] = {
+    {.name = "id", .type = ParamType::integer, .doc = "the callable's number, given by the front end"},
+    {.name = "out", .type = ParamType::text, .doc = "the element type it returns (absent: the input's; a generator's: value)",
+     .fallback = "null"},
+};
+constexpr ParamSchema kExternalParams[] = {
+    {.name = "id", .type = ParamType::integer, .doc = "the callable's number, given by the front end"},
+};
+constexpr FunctionSchema kFunctions[] = {
+    {"affine", "map parallel_map", "x → x·mul + add (integers, wrapping)", kAffineParams},
+    {"identity", "map parallel_map", "each element unchanged"},
+    {"spin", "map parallel_map", "each element unchanged, after `ns` nanoseconds of work (benchmarks)", kSpinParams},
+    {"stack", "map parallel_map", "a batch of equal rows of integers → one 2-D array value", kStackParams},
+    {"throw_at", "map parallel_map", "each element unchanged; the call at position `index` throws (tests; map only)",
+     kThrowAtParams},
+    {"mod_eq", "filter", "keeps x with x mod `mod` == `eq` (floor modulo)", kModEqParams},
+    {"replicate", "flat_map", "each element `times` times", kReplicateParams},
+    {"range", "flat_map", "an integer n → 0, 1, …, n−1, one at a time"},
+    {"count", "generator", "0, 1, …, count−1", kCountParams},
+    {"random_ints", "generator", "`count` integers drawn from [lo, hi) by the node's generator", kRandomIntsParams},
+    {"external", "map parallel_map generator", "a Python callable (the Python package writes this; not in parallel_map)",
+     kExternalOutParams},
+    {"external", "filter flat_map", "a Python callable (the Python package writes this)", kExternalParams},
+};
+
+/// The builtin function `fn` of `op`, or null.
+const FunctionSchema* find_function(std::string_view op, std::string_view fn) {
+  for (const auto& f : kFunctions)
+    if (f.name == fn && f.taken_by(op)) return &f;
+  return nullptr;
+}
+
+/// The builtin functions of `op`, as a message lists them ("affine, identity, …").
+std::string function_names(std::string_view op) {
+  std::string out;
+  for (const auto& f : kFunctions)
+    if (f.taken_by(op) && f.name != "external") out += (out.empty() ? "" : ", ") + std::string(f.name);
+  return out;
+}
 
 /// One node object of a spec: the parameter reader a kind's `from_spec` uses. Every parameter read is
 /// marked; finish() refuses the ones nobody read (a typo must not pass silently). JSON null is absent.
@@ -60,6 +132,10 @@ class JsonNode {
     name_ = name;
   }
 
+  /// The op's schema: every parameter its builder reads must be declared there (a builder that reads
+  /// another is a bug of the kind, found by any spec that reaches it).
+  void set_schema(std::span<const ParamSchema> params) { params_ = params; }
+
   const std::string& op() const { return op_; }
   const std::string& name() const { return name_; }
   const std::string& where() const { return where_; }
@@ -72,17 +148,23 @@ class JsonNode {
   /// Reads parameter `key` into `v` when it is given; leaves the default otherwise.
   template <class T>
   void param(const std::string& key, T& v) {
+    declared<T>(key, false);
     if (const json* x = get(key)) read(key, *x, v);
   }
   template <class T>
   void required(const std::string& key, T& v) {
+    declared<T>(key, true);
     const json* x = get(key);
-    if (!x) fail("missing parameter '" + key + "'");
+    if (!x) fail("missing parameter '" + key + "'" + undeclared_given());
     read(key, *x, v);
   }
   /// A string parameter naming one of `options`.
   template <class E>
   void choice(const std::string& key, E& v, std::initializer_list<std::pair<const char*, E>> options) {
+    const ParamSchema& p = declared<std::string>(key, false);
+    for (const auto& option : options)
+      if (p.type != ParamType::choice || !p.is_choice(option.first))
+        internal_error("reads choice '" + key + "' with option '" + option.first + "', which its schema does not list");
     std::string s;
     param(key, s);
     if (!get(key)) return;
@@ -109,6 +191,8 @@ class JsonNode {
   /// The pipelines of `key` (a list of pipelines), each of the input's element type T.
   template <class T>
   std::vector<Pipeline<T>> inputs(const std::string& key) {
+    if (const ParamSchema* p = find_param(params_, key); !p || p->type != ParamType::pipelines)
+      internal_error("reads pipelines '" + key + "', which its schema does not declare as such");
     const json* with = get(key);
     if (!with) fail("missing parameter '" + key + "' (a list of pipelines)");
     if (!with->is_array() || with->empty()) fail("'" + key + "' must be a non-empty list of pipelines");
@@ -137,8 +221,7 @@ class JsonNode {
 
   template <class Apply>
   SpecPipeline map_function(bool concurrent, Apply apply) {
-    std::string fn;
-    required("fn", fn);
+    const std::string fn = function();
     if (fn == "external") {
       if (concurrent) fail("an external function runs in map, not parallel_map");
       std::string out;
@@ -177,14 +260,13 @@ class JsonNode {
       pass = builtins::Passthrough::throw_at(index);
     }
     if (pass) return input().apply([&](const auto& p) { return apply(p, *pass); });
-    fail("unknown map function '" + fn + "' (known: affine, identity, stack, spin, throw_at)");
+    internal_error("has no builder for its function '" + fn + "'");
   }
   template <class Apply>
   SpecPipeline filter_function(Apply apply) {
-    std::string fn;
-    required("fn", fn);
+    const std::string fn = function();
     if (fn == "external") return external().filter(input(), external_id(), name(), input_bytes_);
-    if (fn != "mod_eq") fail("unknown filter function '" + fn + "' (known: mod_eq)");
+    if (fn != "mod_eq") internal_error("has no builder for its function '" + fn + "'");
     builtins::ModEq f;
     required("mod", f.mod);
     required("eq", f.eq);
@@ -194,8 +276,7 @@ class JsonNode {
   }
   template <class Apply>
   SpecPipeline flat_map_function(Apply apply) {
-    std::string fn;
-    required("fn", fn);
+    const std::string fn = function();
     if (fn == "external") return external().flat_map(input(), external_id(), name(), input_bytes_);
     if (fn == "replicate") {
       builtins::Replicate f;
@@ -204,12 +285,11 @@ class JsonNode {
       return input().apply([&](const auto& p) { return apply(p, f); });
     }
     if (fn == "range") return apply(integers("range"), builtins::Iota{});
-    fail("unknown flat_map function '" + fn + "' (known: replicate, range)");
+    internal_error("has no builder for its function '" + fn + "'");
   }
   template <class Apply>
   SpecPipeline generator_function(Apply apply) {
-    std::string fn;
-    required("fn", fn);
+    const std::string fn = function();
     if (fn == "external") {
       std::string out;
       param("out", out);
@@ -226,7 +306,7 @@ class JsonNode {
       if (hi <= lo) fail("hi must be above lo");
       return apply(RandomIntsFactory{count, lo, hi});
     }
-    fail("unknown generator function '" + fn + "' (known: count, random_ints)");
+    internal_error("has no builder for its function '" + fn + "'");
   }
 
   const ExternalFunctions& external() const {
@@ -240,10 +320,18 @@ class JsonNode {
     return id;
   }
 
-  /// Throws on a parameter this op does not take.
+  /// Throws on a parameter this op does not take, naming the ones it takes.
   void finish() const {
     for (auto it = j_.begin(); it != j_.end(); ++it)
-      if (!used_.count(it.key())) fail("unknown parameter '" + it.key() + "'");
+      if (!used_.count(it.key())) {
+        std::string known = param_names(params_);
+        if (function_) {
+          const std::string fn_params = function_->params.empty() ? "" : param_names(function_->params);
+          known += "; its function '" + std::string(function_->name) + "' takes " +
+                   (fn_params.empty() ? "none" : fn_params.substr(0, fn_params.rfind(", ")));
+        }
+        fail("unknown parameter '" + it.key() + "' (" + op_ + " takes " + known + ")");
+      }
   }
 
  private:
@@ -272,6 +360,53 @@ class JsonNode {
   Pipeline<SpecInt> integers(const std::string& fn) const {
     if (!input().holds<SpecInt>()) fail(fn + " takes integers, but its input yields " + input().type_name() + "s");
     return input().get<SpecInt>();
+  }
+
+  /// The given parameters that are not declared, for the message of a missing one (a misspelling).
+  std::string undeclared_given() const {
+    std::string out;
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (it.key() != "op" && !find_param(params_, it.key()) && !(function_ && find_param(function_->params, it.key())))
+        out += (out.empty() ? "" : ", ") + ("'" + it.key() + "'");
+    if (out.empty()) return out;
+    return " (it was given " + out + ", which " + op_ + " does not take; it takes " + param_names(params_) + ")";
+  }
+
+  /// The parameter `fn`: the name of one of the op's builtin functions, whose parameters may then be read.
+  std::string function() {
+    std::string fn;
+    required("fn", fn);
+    function_ = find_function(op_, fn);
+    if (!function_ || (fn == "external" && !t_options.external)) {
+      if (fn == "external") external();  // the refusal that says where external functions come from
+      fail("unknown " + op_ + " function '" + fn + "' (known: " + function_names(op_) + ")");
+    }
+    return fn;
+  }
+
+  [[noreturn]] void internal_error(const std::string& what) const {
+    throw std::logic_error("internal: the builder of op '" + op_ + "' " + what);
+  }
+  /// The schema of parameter `key` (the op's, or its function's once chosen), checked against how the
+  /// builder reads it: a C++ type `T`, required or not.
+  template <class T>
+  const ParamSchema& declared(const std::string& key, bool required) const {
+    const ParamSchema* p = find_param(params_, key);
+    if (!p && function_) p = find_param(function_->params, key);
+    if (!p) internal_error("reads parameter '" + key + "', which its schema does not declare");
+    if (p->required() != required)
+      internal_error("reads parameter '" + key + "' as " + (required ? "required" : "optional") + ", its schema says " +
+                     (p->required() ? "required" : "optional"));
+    bool fits = false;
+    if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::optional<std::int64_t>>) fits = p->type == ParamType::integer;
+    else if constexpr (std::is_same_v<T, double>) fits = p->type == ParamType::number;
+    else if constexpr (std::is_same_v<T, bool>) fits = p->type == ParamType::boolean;
+    else if constexpr (std::is_same_v<T, std::string>)
+      fits = p->type == ParamType::text || p->type == ParamType::choice || p->type == ParamType::function;
+    else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) fits = p->type == ParamType::integers || p->type == ParamType::values;
+    else if constexpr (std::is_same_v<T, std::vector<std::string>>) fits = p->type == ParamType::texts || p->type == ParamType::values;
+    if (!fits) internal_error("reads parameter '" + key + "' as another type than its schema's " + std::string(param_type_name(p->type)));
+    return *p;
   }
 
   const json* get(const std::string& key) {
@@ -325,6 +460,8 @@ class JsonNode {
   const SpecPipeline* input_;  // null for a source
   std::string op_, name_;
   std::set<std::string> used_;
+  std::span<const ParamSchema> params_{};
+  const FunctionSchema* function_ = nullptr;  // the builtin function `fn` names, once read
   bool bytes_ = false;
   bool input_bytes_ = false;
 };
@@ -336,7 +473,8 @@ constexpr bool is_source() {
 }
 template <class... K>
 std::vector<OpEntry> make_ops(KindList<K...>) {
-  return {OpEntry{K::name, is_source<K>(), [](JsonNode& n) { return K::from_spec(n); }}...};
+  return {OpEntry{K::name, is_source<K>(), std::span<const ParamSchema>(K::params),
+                  [](JsonNode& n) { return K::from_spec(n); }}...};
 }
 
 const std::vector<OpEntry>& ops() {
@@ -377,7 +515,12 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
     JsonNode n(chain[i], where + "[" + std::to_string(i) + "]", p ? &*p : nullptr);
     n.set_input_bytes(bytes);
     const OpEntry* op = find_op(n.op());
-    if (!op) n.fail("unknown op '" + n.op() + "'");
+    if (!op) {
+      std::string known;
+      for (const auto& o : ops()) known += (known.empty() ? "" : ", ") + std::string(o.name);
+      n.fail("unknown op '" + n.op() + "' (known: " + known + ")");
+    }
+    n.set_schema(op->params);
     if (i == 0 && !op->source) {
       std::string sources;
       for (const auto& o : ops())
@@ -407,6 +550,8 @@ std::vector<std::string> spec_ops() {
   for (const auto& op : ops()) v.emplace_back(op.name);
   return v;
 }
+
+std::span<const FunctionSchema> spec_functions() { return kFunctions; }
 
 std::vector<std::string> spec_sources() {
   std::vector<std::string> v;

@@ -85,11 +85,16 @@ struct Cli {
   CLI::App* graph = nullptr;
   CLI::App* show = nullptr;
   CLI::App* rescale = nullptr;
+  CLI::App* ops = nullptr;
   RunArgs run_args;
   BenchArgs bench_args;
   std::string graph_spec;
   std::string show_path;
   RescaleArgs rescale_args;
+  struct {
+    std::string op;
+    bool json = false, markdown = false;
+  } ops_args;
 };
 
 /// A validator for a decimal integer in [lo, hi]: CLI11's own conversion also takes "-1" for an unsigned
@@ -182,6 +187,13 @@ void build_cli(Cli& c) {
   c.bench->add_option("--seconds", c.bench_args.seconds, "stop after this many seconds (default: at the end)")->type_name("S")
       ->check(CLI::PositiveNumber);
   c.bench->footer(kLayoutFooter);
+
+  c.ops = app.add_subcommand("ops", "Lists the ops a spec can use: parameters, rescale rule, state fields.");
+  c.ops->add_option("OP", c.ops_args.op, "one op only")->type_name("");
+  auto* ops_json = c.ops->add_flag("--json", c.ops_args.json,
+                                   "one JSON array of objects: op, doc, params (name, type, default, required, positional, "
+                                   "doc, tuning, choices), rescales, rescale_refusal, state, source, functions");
+  c.ops->add_flag("--markdown", c.ops_args.markdown, "every op as the Markdown of docs/ops.md")->excludes(ops_json);
 
   c.graph = app.add_subcommand("graph", "Prints the pipeline's graph in Graphviz DOT.");
   c.graph->add_option("SPEC", c.graph_spec, kSpecHelp)->type_name("")->required();
@@ -587,6 +599,14 @@ int cmd_rescale(const RescaleArgs& a) {
   return 0;
 }
 
+int cmd_ops(const std::string& op, bool json, bool markdown) {
+  if (markdown && !op.empty()) throw UsageError("--markdown lists every op; leave OP out");
+  if (markdown) std::cout << dpipe::spec_ops_markdown();
+  else if (json) std::cout << dpipe::spec_ops_json(op) << "\n";
+  else std::cout << dpipe::spec_ops_text(op);
+  return 0;
+}
+
 std::string describe(const std::exception& e) {
   std::string msg = e.what();
   try {
@@ -616,7 +636,7 @@ int main(int argc, char** argv) {
   }
   const auto known = cli.app.get_subcommands([&](const CLI::App* c) { return c->get_name() == argv[1]; });
   if (argv[1][0] != '-' && known.empty()) {
-    std::fprintf(stderr, "dpipe: unknown command '%s'; the commands are run, bench, graph and snapshot\n%s", argv[1],
+    std::fprintf(stderr, "dpipe: unknown command '%s'; the commands are run, bench, graph, snapshot and ops\n%s", argv[1],
                  kUsageHint);
     return 2;
   }
@@ -634,6 +654,7 @@ int main(int argc, char** argv) {
     else if (*cli.graph) rc = cmd_graph(cli.graph_spec);
     else if (*cli.show) rc = cmd_show(cli.show_path);
     else if (*cli.rescale) rc = cmd_rescale(cli.rescale_args);
+    else if (*cli.ops) rc = cmd_ops(cli.ops_args.op, cli.ops_args.json, cli.ops_args.markdown);
     // What went to standard output must have arrived (a full disk is an error).
     std::cout.flush();
     if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout))

@@ -4,59 +4,86 @@
 ///
 ///   struct BatchKind {
 ///     static constexpr std::string_view name = "batch";             // the kind string everywhere
+///     static constexpr std::string_view doc = "...";                 // its one-line contract
+///     static constexpr ParamSchema params[] = {...};                 // dpipe/schema.hpp
+///     using State = BatchState<ElementBlobs>;                        // its saved state (void: none)
 ///     static RescaleRule rescale();                                  // dpipe/rescale.hpp
-///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
 ///     template <class Spec> static SpecPipeline from_spec(Spec&);   // the spec builder
-///     static constexpr bool source = false;                          // optional: starts a pipeline
+///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
 ///     static std::string summary(const NodeState&, const GraphNodeRecord&);  // optional: for show
+///     static constexpr bool source = false;                          // optional: starts a pipeline
 ///     static constexpr bool deals = false;                           // optional: deals to instances
-///     static constexpr std::string_view tuning[] = {"depth"};         // optional: parameters that
-///   };                                                               //   change no element
+///     static constexpr SegmentRole segment = SegmentRole::none;      // optional: engine segments
+///     static constexpr bool restarts_upstream = false;               // optional: rebuilds its input
+///     static Split split(const Params&);                             // optional: splits its stream
+///   };
 ///
-/// `dpipe/kinds.hpp` lists every kind on one line each; the registry below (rescale rules and invariants,
-/// used by the rescale driver and by restore) and the spec front end's op table are both made from that
-/// list, so neither names a kind.
+/// `dpipe/kinds.hpp` lists every kind on one line each; the registry below (rescale rules, invariants,
+/// schemas and graph roles, used by the graph check, the rescale driver, restore, `dpipe ops`) and the
+/// spec front end's op table are made from that list, so none of them names a kind.
 #include <iterator>
+#include <span>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "dpipe/rescale.hpp"
+#include "dpipe/schema.hpp"
 #include "dpipe/snapshot.hpp"
 
 namespace dpipe {
 
 struct KindInfo {
   std::string_view name;
+  std::string_view doc{};
+  std::span<const ParamSchema> params{};
+  /// The names of its state's fields, in order (none: it keeps no state of its own).
+  std::vector<std::string> state_fields{};
   RescaleRule rescale = RescaleRule::refused("it declares no rescale rule");
   /// Throws SnapshotError when a saved record of the kind is impossible for the node's parameters; checked
   /// for every record of a snapshot before any node is restored. Null: the kind checks in restore only.
   void (*check_state)(const NodeState&, const GraphNodeRecord&) = nullptr;
-  /// Parameters that change no element (a queue depth, a window of work in flight): a resume may change
-  /// them, and the snapshot restores into the new values.
-  std::vector<std::string_view> tuning{};
   /// One line for `snapshot show` saying what a record of the kind means ("12 of 100 buffered"); null:
   /// the fields speak for themselves. May throw SnapshotError for a record it cannot read.
   std::string (*summary)(const NodeState&, const GraphNodeRecord&) = nullptr;
   /// A source (it starts a pipeline); one that deals its stream to the instances (sampler, lines, …)
   /// rather than having every instance read it in full.
   bool source = false, deals = false;
+  SegmentRole segment = SegmentRole::none;
+  /// It rebuilds its upstream every pass (cycle), so no segment boundary may stand above it.
+  bool restarts_upstream = false;
+  /// How it splits its stream, from its parameters; null: it leaves the split as its inputs have it.
+  Split (*split)(const std::vector<std::pair<std::string, std::string>>& params) = nullptr;
 
+  /// Parameters that change no element (the schema's tuning ones): a resume may change them, and the
+  /// snapshot restores into the new values.
   bool is_tuning(std::string_view param) const {
-    for (auto t : tuning)
-      if (t == param) return true;
-    return false;
+    const ParamSchema* p = find_param(params, param);
+    return p && p->tuning;
   }
+  const ParamSchema* param(std::string_view param_name) const { return find_param(params, param_name); }
 };
 
 template <class K>
 KindInfo kind_info() {
-  KindInfo k{K::name, K::rescale()};
+  static_assert(requires { K::doc; }, "a kind declares its one-line contract, `doc`");
+  static_assert(requires { K::params; }, "a kind declares its parameters, `params` (an empty span: none)");
+  static_assert(requires { typename K::State; }, "a kind declares its saved state, `State` (void: none)");
+  KindInfo k{K::name, K::doc, std::span<const ParamSchema>(K::params), {}, K::rescale()};
+  if constexpr (!std::is_void_v<typename K::State>) {
+    StateFieldNames names;
+    typename K::State state{};
+    state.fields(names);
+    k.state_fields = std::move(names.names);
+  }
   if constexpr (requires { &K::check_state; }) k.check_state = &K::check_state;
   if constexpr (requires { &K::summary; }) k.summary = &K::summary;
   if constexpr (requires { K::source; }) k.source = K::source;
   if constexpr (requires { K::deals; }) k.deals = K::deals;
-  if constexpr (requires { K::tuning; }) k.tuning.assign(std::begin(K::tuning), std::end(K::tuning));
+  if constexpr (requires { K::segment; }) k.segment = K::segment;
+  if constexpr (requires { K::restarts_upstream; }) k.restarts_upstream = K::restarts_upstream;
+  if constexpr (requires { &K::split; }) k.split = &K::split;
   return k;
 }
 

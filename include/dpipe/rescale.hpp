@@ -382,12 +382,14 @@ struct RescaleInput {
   }
 };
 
-/// The value of parameter `key` of a graph record ("" when it has none).
-inline std::string_view param_of(const GraphNodeRecord& n, std::string_view key) {
-  for (const auto& [k, v] : n.params)
+/// The value of parameter `key` in a node's parameters ("" when it has none).
+inline std::string_view param_of(const std::vector<std::pair<std::string, std::string>>& params, std::string_view key) {
+  for (const auto& [k, v] : params)
     if (k == key) return v;
   return {};
 }
+/// The value of parameter `key` of a graph record ("" when it has none).
+inline std::string_view param_of(const GraphNodeRecord& n, std::string_view key) { return param_of(n.params, key); }
 
 /// The integer value of parameter `key` of a graph record, or nullopt when it has none or another value
 /// ("forever"), for a kind's check_state.

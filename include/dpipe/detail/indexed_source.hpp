@@ -5,6 +5,19 @@
 
 #include "dpipe/node.hpp"
 
+namespace dpipe {
+
+/// The saved state of a random-access source read on its own (records, token_windows): the next index.
+struct IndexedSourceState {
+  std::uint64_t next = 0;
+  template <class A>
+  void fields(A& a) {
+    a("next", next);
+  }
+};
+
+}  // namespace dpipe
+
 namespace dpipe::detail {
 
 template <class T>
@@ -24,9 +37,11 @@ class IndexedSourceIter final : public Hooked<T> {
     }
     return n;
   }
-  void save_state(StateWriter& w) const override { w("next", next_); }
+  void save_state(StateWriter& w) const override { w.write(IndexedSourceState{next_}); }
   void restore_state(StateReader& r) override {
-    r("next", next_);
+    IndexedSourceState st;
+    r.read(st);
+    next_ = st.next;
     if (next_ > source_.size())
       r.fail("element " + std::to_string(next_) + " is past the last of " + std::to_string(source_.size()));
   }

@@ -112,6 +112,13 @@ inline auto batch(BatchOptions o) {
 
 struct BatchKind {
   static constexpr std::string_view name = "batch";
+  static constexpr std::string_view doc =
+      "Groups consecutive elements into batches of `size`; the last, shorter batch is kept unless `drop_last`.";
+  static constexpr ParamSchema params[] = {
+      {.name = "size", .type = ParamType::integer, .doc = "elements per batch (positive)", .positional = true},
+      {.name = "drop_last", .type = ParamType::boolean, .doc = "drop the last batch when it is short", .fallback = "false"},
+  };
+  using State = BatchState<ElementBlobs>;
   /// `snapshot show`: the partial batch.
   static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
     BatchState<ElementBlobs> st;

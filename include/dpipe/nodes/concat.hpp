@@ -10,6 +10,13 @@
 
 namespace dpipe {
 
+/// A concat's saved state: which input is current.
+struct ConcatState {
+  std::uint64_t current = 0;
+  template <class A>
+  void fields(A& a) { a("current", current); }
+};
+
 struct ConcatOptions {
   std::string name{};
 };
@@ -81,13 +88,8 @@ class ConcatIter final : public Hooked<T> {
   std::vector<IterBase*> inputs() const override { return bases_of(inputs_); }
 
  private:
-  struct State {
-    std::uint64_t current = 0;
-    template <class A>
-    void fields(A& a) { a("current", current); }
-  };
   std::vector<std::unique_ptr<Iter<T>>> inputs_;
-  State st_;
+  ConcatState st_;
 };
 
 template <class T>
@@ -112,6 +114,12 @@ Pipeline<T> concat(const Pipeline<T>& first, const More&... more) {
 
 struct ConcatKind {
   static constexpr std::string_view name = "concat";
+  static constexpr std::string_view doc =
+      "All of the input, then all of each pipeline of `with`, in order.";
+  static constexpr ParamSchema params[] = {
+      {.name = "with", .type = ParamType::pipelines, .doc = "the pipelines that follow the input (Python: positional)"},
+  };
+  using State = ConcatState;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// `{"op": "concat", "with": [PIPELINE, ...]}`: the input, then each pipeline of `with`.
   template <class Spec>

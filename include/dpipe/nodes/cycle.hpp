@@ -134,6 +134,13 @@ inline auto cycle(CycleOptions o = {}) {
 
 struct CycleKind {
   static constexpr std::string_view name = "cycle";
+  static constexpr std::string_view doc =
+      "Re-runs the whole upstream `count` times (forever without a count); each pass is a new epoch for the upstream.";
+  static constexpr ParamSchema params[] = {
+      {.name = "count", .type = ParamType::integer, .doc = "passes (absent: forever)", .fallback = "null", .positional = true},
+  };
+  using State = CycleState;
+  static constexpr bool restarts_upstream = true;
   /// `snapshot show`: which pass.
   static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
     CycleState st;

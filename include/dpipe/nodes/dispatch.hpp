@@ -273,6 +273,18 @@ inline auto dispatch(DispatchOptions o = {}) { return dispatch(round_robin, std:
 
 struct DispatchKind {
   static constexpr std::string_view name = "dispatch";
+  static constexpr std::string_view doc =
+      "Starts the worker segment: its input runs once per rank and its elements go to the workers, one each in turn (round_robin) or every one to every worker (broadcast).";
+  static constexpr ParamSchema params[] = {
+      {.name = "mode", .type = ParamType::choice, .doc = "how elements reach the workers", .fallback = "\"round_robin\"", .choices = "round_robin|broadcast", .positional = true},
+  };
+  using State = DispatchState<ElementBlobs>;
+  static constexpr SegmentRole segment = SegmentRole::starts_workers;
+  /// Round robin deals the stream to the workers; broadcast hands every worker every element on purpose.
+  static Split split(const Params& params) {
+    if (param_of(params, "mode") == "round_robin") return {.deals = Split::kWorker, .covers = Split::kWorker};
+    return {.covers = Split::kWorker};
+  }
 
   /// Rescale (round_robin): the backlogs of every rank are pooled in rank and worker order and dealt to the
   /// new workers; each new rank's prefix, re-sliced over the new ranks, goes on filling them. Broadcast is

@@ -79,6 +79,12 @@ auto filter(Pred pred, FilterOptions o = {}) {
 
 struct FilterKind {
   static constexpr std::string_view name = "filter";
+  static constexpr std::string_view doc =
+      "Keeps the elements for which a pure predicate holds.";
+  static constexpr ParamSchema params[] = {
+      {.name = "fn", .type = ParamType::function, .doc = "the predicate: a builtin function's name, or a Python callable", .positional = true},
+  };
+  using State = void;
   /// Rescale: a filter keeps no state, so every new instance gets the same (empty) record.
   static RescaleRule rescale() { return RescaleRule::replicated(); }
   /// `{"op": "filter", "fn": NAME, ...the predicate's parameters}`: a predicate the front end provides.

@@ -197,6 +197,12 @@ auto flat_map(Fn fn, FlatMapOptions o = {}) {
 
 struct FlatMapKind {
   static constexpr std::string_view name = "flat_map";
+  static constexpr std::string_view doc =
+      "Replaces each element by the elements of the range a function returns, in order.";
+  static constexpr ParamSchema params[] = {
+      {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable", .positional = true},
+  };
+  using State = FlatMapState<ElementBlobs>;
 
   /// Rescale: the pending outputs of every old instance are pooled and dealt (rescale::deal) to the new ones;
   /// for a streaming flat_map, the remainders of its expansions, each whole.

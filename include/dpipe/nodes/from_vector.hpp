@@ -11,6 +11,13 @@
 
 namespace dpipe {
 
+/// A from_vector's saved state: the next index.
+struct FromVectorState {
+  std::uint64_t index = 0;
+  template <class A>
+  void fields(A& a) { a("index", index); }
+};
+
 struct FromVectorOptions {
   std::string name{};
 };
@@ -68,13 +75,8 @@ class FromVectorIter final : public Hooked<T> {
   std::vector<IterBase*> inputs() const override { return {}; }
 
  private:
-  struct State {
-    std::uint64_t index = 0;
-    template <class A>
-    void fields(A& a) { a("index", index); }
-  };
   const FromVectorDef<T>& def_;
-  State st_;
+  FromVectorState st_;
 };
 
 template <class T>
@@ -89,6 +91,12 @@ Pipeline<T> from_vector(std::vector<T> values, FromVectorOptions o = {}) {
 
 struct FromVectorKind {
   static constexpr std::string_view name = "from_vector";
+  static constexpr std::string_view doc =
+      "The elements of a list, in order; every instance reads all of it (put a sampler after it to deal them).";
+  static constexpr ParamSchema params[] = {
+      {.name = "values", .type = ParamType::values, .doc = "the elements", .positional = true},
+  };
+  using State = FromVectorState;
   static constexpr bool source = true;
   /// Rescale: as range's (read it through a sampler to rescale).
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kReadInFull); }

@@ -91,6 +91,12 @@ auto generator(Factory factory, GeneratorOptions o = {}) {
 
 struct GeneratorKind {
   static constexpr std::string_view name = "generator";
+  static constexpr std::string_view doc =
+      "Elements from a function with state of its own; restored by replay from its initial random state.";
+  static constexpr ParamSchema params[] = {
+      {.name = "fn", .type = ParamType::function, .doc = "the factory: a builtin function's name, or a Python callable", .positional = true},
+  };
+  using State = void;
   static constexpr bool source = true;
   /// Rescale: refused; a generator is restored by replaying its stream on one instance, which says
   /// nothing about how another layout would split it.

@@ -217,6 +217,16 @@ inline Pipeline<TextBlock> line_blocks(std::vector<std::string> files, LineBlock
 
 struct LineBlocksKind {
   static constexpr std::string_view name = "line_blocks";
+  static constexpr std::string_view doc =
+      "The lines of text files, many to an element (a block of whole lines of one logical shard), dealt to the instances like `lines`.";
+  static constexpr ParamSchema params[] = {
+      {.name = "files", .type = ParamType::texts, .doc = "the text files, in order", .positional = true},
+      {.name = "logical_shards", .type = ParamType::integer, .doc = "how many pieces the files are cut into, whatever the layout", .fallback = "64"},
+      {.name = "epochs", .type = ParamType::integer, .doc = "passes over the files", .fallback = "1"},
+      {.name = "shuffle_shards", .type = ParamType::boolean, .doc = "deal the shards in a random order each epoch", .fallback = "true"},
+      {.name = "block_bytes", .type = ParamType::integer, .doc = "a block ends after the last whole line within this many bytes", .fallback = "65536"},
+  };
+  using State = detail::LineShardsState;
   static constexpr bool source = true;
   /// It deals its shards to the instances: a level-based sharding_filter after it would shard again.
   static constexpr bool deals = true;

@@ -107,6 +107,12 @@ auto map(Fn fn, MapOptions o = {}) {
 
 struct MapKind {
   static constexpr std::string_view name = "map";
+  static constexpr std::string_view doc =
+      "Applies a pure function to every element.";
+  static constexpr ParamSchema params[] = {
+      {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable", .positional = true},
+  };
+  using State = void;
   /// Rescale: a map keeps no state, so every new instance gets the same (empty) record.
   static RescaleRule rescale() { return RescaleRule::replicated(); }
   /// `{"op": "map", "fn": NAME, ...the function's parameters}`: a function the front end provides.

@@ -236,6 +236,11 @@ inline auto merge(MergeOptions o = {}) {
 
 struct MergeKind {
   static constexpr std::string_view name = "merge";
+  static constexpr std::string_view doc =
+      "Ends the worker segment: its input runs once per worker and their outputs are merged round-robin, skipping exhausted workers.";
+  static constexpr std::span<const ParamSchema> params{};
+  using State = MergeState<ElementBlobs>;
+  static constexpr SegmentRole segment = SegmentRole::ends_workers;
 
   /// Rescale: the queued elements of every worker of every rank are pooled in rank and worker order and
   /// dealt to the new workers, each new merge starting at worker 0. A worker that had failed refuses it.

@@ -12,6 +12,19 @@
 
 namespace dpipe {
 
+/// A mux's saved state (mux_longest's too): the rest of the pulled rounds, and which inputs are live.
+/// `Elems` is std::vector<T> in the node, ElementBlobs where only the field names matter.
+template <class Elems>
+struct MuxState {
+  Elems pending{};
+  std::vector<std::uint8_t> live{};
+  template <class A>
+  void fields(A& a) {
+    a("pending", pending);
+    a("live", live);
+  }
+};
+
 struct MuxOptions {
   std::string name{};
 };
@@ -62,12 +75,10 @@ class MuxIter final : public Hooked<T> {
     return n;
   }
   void save_state(StateWriter& w) const override {
-    w("pending", std::vector<T>(st_.pending.begin() + std::ptrdiff_t(next_), st_.pending.end()));
-    w("live", st_.live);
+    w.write(MuxState<std::vector<T>>{{st_.pending.begin() + std::ptrdiff_t(next_), st_.pending.end()}, st_.live});
   }
   void restore_state(StateReader& r) override {
-    r("pending", st_.pending);
-    r("live", st_.live);
+    r.read(st_);
     next_ = 0;
     if (st_.live.size() != inputs_.size())
       r.fail("live flags for " + std::to_string(st_.live.size()) + " inputs, the node has " +
@@ -105,14 +116,10 @@ class MuxIter final : public Hooked<T> {
     return any;
   }
 
-  struct State {
-    std::vector<T> pending;
-    std::vector<std::uint8_t> live;
-  };
   std::vector<std::unique_ptr<Iter<T>>> inputs_;
   bool longest_;
   std::vector<std::vector<T>> scratch_;
-  State st_;
+  MuxState<std::vector<T>> st_;
   std::size_t next_ = 0;
 };
 
@@ -138,6 +145,12 @@ Pipeline<T> mux(const Pipeline<T>& first, const More&... more) {
 
 struct MuxKind {
   static constexpr std::string_view name = "mux";
+  static constexpr std::string_view doc =
+      "One element from each input in turn, until any input is exhausted (the round in progress is dropped).";
+  static constexpr ParamSchema params[] = {
+      {.name = "with", .type = ParamType::pipelines, .doc = "the other inputs (Python: positional)"},
+  };
+  using State = MuxState<ElementBlobs>;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// `{"op": "mux", "with": [PIPELINE, ...]}`: one element of each input in turn, until one ends.
   template <class Spec>

@@ -23,6 +23,12 @@ Pipeline<T> mux_longest(const Pipeline<T>& first, const More&... more) {
 
 struct MuxLongestKind {
   static constexpr std::string_view name = "mux_longest";
+  static constexpr std::string_view doc =
+      "One element from each input in turn, skipping exhausted inputs, until all are exhausted.";
+  static constexpr ParamSchema params[] = {
+      {.name = "with", .type = ParamType::pipelines, .doc = "the other inputs (Python: positional)"},
+  };
+  using State = MuxState<ElementBlobs>;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// `{"op": "mux_longest", "with": [PIPELINE, ...]}`: as mux, going on with the inputs that remain.
   template <class Spec>

@@ -111,8 +111,13 @@ auto parallel_map(Fn fn, ParallelMapOptions o = {}) {
 
 struct ParallelMapKind {
   static constexpr std::string_view name = "parallel_map";
-  /// The window of work in flight changes no element: a resume may change it.
-  static constexpr std::string_view tuning[] = {"max_in_flight"};
+  static constexpr std::string_view doc =
+      "`map` with the function applied to up to `max_in_flight` elements at once; the output keeps the input's order.";
+  static constexpr ParamSchema params[] = {
+      {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name (no Python callable)", .positional = true},
+      {.name = "max_in_flight", .type = ParamType::integer, .doc = "elements mapped at once", .fallback = "64", .tuning = true},
+  };
+  using State = void;
   /// Rescale: a parallel_map keeps no state between pulls, so every new instance gets the same record.
   static RescaleRule rescale() { return RescaleRule::replicated(); }
   /// `{"op": "parallel_map", "fn": NAME, "max_in_flight": 64, ...}`: a function the front end provides,

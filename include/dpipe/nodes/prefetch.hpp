@@ -62,8 +62,13 @@ inline auto prefetch(PrefetchOptions o = {}) {
 
 struct PrefetchKind {
   static constexpr std::string_view name = "prefetch";
-  /// The queue depth changes no element: a resume may change it.
-  static constexpr std::string_view tuning[] = {"depth"};
+  static constexpr std::string_view doc =
+      "Sets how many elements wait in each worker's queue; it ends the worker segment.";
+  static constexpr ParamSchema params[] = {
+      {.name = "depth", .type = ParamType::integer, .doc = "elements (or batches) queued per worker", .fallback = "8", .positional = true, .tuning = true},
+  };
+  using State = void;
+  static constexpr SegmentRole segment = SegmentRole::worker_depth;
   /// Rescale: prefetch sets a queue depth and keeps no state of its own (the queue is the merge's).
   static RescaleRule rescale() { return RescaleRule::replicated(); }
   /// `{"op": "prefetch", "depth": 8}`

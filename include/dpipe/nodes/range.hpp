@@ -9,6 +9,13 @@
 
 namespace dpipe {
 
+/// A range's saved state: the next index.
+struct RangeState {
+  std::uint64_t index = 0;
+  template <class A>
+  void fields(A& a) { a("index", index); }
+};
+
 struct RangeOptions {
   std::int64_t step = 1;
   std::string name{};
@@ -66,13 +73,8 @@ class RangeIter final : public Hooked<std::int64_t> {
   std::vector<IterBase*> inputs() const override { return {}; }
 
  private:
-  struct State {
-    std::uint64_t index = 0;
-    template <class A>
-    void fields(A& a) { a("index", index); }
-  };
   const RangeDef& def_;
-  State st_;
+  RangeState st_;
 };
 
 inline std::unique_ptr<Iter<std::int64_t>> RangeDef::instantiate(BuildContext& ctx) const {
@@ -86,6 +88,14 @@ inline Pipeline<std::int64_t> range(std::int64_t stop) { return range(0, stop); 
 
 struct RangeKind {
   static constexpr std::string_view name = "range";
+  static constexpr std::string_view doc =
+      "Integers from `start` towards `stop` (exclusive) by `step`; every instance reads all of it (put a sampler after it to deal them).";
+  static constexpr ParamSchema params[] = {
+      {.name = "start", .type = ParamType::integer, .doc = "the first integer", .fallback = "0", .positional = true},
+      {.name = "stop", .type = ParamType::integer, .doc = "where it stops (exclusive)", .positional = true},
+      {.name = "step", .type = ParamType::integer, .doc = "the step (not 0)", .fallback = "1", .positional = true},
+  };
+  using State = RangeState;
   static constexpr bool source = true;
   /// Rescale: refused when it runs itself (every instance reads all of it); read through a sampler, it
   /// keeps no records and the sampler's positions are dealt.

@@ -98,6 +98,13 @@ inline Pipeline<std::string> records(const std::vector<std::string>& files, Reco
 
 struct RecordsKind {
   static constexpr std::string_view name = "records";
+  static constexpr std::string_view doc =
+      "Records from TFRecord files (checked CRCs), random-access: put a sampler after it.";
+  static constexpr ParamSchema params[] = {
+      {.name = "files", .type = ParamType::texts, .doc = "the TFRecord files, in order", .positional = true},
+      {.name = "on_error", .type = ParamType::choice, .doc = "a damaged record: fail the run, or skip it and count it", .fallback = "\"fail\"", .choices = "fail|skip"},
+  };
+  using State = IndexedSourceState;
   static constexpr bool source = true;
   /// Rescale: as range's (read it through a sampler to rescale).
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kReadInFull); }

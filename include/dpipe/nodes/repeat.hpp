@@ -10,6 +10,18 @@
 
 namespace dpipe {
 
+/// A repeat's saved state: the current element and how many copies of it are still due.
+template <class T>
+struct RepeatState {
+  std::optional<T> current;
+  std::uint64_t due = 0;
+  template <class A>
+  void fields(A& a) {
+    a("current", current);
+    a("due", due);
+  }
+};
+
 struct RepeatOptions {
   std::string name{};
 };
@@ -81,18 +93,9 @@ class RepeatIter final : public Hooked<T> {
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
-  struct State {
-    std::optional<T> current;
-    std::uint64_t due = 0;
-    template <class A>
-    void fields(A& a) {
-      a("current", current);
-      a("due", due);
-    }
-  };
   std::unique_ptr<Iter<T>> input_;
   std::uint64_t times_;
-  State st_;
+  RepeatState<T> st_;
   std::vector<T> scratch_, pending_;
 };
 
@@ -110,6 +113,12 @@ inline auto repeat(std::int64_t times, RepeatOptions o = {}) {
 
 struct RepeatKind {
   static constexpr std::string_view name = "repeat";
+  static constexpr std::string_view doc =
+      "Yields each element `times` times in a row (1 is a pass-through).";
+  static constexpr ParamSchema params[] = {
+      {.name = "times", .type = ParamType::integer, .doc = "copies of each element (not negative)", .positional = true},
+  };
+  using State = RepeatState<std::int64_t>;  // the field names, whatever the element
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// `{"op": "repeat", "times": N}`
   template <class Spec>

@@ -51,6 +51,12 @@ inline auto replicate(ReplicateOptions o = {}) {
 
 struct ReplicateKind {
   static constexpr std::string_view name = "replicate";
+  static constexpr std::string_view doc =
+      "Passes its input through and says every instance reads this stream in full on purpose (no warning).";
+  static constexpr std::span<const ParamSchema> params{};
+  using State = void;
+  /// Every instance reads the stream in full on purpose.
+  static Split split(const Params&) { return {.by_hand = true}; }
   /// Rescale: no state; every new instance reads the stream in full again.
   static RescaleRule rescale() { return RescaleRule::replicated(); }
   /// `{"op": "replicate"}`

@@ -133,6 +133,13 @@ inline auto sampler(SamplerOptions o = {}) {
 
 struct SamplerKind {
   static constexpr std::string_view name = "sampler";
+  static constexpr std::string_view doc =
+      "Reads a random-access source in a global order (a keyed permutation per epoch, or in order) and deals its positions to the instances.";
+  static constexpr ParamSchema params[] = {
+      {.name = "shuffle", .type = ParamType::choice, .doc = "the order of each epoch", .fallback = "\"global\"", .choices = "global|none", .positional = true},
+      {.name = "epochs", .type = ParamType::integer, .doc = "passes over the source", .fallback = "1"},
+  };
+  using State = detail::DealState;
   /// `snapshot show`: where this instance is in the global sequence.
   static std::string summary(const NodeState& record, const GraphNodeRecord&) {
     detail::DealState st;

@@ -13,6 +13,13 @@ namespace dpipe {
 
 enum class ShardLevel { all, rank, worker };
 
+/// A sharding_filter's saved state: the position of the next element it sees.
+struct ShardingState {
+  std::uint64_t position = 0;
+  template <class A>
+  void fields(A& a) { a("position", position); }
+};
+
 struct ShardingOptions {
   ShardLevel level = ShardLevel::all;
   std::int64_t num_shards = 0;  // > 0 overrides the layout (with shard_id); 0: the level decides
@@ -102,14 +109,9 @@ class ShardingFilterIter final : public Hooked<T> {
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
-  struct State {
-    std::uint64_t position = 0;
-    template <class A>
-    void fields(A& a) { a("position", position); }
-  };
   std::unique_ptr<Iter<T>> input_;
   std::uint64_t shards_ = 1, id_ = 0;
-  State st_;
+  ShardingState st_;
   std::vector<T> scratch_;
 };
 
@@ -137,6 +139,21 @@ inline auto sharding_filter(ShardingOptions o = {}) {
 
 struct ShardingFilterKind {
   static constexpr std::string_view name = "sharding_filter";
+  static constexpr std::string_view doc =
+      "Keeps element i iff i mod N == id: N and id from the layout at the chosen level, or given.";
+  static constexpr ParamSchema params[] = {
+      {.name = "level", .type = ParamType::choice, .doc = "split over every instance, the ranks, or a rank's workers", .fallback = "\"all\"", .choices = "all|rank|worker", .positional = true},
+      {.name = "num_shards", .type = ParamType::integer, .doc = "split by hand into this many shards (0: the level decides)", .fallback = "0"},
+      {.name = "shard_id", .type = ParamType::integer, .doc = "with num_shards: the shard kept", .fallback = "0"},
+  };
+  using State = ShardingState;
+  /// It keeps one share per instance of its level; with explicit shards the user splits by hand.
+  static Split split(const Params& params) {
+    const std::string_view shards = param_of(params, "num_shards");
+    if (!shards.empty() && shards != "0") return {.by_hand = true};
+    const std::string_view level = param_of(params, "level");
+    return {.shards = level == "rank" ? Split::kRank : level == "worker" ? Split::kWorker : Split::kSegment};
+  }
   /// Rescale: refused; every instance reads the whole stream before the filter, so the filters' positions
   /// are not parts of one whole.
   static RescaleRule rescale() {

@@ -135,6 +135,12 @@ inline auto shuffle(ShuffleOptions o = {}) {
 
 struct ShuffleKind {
   static constexpr std::string_view name = "shuffle";
+  static constexpr std::string_view doc =
+      "A buffer of `buffer` elements; each output is a random element of the buffer, replaced by the next input.";
+  static constexpr ParamSchema params[] = {
+      {.name = "buffer", .type = ParamType::integer, .doc = "elements held (positive)", .positional = true},
+  };
+  using State = ShuffleState<ElementBlobs>;
   /// `snapshot show`: how full the buffer is.
   static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
     ShuffleState<ElementBlobs> st;

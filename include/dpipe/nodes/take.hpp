@@ -89,6 +89,12 @@ inline auto take(std::int64_t count, TakeOptions o = {}) {
 
 struct TakeKind {
   static constexpr std::string_view name = "take";
+  static constexpr std::string_view doc =
+      "The first `count` elements; pulls no element past them.";
+  static constexpr ParamSchema params[] = {
+      {.name = "count", .type = ParamType::integer, .doc = "how many elements pass (not negative)", .positional = true},
+  };
+  using State = TakeState;
   /// `snapshot show`: how many taken of how many.
   static std::string summary(const NodeState& record, const GraphNodeRecord& node) {
     TakeState st;

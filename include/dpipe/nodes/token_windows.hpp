@@ -118,6 +118,14 @@ Pipeline<std::vector<Token>> token_windows(const std::vector<std::string>& files
 
 struct TokenWindowsKind {
   static constexpr std::string_view name = "token_windows";
+  static constexpr std::string_view doc =
+      "Windows of `seq_len` + 1 tokens from flat token files (uint16 or uint32), random-access: put a sampler after it.";
+  static constexpr ParamSchema params[] = {
+      {.name = "files", .type = ParamType::texts, .doc = "the token files, in order", .positional = true},
+      {.name = "seq_len", .type = ParamType::integer, .doc = "tokens per window, before the one extra target token"},
+      {.name = "dtype", .type = ParamType::choice, .doc = "the token type of the files", .fallback = "\"uint16\"", .choices = "uint16|uint32"},
+  };
+  using State = IndexedSourceState;
   static constexpr bool source = true;
   /// Rescale: as range's (read it through a sampler to rescale).
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kReadInFull); }

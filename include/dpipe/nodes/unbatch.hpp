@@ -10,6 +10,16 @@
 
 namespace dpipe {
 
+/// An unbatch's saved state: the rest of the current batch. `Elems` is std::vector<T> in the node.
+template <class Elems>
+struct UnbatchState {
+  Elems rest{};
+  template <class A>
+  void fields(A& a) {
+    a("rest", rest);
+  }
+};
+
 struct UnbatchOptions {
   std::string name{};
 };
@@ -51,10 +61,12 @@ class UnbatchIter final : public Hooked<T> {
     return n;
   }
   void save_state(StateWriter& w) const override {
-    w("rest", std::vector<T>(current_.begin() + std::ptrdiff_t(next_), current_.end()));
+    w.write(UnbatchState<std::vector<T>>{{current_.begin() + std::ptrdiff_t(next_), current_.end()}});
   }
   void restore_state(StateReader& r) override {
-    r("rest", current_);
+    UnbatchState<std::vector<T>> st;
+    r.read(st);
+    current_ = std::move(st.rest);
     next_ = 0;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
@@ -81,6 +93,10 @@ inline auto unbatch(UnbatchOptions o = {}) {
 
 struct UnbatchKind {
   static constexpr std::string_view name = "unbatch";
+  static constexpr std::string_view doc =
+      "The elements of each batch, in order.";
+  static constexpr std::span<const ParamSchema> params{};
+  using State = UnbatchState<ElementBlobs>;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// `{"op": "unbatch"}`
   template <class Spec>

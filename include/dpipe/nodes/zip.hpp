@@ -13,6 +13,13 @@
 
 namespace dpipe {
 
+/// A zip's saved state: whether an input has ended.
+struct ZipState {
+  bool ended = false;
+  template <class A>
+  void fields(A& a) { a("ended", ended); }
+};
+
 struct ZipOptions {
   std::string name{};
 };
@@ -59,14 +66,9 @@ class ZipIter final : public Hooked<std::tuple<Ts...>> {
   }
 
  private:
-  struct State {
-    bool ended = false;
-    template <class A>
-    void fields(A& a) { a("ended", ended); }
-  };
   std::tuple<std::unique_ptr<Iter<Ts>>...> inputs_;
   std::tuple<std::vector<Ts>...> scratch_;
-  State st_;
+  ZipState st_;
 };
 
 template <class... Ts>
@@ -122,14 +124,9 @@ class ZipAllIter final : public Hooked<std::vector<T>> {
   std::vector<IterBase*> inputs() const override { return bases_of(inputs_); }
 
  private:
-  struct State {
-    bool ended = false;
-    template <class A>
-    void fields(A& a) { a("ended", ended); }
-  };
   std::vector<std::unique_ptr<Iter<T>>> inputs_;
   std::vector<std::vector<T>> scratch_;
-  State st_;
+  ZipState st_;
 };
 
 template <class T>
@@ -144,6 +141,12 @@ Pipeline<std::vector<T>> zip_all(const std::vector<Pipeline<T>>& ps, ZipOptions 
 
 struct ZipKind {
   static constexpr std::string_view name = "zip";
+  static constexpr std::string_view doc =
+      "Rows of one element from the input and one from each pipeline of `with`, until any input ends.";
+  static constexpr ParamSchema params[] = {
+      {.name = "with", .type = ParamType::pipelines, .doc = "the other inputs (Python: positional)"},
+  };
+  using State = ZipState;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// `{"op": "zip", "with": [PIPELINE, ...]}`: tuples (as lists) of one element of each input.
   template <class Spec>
