@@ -97,8 +97,7 @@ constexpr FunctionSchema kFunctions[] = {
     {"range", "flat_map", "an integer n → 0, 1, …, n−1, one at a time"},
     {"count", "generator", "0, 1, …, count−1", kCountParams},
     {"random_ints", "generator", "`count` integers drawn from [lo, hi) by the node's generator", kRandomIntsParams},
-    {"external", "map parallel_map generator", "a Python callable (the Python package writes this; not in parallel_map)",
-     kExternalOutParams},
+    {"external", "map generator", "a Python callable (the Python package writes this)", kExternalOutParams},
     {"external", "filter flat_map", "a Python callable (the Python package writes this)", kExternalParams},
 };
 

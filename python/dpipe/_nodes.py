@@ -2,25 +2,14 @@
 chain, and `a | b` appends b's nodes to a's. Nothing runs here: a Loader builds the spec into a typed C++
 pipeline (the same node kinds, options and checks as C++ and the tool)."""
 
+import inspect
 import itertools
 import json as _json
 
 from . import _dpipe
 
-# Node functions whose first positional argument is a parameter: map("affine", mul=2), batch(256), ...
-_POSITIONAL = {
-    "map": ("fn",), "filter": ("fn",), "flat_map": ("fn",), "parallel_map": ("fn",), "generator": ("fn",),
-    "batch": ("size",), "shuffle": ("buffer",), "take": ("count",), "prefetch": ("depth",),
-    "from_vector": ("values",), "lines": ("files",), "line_blocks": ("files",), "records": ("files",),
-}
-
-
-# Nodes that take other pipelines besides their input: `p | dpipe.concat(q, r)`.
-_MULTI_INPUT = {"concat", "zip", "mux", "mux_longest"}
-
-
-# map, filter, flat_map and generator take a Python callable as `fn`; the spec names it {"fn": "external", "id": N}.
-_CALLABLE_OPS = {"map", "filter", "flat_map", "generator"}
+# The op catalogue: every op's schema, from the C++ kinds' declarations (dpipe ops --json).
+_CATALOGUE = {op["op"]: op for op in _json.loads(_dpipe.spec_ops_json())}
 _ids = itertools.count(1)
 # `out=` of map: Python types, or the spec's element type names. object (or "value"): any value of the
 # kinds a snapshot can hold (None, bool, int, float, str, bytes, tuple, list, dict, numpy arrays).
@@ -82,73 +71,168 @@ def _node_repr(node):
     return f"{node['op']}({params})"
 
 
-_SOURCES = None
-
-
 def _is_source(op):
-    global _SOURCES
-    if _SOURCES is None:
-        _SOURCES = set(_dpipe.spec_sources())
-    return op in _SOURCES
+    entry = _CATALOGUE.get(op)
+    return bool(entry and entry["source"])
+
+
+def _external(entry):
+    """The schema of the function "external" (a Python callable) of an op, or None."""
+    return next((f for f in entry.get("functions", ()) if f["name"] == "external"), None)
+
+
+def _callable_ops():
+    """The ops whose `fn` may be a Python callable: those that take the function "external"."""
+    return [op for op, e in _CATALOGUE.items() if _external(e)]
+
+
+def _signature(entry):
+    """The Python signature of an op's node function, from its schema: positional parameters first (in
+    declaration order), the others keyword-only; other inputs (`with`) as *inputs; a function op's
+    builtin parameters as **fn_params."""
+    P = inspect.Parameter
+    params, has_with, has_fn = [], False, False
+    if entry["op"] == "range":  # range(stop), range(start, stop[, step]), as Python's
+        params.append(P("args", P.VAR_POSITIONAL))
+    for p in entry["params"]:
+        if p["type"] == "list of pipelines":
+            has_with = True
+            continue
+        has_fn = has_fn or p["type"] == "function"
+        default = P.empty if p["required"] else p["default"]
+        if entry["op"] == "range" and default is P.empty:
+            default = None  # range(stop) gives it positionally; make() checks that it is given
+        if entry["op"] == "range" or not p["positional"]:
+            kind = P.KEYWORD_ONLY
+        else:
+            kind = P.POSITIONAL_OR_KEYWORD
+        params.append(P(p["name"], kind, default=default))
+    if has_with:
+        params.insert(0, P("inputs", P.VAR_POSITIONAL))
+        params.append(P("with_", P.KEYWORD_ONLY, default=None))
+    external = _external(entry)
+    if external and any(q["name"] == "out" for q in external["params"]):
+        params.append(P("out", P.KEYWORD_ONLY, default=None))
+    if has_fn:
+        params.append(P("fn_params", P.VAR_KEYWORD))
+    # Python wants positional parameters before keyword-only ones; a required keyword-only one may follow
+    # optional ones.
+    order = {P.POSITIONAL_OR_KEYWORD: 0, P.VAR_POSITIONAL: 1, P.KEYWORD_ONLY: 2, P.VAR_KEYWORD: 3}
+    params.sort(key=lambda q: order[q.kind])
+    return inspect.Signature(params)
+
+
+def _doc(entry):
+    lines = [entry["doc"], "", "Parameters (the spec's, with the same checks as C++; docs/ops.md):"]
+    for p in entry["params"]:
+        default = "required" if p["required"] else f"default {p['default']!r}"
+        choices = f", one of {', '.join(p['choices'])}" if "choices" in p else ""
+        lines.append(f"    {p['name']} ({p['type']}{choices}, {default}): {p['doc']}")
+    for f in entry.get("functions", ()):
+        if f["name"] == "external":
+            continue
+        args = ", ".join(q["name"] + ("" if q["required"] else "=" + _json.dumps(q["default"])) for q in f["params"])
+        lines.append(f"    fn={f['name']!r}" + (f" with {args}" if args else "") + f": {f['doc']}")
+    lines.append("Rescales: yes." if entry["rescales"] else f"Rescales: no, {entry['rescale_refusal']}.")
+    return "\n".join(lines)
+
+
+def _check_fn_params(op, entry, fn, fn_params):
+    """A builtin function's own parameters: unknown ones raise TypeError here, at the call."""
+    if callable(fn):
+        if fn_params:
+            raise TypeError(f"{op}() got an unexpected keyword argument '{next(iter(fn_params))}' "
+                            "(a Python callable takes no function parameters)")
+        return
+    if not isinstance(fn, str):
+        raise TypeError(f"{op}(): fn must be a builtin function's name or a Python callable, got "
+                        f"{type(fn).__name__}")
+    for f in entry.get("functions", ()):
+        if f["name"] == fn and fn != "external":
+            known = [q["name"] for q in f["params"]]
+            for key in fn_params:
+                if key not in known:
+                    raise TypeError(f"{op}() got an unexpected keyword argument '{key}' (the function '{fn}' takes "
+                                    f"{', '.join(known) if known else 'no parameters'})")
+            return
+    # An unknown function name is the spec's to refuse, with the known ones, when the Loader builds.
 
 
 def _node_function(op):
-    positional = _POSITIONAL.get(op, ())
+    entry = _CATALOGUE[op]
+    sig = _signature(entry)
+    callable_op = op in _callable_ops()
+    has_var_keyword = any(q.kind is inspect.Parameter.VAR_KEYWORD for q in sig.parameters.values())
+    known_keywords = [q.name for q in sig.parameters.values() if q.kind is not inspect.Parameter.VAR_POSITIONAL]
 
-    def make(*args, **params):
-        if "with_" in params:  # `with` is a Python keyword
-            params["with"] = params.pop("with_")
-        if op in _MULTI_INPUT and args:  # concat(q, r): the other inputs
-            if "with" in params:
-                raise TypeError(f"{op}() takes its other inputs positionally or as with_=, not both")
-            params["with"] = list(args)
-            args = ()
+    def make(*args, **kwargs):
+        if not has_var_keyword:  # an unknown keyword first: it is likely a misspelling of a missing one
+            for key in kwargs:
+                if key not in sig.parameters or sig.parameters[key].kind is inspect.Parameter.VAR_POSITIONAL:
+                    raise TypeError(f"{op}() got an unexpected keyword argument '{key}' (it takes "
+                                    f"{', '.join(known_keywords)})")
+        bound = sig.bind(*args, **kwargs)  # TypeError naming a missing argument or an extra positional one
+        given = dict(bound.arguments)
+        params = {}
         if op == "range":
-            if not 1 <= len(args) <= 3:
+            positional = given.pop("args", ())
+            if len(positional) > 3:
                 raise TypeError("range(stop), range(start, stop) or range(start, stop, step)")
-            names = {1: ("stop",), 2: ("start", "stop"), 3: ("start", "stop", "step")}[len(args)]
-        else:
-            if len(args) > len(positional):
-                raise TypeError(f"{op}() takes keyword arguments" +
-                                (f" (and {', '.join(positional)} first)" if positional else ""))
-            names = positional[:len(args)]
-        for name, value in zip(names, args):
-            if name in params:
-                raise TypeError(f"{op}() got {name} twice")
-            params[name] = value
+            names = {0: (), 1: ("stop",), 2: ("start", "stop"), 3: ("start", "stop", "step")}[len(positional)]
+            for name, value in zip(names, positional):
+                if name in given:
+                    raise TypeError(f"range() got {name} twice")
+                params[name] = value
+            if given.get("stop") is None:
+                given.pop("stop", None)
+            if "stop" not in params and "stop" not in given:
+                raise TypeError("range() missing the argument 'stop'")
+        inputs = given.pop("inputs", ())
+        with_ = given.pop("with_", None)
+        if inputs and with_ is not None:
+            raise TypeError(f"{op}() takes its other inputs positionally or as with_=, not both")
+        fn_params = given.pop("fn_params", {})
+        params.update(given)
+        if inputs or with_ is not None:
+            params["with"] = list(inputs) if inputs else with_
+        fn = params.get("fn")
+        if "fn" in params:
+            _check_fn_params(op, entry, fn, fn_params)
+            params.update(fn_params)
         callables = {}
         for value in list(params.values()):  # pipelines given as other inputs bring their callables
             for q in (value if isinstance(value, (list, tuple)) else [value]):
                 if isinstance(q, Pipeline):
                     callables.update(q._callables)
-        fn = params.get("fn")
         if callable(fn):
-            if op not in _CALLABLE_OPS:
-                raise TypeError(f"{op}(): Python callables run in map, filter, flat_map and generator; name a builtin "
-                                "function here (docs/python.md)")
+            if not callable_op:
+                ops = _callable_ops()
+                raise TypeError(f"{op}(): Python callables run in {', '.join(ops[:-1])} and {ops[-1]}; name a "
+                                "builtin function here (docs/python.md)")
             fid = next(_ids)
             callables[fid] = fn
             params["fn"] = "external"
             params["id"] = fid
         if op == "generator" and callable(fn):
             params.setdefault("out", object)
-        if "out" in params:
-            if op not in ("map", "generator") or not callable(fn):
-                raise TypeError("out= is for map and generator with a Python callable")
+        if params.get("out") is not None:
+            if not callable(fn):
+                raise TypeError(f"{op}(): out= is for a Python callable")
             out = params["out"]
             params["out"] = _OUT_TYPES.get(out, out)
-        if op == "lines" or op == "line_blocks" or op == "records":
-            files = params.get("files")
-            if isinstance(files, str):
-                params["files"] = [files]
+        else:
+            params.pop("out", None)
+        for p in entry["params"]:  # a single file name stands for a list of one
+            if p["type"] == "list of strings" and isinstance(params.get(p["name"]), str):
+                params[p["name"]] = [params[p["name"]]]
         node = {"op": op}
         node.update(params)
         return Pipeline([node], callables)
 
     make.__name__ = op
     make.__qualname__ = op
-    make.__doc__ = (f"The {op} node; keyword arguments are its spec parameters "
-                    f"(docs/design.md#specs), with the same checks as C++.")
+    make.__signature__ = sig
+    make.__doc__ = _doc(entry)
     return make
 
 
@@ -195,4 +279,4 @@ def zip_rows(nodes, tuple_inputs):
     return depth
 
 
-NODE_FUNCTIONS = {op: _node_function(op) for op in _dpipe.spec_ops()}
+NODE_FUNCTIONS = {op: _node_function(op) for op in _CATALOGUE}

@@ -734,6 +734,8 @@ PYBIND11_MODULE(_dpipe, m) {
 
   m.def("spec_ops", &dpipe::spec_ops, "The op names specs know, in registry order.");
   m.def("spec_sources", &dpipe::spec_sources, "The op names of sources.");
+  m.def("spec_ops_json", [] { return dpipe::spec_ops_json(); },
+        "The op catalogue as JSON text (dpipe ops --json): each op's doc, parameters, rescale rule and state.");
   m.def("snapshot_format_version", [] { return dpipe::Snapshot::kFormatVersion; });
 
   py::class_<BuiltSpec>(m, "BuiltSpec")

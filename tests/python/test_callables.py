@@ -94,10 +94,12 @@ def test_resume_through_a_python_map_is_exact():
 
 
 def test_callables_only_where_they_run():
-    with pytest.raises(TypeError, match="map, filter, flat_map and generator"):
+    with pytest.raises(TypeError, match="Python callables run in generator, map, filter and flat_map"):
         dpipe.parallel_map(double)
-    with pytest.raises(TypeError, match="out="):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'out'"):
         dpipe.batch(size=2, out=int)
+    with pytest.raises(TypeError, match="out= is for a Python callable"):
+        dpipe.map("affine", out=int)
 
 
 def test_ctrl_c_while_waiting_for_a_worker_interrupts_promptly_and_loses_nothing():

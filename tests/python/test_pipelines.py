@@ -22,6 +22,39 @@ def test_every_spec_op_has_a_node_function():
         assert callable(getattr(dpipe, op)), op
 
 
+def test_node_functions_have_the_schemas_signatures():
+    import inspect
+    sig = inspect.signature(dpipe.batch)
+    assert list(sig.parameters) == ["size", "drop_last", "name"]
+    assert sig.parameters["size"].default is inspect.Parameter.empty
+    assert sig.parameters["drop_last"].default is False
+    assert sig.parameters["drop_last"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "elements per batch" in dpipe.batch.__doc__
+    # Every parameter of every op's schema is a parameter of its function (other inputs as *inputs).
+    for op in json.loads(dpipe._dpipe.spec_ops_json()):
+        params = inspect.signature(getattr(dpipe, op["op"])).parameters
+        for p in op["params"]:
+            assert p["name"] in params or (p["type"] == "list of pipelines" and "inputs" in params), (op["op"], p)
+    # Positional parameters from the schema: repeat(3), cycle(2), take(3), shuffle(100), dispatch("broadcast").
+    assert dpipe.repeat(3).spec()["pipeline"] == [{"op": "repeat", "times": 3}]
+    assert dpipe.cycle(2).spec()["pipeline"] == [{"op": "cycle", "count": 2}]
+    assert dpipe.shuffle(100).spec()["pipeline"] == [{"op": "shuffle", "buffer": 100}]
+    assert list(dpipe.Loader(dpipe.range(3) | dpipe.repeat(2) | dpipe.take(5))) == [0, 0, 1, 1, 2]
+
+
+def test_an_unknown_keyword_is_a_type_error_at_the_call_naming_it():
+    with pytest.raises(TypeError, match="buffer_size"):
+        dpipe.shuffle(buffer_size=10)
+    with pytest.raises(TypeError, match="size"):
+        dpipe.batch()  # a required parameter missing
+    with pytest.raises(TypeError, match="'mull'.*takes mul, add"):
+        dpipe.map("affine", mull=2)
+    with pytest.raises(TypeError, match="too many positional"):
+        dpipe.take(3, 4)
+    with pytest.raises(dpipe.ConfigError, match="unknown map function 'afine' .known: affine"):
+        dpipe.Loader(dpipe.range(3) | dpipe.map("afine"))
+
+
 def test_pipeline_composes_into_the_tools_spec():
     p = dpipe.range(0, 100) | dpipe.shuffle(buffer=10) | dpipe.sharding_filter() | dpipe.map("affine", mul=2) \
         | dpipe.batch(size=8)
