@@ -23,6 +23,16 @@ ordered_json param_json(const ParamSchema& p) {
   j["positional"] = p.positional;
   j["doc"] = p.doc;
   j["tuning"] = p.tuning;
+  if (!p.fingerprint.empty()) {
+    ordered_json keys = ordered_json::array();
+    std::string_view rest = p.fingerprint;
+    while (!rest.empty()) {
+      const auto sp = rest.find(' ');
+      keys.push_back(std::string(rest.substr(0, sp)));
+      rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
+    }
+    j["fingerprint"] = std::move(keys);
+  }
   if (p.type == ParamType::choice) {
     ordered_json choices = ordered_json::array();
     std::string_view rest = p.choices;

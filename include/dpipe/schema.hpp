@@ -70,6 +70,9 @@ struct ParamSchema {
   bool positional = false;
   /// Changes no element (a queue depth, a window of work in flight): a resume may change it.
   bool tuning = false;
+  /// The keys it is written as in the fingerprint (dpipe/graph.hpp), separated by ' ', when they are not
+  /// its name: a list of files as "file*" (file0, file1, …), a list of values as "size digest".
+  std::string_view fingerprint{};
 
   constexpr bool required() const { return fallback.empty(); }
   /// Whether `text` is one of the choices.

@@ -7,6 +7,7 @@ one and two workers. The library's own battery is tests/conformance/battery_test
 Prints one line per spec and a closing "battery_cli: N passed, N failed"; exits non-zero on any failure.
 Writes JUnit XML to $DPIPE_BUILD_ROOT/test-results/battery_cli.xml, one case per spec."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -127,10 +128,27 @@ SPECS = {
     "replicate": [R(40), {"op": "replicate"}, {"op": "shuffle", "buffer": 8}, {"op": "batch", "size": 3}],
 }
 
-# Every op the spec front end knows appears above (a new op needs a spec here).
-OPS = {"range", "from_vector", "generator", "lines", "line_blocks", "records", "token_windows", "map", "parallel_map",
-       "filter", "flat_map", "sharding_filter", "shuffle", "batch", "unbatch", "take", "repeat", "cycle", "concat",
-       "mux", "mux_longest", "zip", "sampler", "dispatch", "merge", "prefetch", "replicate"}
+# Every op of the catalogue (the kinds' schemas, `dpipe ops --json`) appears above: a new op needs a spec here.
+CATALOGUE = {op["op"]: op for op in json.loads(subprocess.run([DPIPE, "ops", "--json"], capture_output=True, text=True,
+                                                              check=True, timeout=60).stdout)}
+OPS = set(CATALOGUE)
+
+
+def undeclared_params(spec):
+    """The parameters a node of the built graph writes into its fingerprint that its kind's schema does not
+    declare (the kind's own or its builtin functions'): `dpipe graph` labels carry them as k=v lines."""
+    out = subprocess.run([DPIPE, "graph", spec], capture_output=True, text=True, check=True, timeout=60).stdout
+    wrong = []
+    for label in re.findall(r'label="([^"]*)"', out):
+        lines = label.split("\\n")
+        kind, params = lines[1], [ln.split("=", 1)[0] for ln in lines[2:] if "=" in ln]
+        entry = CATALOGUE.get(kind)
+        if entry is None:
+            continue
+        schema = entry["params"] + [p for f in entry.get("functions", ()) for p in f["params"]]
+        declared = [re.escape(k).replace(r"\*", r"\d+") for p in schema for k in p.get("fingerprint", [p["name"]])]
+        wrong += [f"{kind}.{k}" for k in params if not any(re.fullmatch(d, k) for d in declared)]
+    return wrong
 
 
 def ops_of(chain):
@@ -166,6 +184,8 @@ def check(name, chain):
     with open(spec, "w") as f:
         json.dump({"seed": 11, "pipeline": chain}, f)
     problems, sizes = [], []
+    if wrong := undeclared_params(spec):
+        problems.append("parameters its schema does not declare: " + ", ".join(wrong))
     for workers in WORKERS:
         full = path(f"{name}-{workers}-full.jsonl")
         dpipe("run", spec, "--workers", workers, "--output", full)

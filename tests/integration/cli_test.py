@@ -418,6 +418,30 @@ def _():
     assert not os.path.exists(stale), "a dead writer's temporary was left"
 
 
+@case("ops_lists_every_op_with_its_schema")
+def _():
+    ops = json.loads(dpipe("ops", "--json").stdout)
+    by_op = {o["op"]: o for o in ops}
+    assert set(by_op) >= {"range", "batch", "shuffle", "merge", "dispatch"}, sorted(by_op)
+    for o in ops:
+        assert {"op", "doc", "params", "rescales", "state"} <= set(o), o
+        for p in o["params"]:
+            assert {"name", "type", "default", "required", "positional", "doc"} <= set(p), (o["op"], p)
+    batch = by_op["batch"]
+    assert [p["name"] for p in batch["params"]] == ["size", "drop_last", "name"]
+    assert batch["rescales"] is True and batch["state"] == ["partial", "input_done"]
+    assert by_op["take"]["rescales"] is False and "cannot be dealt" in by_op["take"]["rescale_refusal"]
+    text = dpipe("ops", "shuffle").stdout
+    assert text.startswith("shuffle: ") and "buffer" in text and "rescales: yes" in text and "state: buffer, rng, input_done" in text, text
+    r = dpipe("ops", "nope", check=False)
+    assert r.returncode == 1 and "unknown op 'nope' (known: range," in r.stderr, r.stderr
+    r = dpipe("run", '{"pipeline": [{"op": "nope"}]}', check=False)
+    assert r.returncode == 1 and "unknown op 'nope' (known: range," in r.stderr, r.stderr
+    # docs/ops.md is the catalogue's Markdown, current.
+    with open(os.path.join(SRC, "docs", "ops.md")) as f:
+        assert f.read() == dpipe("ops", "--markdown").stdout, "docs/ops.md is stale: run 'dpipe ops --markdown > docs/ops.md'"
+
+
 @case("spec_errors_name_the_node")
 def _():
     r = dpipe("run", '{"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "size": 2, "name": "b"}, {"op": "unbatch"}, {"op": "map", "fn": "nope"}]}', check=False)

@@ -1,5 +1,6 @@
 // Codec, checksum, generator, graph and option checks.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <iterator>
@@ -171,6 +172,85 @@ TEST(Kinds, EveryKindOfTheListIsRegisteredOnceWithItsRule) {
   std::vector<std::string> kind_names;
   for (const auto& k : kinds) kind_names.emplace_back(k.name);
   EXPECT_EQ(spec_ops(), kind_names);
+}
+
+TEST(Kinds, EachKindsSchemaDeclaresItsParametersStateAndRole) {
+  for (const auto& k : registered_kinds()) {
+    EXPECT_FALSE(k.doc.empty()) << k.name;
+    std::set<std::string_view> names{"name"};
+    for (const auto& p : k.params) {
+      EXPECT_TRUE(names.insert(p.name).second) << k.name << "." << p.name << " is declared twice";
+      EXPECT_FALSE(p.doc.empty()) << k.name << "." << p.name;
+      EXPECT_EQ(p.type == ParamType::choice, !p.choices.empty()) << k.name << "." << p.name;
+      if (p.type == ParamType::choice && !p.required()) {  // the default is one of the choices
+        const std::string_view fallback = p.fallback.substr(1, p.fallback.size() - 2);
+        EXPECT_TRUE(p.is_choice(fallback)) << k.name << "." << p.name;
+      }
+    }
+  }
+  // Tuning parameters come from the schema, not a list of their own.
+  EXPECT_TRUE(find_kind("prefetch")->is_tuning("depth"));
+  EXPECT_TRUE(find_kind("parallel_map")->is_tuning("max_in_flight"));
+  EXPECT_FALSE(find_kind("batch")->is_tuning("size"));
+  EXPECT_FALSE(find_kind("batch")->is_tuning("no_such_parameter"));
+  // State fields come from the kind's State visitor.
+  EXPECT_EQ(find_kind("take")->state_fields, (std::vector<std::string>{"taken"}));
+  EXPECT_EQ(find_kind("shuffle")->state_fields, (std::vector<std::string>{"buffer", "rng", "input_done"}));
+  EXPECT_EQ(find_kind("mux")->state_fields, (std::vector<std::string>{"pending", "live"}));
+  EXPECT_TRUE(find_kind("map")->state_fields.empty());
+  // Graph roles are declared on the kinds, and read from their parameters by the kinds themselves.
+  EXPECT_EQ(find_kind("merge")->segment, SegmentRole::ends_workers);
+  EXPECT_EQ(find_kind("dispatch")->segment, SegmentRole::starts_workers);
+  EXPECT_EQ(find_kind("prefetch")->segment, SegmentRole::worker_depth);
+  EXPECT_TRUE(find_kind("cycle")->restarts_upstream);
+  const Split by_rank = find_kind("sharding_filter")->split({{"level", "rank"}, {"num_shards", "0"}});
+  EXPECT_EQ(by_rank.shards, Split::kRank);
+  EXPECT_TRUE(find_kind("sharding_filter")->split({{"level", "all"}, {"num_shards", "4"}}).by_hand);
+  EXPECT_EQ(find_kind("dispatch")->split({{"mode", "round_robin"}}).deals, Split::kWorker);
+  EXPECT_EQ(find_kind("dispatch")->split({{"mode", "broadcast"}}).deals, 0u);
+}
+
+TEST(Spec, RefusalsNameWhatIsKnown) {
+  auto message = [](const std::string& spec) {
+    try {
+      parse_spec(spec);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(R"({"pipeline": [{"op": "nope"}]})").find("unknown op 'nope' (known: range, from_vector,"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "shuffle", "buffer_size": 2}]})")
+                .find("missing parameter 'buffer' (it was given 'buffer_size', which shuffle does not take; it takes buffer, name)"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "size": 2, "drop": true}]})")
+                .find("unknown parameter 'drop' (batch takes size, drop_last, name)"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "map", "fn": "affine", "mull": 2}]})")
+                .find("its function 'affine' takes mul, add"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "filter", "fn": "odd"}]})")
+                .find("unknown filter function 'odd' (known: mod_eq)"),
+            std::string::npos);
+}
+
+TEST(Spec, TheCatalogueListsEveryOpWithItsSchema) {
+  const auto all = nlohmann::json::parse(spec_ops_json());
+  ASSERT_EQ(all.size(), registered_kinds().size());
+  for (const auto& op : all) {
+    for (const char* key : {"op", "doc", "params", "rescales", "state"}) EXPECT_TRUE(op.contains(key)) << op["op"] << key;
+    for (const auto& p : op["params"])
+      for (const char* key : {"name", "type", "default", "required", "positional", "doc"})
+        EXPECT_TRUE(p.contains(key)) << op["op"] << key;
+  }
+  const auto batch = nlohmann::json::parse(spec_ops_json("batch"))[0];
+  EXPECT_EQ(batch["params"][0]["name"], "size");
+  EXPECT_EQ(batch["params"][0]["required"], true);
+  EXPECT_EQ(batch["params"][1]["default"], false);
+  EXPECT_EQ(batch["rescales"], true);
+  EXPECT_EQ(batch["state"], nlohmann::json::array({"partial", "input_done"}));
+  EXPECT_THROW(spec_ops_json("nope"), ConfigError);
 }
 
 /// The record and the graph node of node `key` in a snapshot (the first instance's record).

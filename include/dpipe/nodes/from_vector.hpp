@@ -94,7 +94,7 @@ struct FromVectorKind {
   static constexpr std::string_view doc =
       "The elements of a list, in order; every instance reads all of it (put a sampler after it to deal them).";
   static constexpr ParamSchema params[] = {
-      {.name = "values", .type = ParamType::values, .doc = "the elements", .positional = true},
+      {.name = "values", .type = ParamType::values, .doc = "the elements", .positional = true, .fingerprint = "size digest"},
   };
   using State = FromVectorState;
   static constexpr bool source = true;

@@ -95,7 +95,7 @@ struct LinesKind {
   static constexpr std::string_view doc =
       "The lines of text files, one element per line, read through logical shards dealt to the instances.";
   static constexpr ParamSchema params[] = {
-      {.name = "files", .type = ParamType::texts, .doc = "the text files, in order", .positional = true},
+      {.name = "files", .type = ParamType::texts, .doc = "the text files, in order", .positional = true, .fingerprint = "file*"},
       {.name = "logical_shards", .type = ParamType::integer, .doc = "how many pieces the files are cut into, whatever the layout", .fallback = "64"},
       {.name = "epochs", .type = ParamType::integer, .doc = "passes over the files", .fallback = "1"},
       {.name = "shuffle_shards", .type = ParamType::boolean, .doc = "deal the shards in a random order each epoch", .fallback = "true"},

@@ -101,7 +101,7 @@ struct RecordsKind {
   static constexpr std::string_view doc =
       "Records from TFRecord files (checked CRCs), random-access: put a sampler after it.";
   static constexpr ParamSchema params[] = {
-      {.name = "files", .type = ParamType::texts, .doc = "the TFRecord files, in order", .positional = true},
+      {.name = "files", .type = ParamType::texts, .doc = "the TFRecord files, in order", .positional = true, .fingerprint = "file*"},
       {.name = "on_error", .type = ParamType::choice, .doc = "a damaged record: fail the run, or skip it and count it", .fallback = "\"fail\"", .choices = "fail|skip"},
   };
   using State = IndexedSourceState;

@@ -121,7 +121,7 @@ struct TokenWindowsKind {
   static constexpr std::string_view doc =
       "Windows of `seq_len` + 1 tokens from flat token files (uint16 or uint32), random-access: put a sampler after it.";
   static constexpr ParamSchema params[] = {
-      {.name = "files", .type = ParamType::texts, .doc = "the token files, in order", .positional = true},
+      {.name = "files", .type = ParamType::texts, .doc = "the token files, in order", .positional = true, .fingerprint = "file*"},
       {.name = "seq_len", .type = ParamType::integer, .doc = "tokens per window, before the one extra target token"},
       {.name = "dtype", .type = ParamType::choice, .doc = "the token type of the files", .fallback = "\"uint16\"", .choices = "uint16|uint32"},
   };
