@@ -1,4 +1,5 @@
 // Snapshot sets (one file per rank) and their rescaling to another layout, on records alone.
+#include "dpipe/detail/run_record.hpp"
 #include "dpipe/snapshot_set.hpp"
 
 #include <dirent.h>
@@ -1198,16 +1199,8 @@ void SnapshotSet::rescale_dir(const std::string& dir, const std::string& out, in
 
 namespace {
 
-/// The consumer's record of a Run: what it delivered and the elements it pulled and has not handed out.
-struct RunRecord {
-  std::uint64_t delivered = 0;
-  ElementBlobs pending;
-  template <class A>
-  void fields(A& a) {
-    a("delivered", delivered);
-    a("pending", pending);
-  }
-};
+/// The consumer's record of a Run (dpipe/detail/run_record.hpp), its elements kept encoded.
+using RunRecord = detail::RunRecord<ElementBlobs>;
 
 }  // namespace
 
@@ -1278,8 +1271,8 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     gather(in, "run", static_cast<std::size_t>(from.world_size), [](std::size_t r) { return std::uint32_t(r); },
            [](std::size_t) { return std::string("the snapshots do not hold one run record per rank"); });
     in.check_fields<RunRecord>();
-    const auto dealt = in.deal_fields({"pending"});
-    auto records = in.write_slots([&](std::size_t r) { return RunRecord{0, dealt[r]}; });
+    const auto dealt = in.deal(&RunRecord::pending);
+    auto records = in.write_slots([&](std::size_t r) { return RunRecord{.delivered = 0, .pending = dealt[r]}; });
     old_records.resolve(records);
     for (auto& record : records) per_rank[record.instance].push_back(std::move(record));
   }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/detail/run_record.hpp"
 #include "dpipe/detail/executor.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/detail/run_shared.hpp"
@@ -299,10 +300,12 @@ void Run<T>::restore(const Snapshot& s, const ResumeOptions& resume) {
   const StateIndex index(s.states);
   const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
   StateReader r(run);
-  r("delivered", delivered_);
-  r("pending", buf_);
-  head_ = 0;
+  detail::RunRecord<std::vector<T>> record;
+  r.read(record);
   r.finish();
+  delivered_ = record.delivered;
+  buf_ = std::move(record.pending);
+  head_ = 0;
   root_->restore(index, report_);
   report_.total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -328,8 +331,7 @@ Snapshot Run<T>::take_snapshot(std::map<std::string, std::string> user_metadata,
   run.mode = StateMode::hook;
   {
     StateWriter w(run);
-    w("delivered", delivered_);
-    w("pending", std::vector<T>(buf_.begin() + std::ptrdiff_t(head_), buf_.end()));
+    w.write(detail::RunRecord<std::vector<T>>{delivered_, {buf_.begin() + std::ptrdiff_t(head_), buf_.end()}});
   }
   root_->save(sink);
   spare_states_.clear();

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstddef>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -56,6 +57,27 @@ struct FieldNames {
     else types.push_back(FieldType::elements);
   }
 };
+/// A `fields` visitor that finds the name of the field at one address (a member pointer's, in a state).
+struct FieldAt {
+  const void* target;
+  std::string name{};
+  template <class T>
+  void operator()(std::string_view n, T& v) {
+    if (static_cast<const void*>(&v) == target) name = n;
+  }
+};
+
+/// The name state S's `fields` visitor gives member `member`: a rule names fields through the State type,
+/// so a misspelled field does not compile. A member the visitor does not visit is a bug of the rule.
+template <class S, class M>
+std::string field_name(M S::*member) {
+  S state{};
+  FieldAt at{&(state.*member)};
+  state.fields(at);
+  if (at.name.empty()) throw std::logic_error("internal: a rescale rule names a member its state's fields visitor does not visit");
+  return at.name;
+}
+
 /// One number per old slot, as a rule reads a column of them: held, or, for a column whose numbers step
 /// evenly (all one number: a step of 0), computed.
 class Numbers {
@@ -147,6 +169,9 @@ struct RescaleInput {
   const OldColumns* columns = nullptr;  // instead of `old`
   std::string key{}, kind{};            // the node's (when empty: those of old.front())
   StateMode mode = StateMode::hook;     // the node's (old.front()'s when `old` is given)
+  /// The field names of the state the rule checked the records against (check_fields): every field read by
+  /// name must be one of them, so a misspelled name refuses the rescale instead of reading nothing.
+  mutable std::vector<std::string> checked_fields{};
 
   const std::string& node_key() const { return key.empty() && !old.empty() ? old.front()->key : key; }
   const std::string& node_kind() const { return kind.empty() && !old.empty() ? old.front()->kind : kind; }
@@ -187,13 +212,16 @@ struct RescaleInput {
   /// list field `name`, the values of u64 field `name` (0 where a record has no such field), of str field
   /// `name` ("" where none).
   rescale::Numbers list_sizes(std::string_view name) const {
+    require_field(name);
     return number_values(name, FieldType::elements, [](const Field& f) { return std::uint64_t(f.elements.size()); });
   }
   rescale::Numbers numbers(std::string_view name) const {
+    require_field(name);
     return number_values(name, FieldType::u64, [](const Field& f) { return f.u; });
   }
   /// The first old slot whose str field `name` is not empty, and its text; nullopt when every one is.
   std::optional<std::pair<std::size_t, std::string>> first_text(std::string_view name) const {
+    require_field(name);
     if (columns) {
       const std::ptrdiff_t k = typed_column(name, FieldType::str);
       if (k < 0) return std::nullopt;
@@ -207,11 +235,43 @@ struct RescaleInput {
     return std::nullopt;
   }
   std::vector<std::string> texts(std::string_view name) const {
+    require_field(name);
     if (!columns) return field_values<std::string>(name, FieldType::str, [](const Field& f) { return f.s; });
     std::vector<std::string> out(old_slots());
     if (const std::ptrdiff_t k = typed_column(name, FieldType::str); k >= 0)
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = columns->text(i, static_cast<std::size_t>(k));
     return out;
+  }
+
+  /// The same reads naming the field through the state type: `in.numbers(&S::input_done)`.
+  template <class S, class M>
+  rescale::Numbers numbers(M S::*member) const {
+    return numbers(rescale::field_name(member));
+  }
+  template <class S, class M>
+  rescale::Numbers list_sizes(M S::*member) const {
+    return list_sizes(rescale::field_name(member));
+  }
+  template <class S, class M>
+  std::vector<std::string> texts(M S::*member) const {
+    return texts(rescale::field_name(member));
+  }
+  template <class S, class M>
+  std::vector<bool> present(M S::*member) const {
+    return present(rescale::field_name(member));
+  }
+
+  /// Refuses (SnapshotError) a field name that is not one of the checked state's fields.
+  void require_field(std::string_view name) const {
+    if (checked_fields.empty())
+      refuse("its rule reads field '" + std::string(name) + "' before check_fields<State>() named its state's fields");
+    for (const auto& f : checked_fields)
+      if (f == name) return;
+    refuse("its rule reads a field '" + std::string(name) + "', which its state has not (it has " + [&] {
+      std::string all;
+      for (const auto& f : checked_fields) all += (all.empty() ? "" : ", ") + f;
+      return all;
+    }() + ")");
   }
 
   /// Checks that the old records are states `S` (`prototype` with every optional field present: a
@@ -221,12 +281,13 @@ struct RescaleInput {
   /// with present()) on every record.
   template <class S>
   void check_fields(S prototype = S{}, bool every_row = true) const {
+    rescale::FieldNames visit;
+    prototype.fields(visit);
+    checked_fields = visit.names;
     if (!columns) {
       (void)read<S>(prototype);
       return;
     }
-    rescale::FieldNames visit;
-    prototype.fields(visit);
     const std::size_t n = columns->column_count();
     for (std::size_t k = 0; k < std::max(n, visit.names.size()); ++k) {
       if (k >= n) refuse("its records lack the field '" + visit.names[k] + "'");
@@ -240,6 +301,7 @@ struct RescaleInput {
   }
   /// Whether each old slot's record has field `name`.
   std::vector<bool> present(std::string_view name) const {
+    require_field(name);
     std::vector<bool> out(old_slots(), false);
     if (columns) {
       const std::ptrdiff_t k = columns->column(name);
@@ -274,6 +336,11 @@ struct RescaleInput {
   template <class Include = rescale::AllSlots>
   rescale::DealtParts deal_fields(const std::vector<std::string>& fields, std::size_t per_slot = 1,
                                   Include include = {}) const;
+  /// deal_fields of one field named through the state type: `in.deal(&S::partial)`.
+  template <class S, class M>
+  rescale::DealtParts deal(M S::*member, std::size_t per_slot = 1) const {
+    return deal_fields({rescale::field_name(member)}, per_slot);
+  }
 
   /// The wanted new slots: [first, end).
   std::pair<std::size_t, std::size_t> wanted_slots() const {
@@ -484,6 +551,7 @@ inline std::vector<ElementBlobs> RescaleInput::deal(const std::vector<const Elem
 template <class Include>
 rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fields, std::size_t per_slot,
                                                     Include include) const {
+  for (const auto& f : fields) require_field(f);
   const std::size_t n_old = old_slots(), per_old = fields.size(), parts = new_slots() * per_slot;
   // The pooled index where each (slot, field) list ends, in pool order; and the lists' tag.
   std::vector<std::uint64_t> ends;

@@ -25,6 +25,16 @@ constexpr std::uint64_t fnv1a(std::string_view s, std::uint64_t h = 0xcbf29ce484
   return h;
 }
 
+/// The salts of the random streams a node derives (one per use, so two uses in one node never share a
+/// stream): its Rng, a sampler's permutation key, the line sources' shard-order key.
+inline constexpr std::uint64_t kGeneratorSalt = 0x51ed27b3ULL, kSamplerSalt = 0x5a3d1e, kLineShardsSalt = 0x11e5;
+
+/// The one seed derivation of every random node: a 64-bit key from (pipeline seed, node key, epoch) and the
+/// use's salt: every instance of a node derives the same key.
+constexpr std::uint64_t derive_seed(std::uint64_t seed, std::string_view key, std::uint64_t epoch, std::uint64_t salt) {
+  return mix64(seed ^ mix64(fnv1a(key) ^ mix64(epoch + salt)));
+}
+
 class Rng {
  public:
   using result_type = std::uint64_t;
@@ -40,7 +50,7 @@ class Rng {
   }
   /// The stream of node `key` in `epoch` of a pipeline seeded with `seed`.
   static Rng derive(std::uint64_t seed, std::string_view key, std::uint64_t epoch) {
-    return Rng(mix64(seed ^ mix64(fnv1a(key) ^ mix64(epoch + 0x51ed27b3ULL))));
+    return Rng(derive_seed(seed, key, epoch, kGeneratorSalt));
   }
 
   static constexpr result_type min() { return 0; }

@@ -919,6 +919,46 @@ TEST(Rescale, ARankRescalingForItselfBuildsOnlyItsOwnSlots) {
   EXPECT_EQ(parts[5].at(parts[5].size() - 1), "c6");
 }
 
+TEST(Rescale, RulesNameFieldsThroughTheStateAndAMisspelledNameIsRefused) {
+  using S = BatchState<ElementBlobs>;
+  // Two old instances, 6 buffered elements between them.
+  std::vector<NodeState> old(2);
+  for (std::size_t i = 0; i < old.size(); ++i) {
+    old[i].key = "batch@1";
+    old[i].kind = "batch";
+    old[i].instance = static_cast<std::uint32_t>(i);
+    S st;
+    for (int k = 0; k < 3; ++k) st.partial.append("e" + std::to_string(i) + std::to_string(k));
+    StateWriter w(old[i]);
+    w.write(st);
+  }
+  const RescaleInput in{{&old[0], &old[1]}, Layout{0, 2, 1}, Layout{0, 3, 1}, false, nullptr};
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const SnapshotError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // Before the rule names its state, no field is read by name.
+  EXPECT_NE(message([&] { in.numbers("input_done"); }).find("before check_fields"), std::string::npos);
+  in.check_fields<S>();
+  // Through the state type: every buffered element is dealt.
+  const auto dealt = in.deal(&S::partial);
+  std::size_t total = 0;
+  for (std::size_t j = 0; j < dealt.size(); ++j) total += dealt[j].size();
+  EXPECT_EQ(total, 6u);
+  EXPECT_EQ(rescale::field_name(&S::input_done), "input_done");
+  // By name, a field the state does not have refuses the rescale naming it (it would deal nothing).
+  const std::string typo = message([&] { in.deal_fields({"partail"}); });
+  EXPECT_NE(typo.find("'partail', which its state has not (it has partial, input_done)"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("batch@1"), std::string::npos) << typo;
+  EXPECT_NE(message([&] { in.numbers("skiped"); }).find("'skiped'"), std::string::npos);
+  EXPECT_NE(message([&] { in.first_text("failure"); }).find("'failure'"), std::string::npos);
+  EXPECT_EQ(message([&] { in.numbers("input_done"); }), "no error");
+}
+
 TEST(Rescale, RefusesNodesItCannotRedistributeNamingThem) {
   auto refused = [](auto p) {
     Engine e;

@@ -154,7 +154,7 @@ class LineShardIter : public Hooked<Out> {
  protected:
   LineShardIter(BuildContext& ctx, std::string kind, const LineShardTable& table)
       : Hooked<Out>(ctx, kind), table_(table), deal_(PositionDeal::in(ctx, kind + " '" + this->key() + "'")) {
-    key_ = mix64(ctx.seed ^ mix64(fnv1a(this->key()) ^ mix64(ctx.epoch + 0x11e5)));
+    key_ = derive_seed(ctx.seed, this->key(), ctx.epoch, kLineShardsSalt);
   }
 
   /// Appends up to `want` elements made of the lines of file `file` that start in [pos, seg_end), and

@@ -155,10 +155,10 @@ inline OldDeals read_deals(const RescaleInput& in) {
   if (!in.columns) return OldDeals::of(in.read<DealState>());
   in.check_fields<DealState>();
   OldDeals out;
-  out.base = in.numbers("base");
-  out.stride = in.numbers("stride");
-  out.offset = in.numbers("offset");
-  out.next = in.numbers("next");
+  out.base = in.numbers(&DealState::base);
+  out.stride = in.numbers(&DealState::stride);
+  out.offset = in.numbers(&DealState::offset);
+  out.next = in.numbers(&DealState::next);
   const auto skipped = in.list_sizes("skip");
   if (!skipped.all_equal(0))
     for (std::size_t i = 0; i < skipped.size(); ++i)

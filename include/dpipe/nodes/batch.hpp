@@ -134,7 +134,7 @@ struct BatchKind {
     return RescaleRule::dealt([](const RescaleInput& in) {
       using S = BatchState<ElementBlobs>;
       in.check_fields<S>();
-      const auto dealt = in.deal_fields({"partial"});
+      const auto dealt = in.deal(&S::partial);
       return in.write_slots([&](std::size_t j) { return S{.partial = dealt[j], .input_done = false}; });
     });
   }

@@ -299,8 +299,8 @@ struct DispatchKind {
       prototype.owner = true;  // names every field (a record is read as its own owner field says)
       prototype.backlogs.resize(static_cast<std::size_t>(in.from.num_workers));
       in.check_fields(prototype, /*every_row=*/false);
-      const auto owner = in.numbers("owner");
-      const auto owned = in.present("owner");
+      const auto owner = in.numbers(&S::owner);
+      const auto owned = in.present(&S::owner);
       std::vector<std::string> backlogs;
       for (std::size_t w = 0; w < static_cast<std::size_t>(in.from.num_workers); ++w)
         backlogs.push_back("backlog_" + std::to_string(w));

@@ -208,15 +208,15 @@ struct FlatMapKind {
   /// for a streaming flat_map, the remainders of its expansions, each whole.
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {
-      if (in.has_field("rests")) {
-        using R = FlatMapRestState<ElementBlobs>;
+      using R = FlatMapRestState<ElementBlobs>;
+      if (in.has_field(rescale::field_name(&R::rests))) {
         in.check_fields<R>();
-        const auto dealt = in.deal_fields({"rests"});
+        const auto dealt = in.deal(&R::rests);
         return in.write_slots([&](std::size_t j) { return R{.rests = dealt[j]}; });
       }
       using S = FlatMapState<ElementBlobs>;
       in.check_fields<S>();
-      const auto dealt = in.deal_fields({"pending"});
+      const auto dealt = in.deal(&S::pending);
       return in.write_slots([&](std::size_t j) {
         S s;
         s.pending = dealt[j];

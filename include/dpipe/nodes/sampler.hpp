@@ -72,7 +72,7 @@ class SamplerIter final : public Hooked<T> {
     ctx.next_key();  // the source's key: it is read through the sampler, never run itself
     n_ = def.source().size();
     total_ = n_ * def.epochs();
-    key_ = mix64(ctx.seed ^ mix64(fnv1a(this->key()) ^ mix64(ctx.epoch + 0x5a3d1e)));
+    key_ = derive_seed(ctx.seed, this->key(), ctx.epoch, kSamplerSalt);
     lookahead_ = def.source().prefetches();
   }
 

@@ -159,8 +159,8 @@ struct ShuffleKind {
     return RescaleRule::dealt([](const RescaleInput& in) {
       using S = ShuffleState<ElementBlobs>;
       in.check_fields<S>();
-      const auto dealt = in.deal_fields({"buffer"});
-      const auto done = in.numbers("input_done");
+      const auto dealt = in.deal(&S::buffer);
+      const auto done = in.numbers(&S::input_done);
       const bool all_done = done.min() != 0;
       return in.write_slots([&](std::size_t j) {
         S s;
