@@ -4,7 +4,7 @@
 #include <string>
 
 #include "dpipe/engine.hpp"
-#include "dpipe/node_kind.hpp"
+#include "dpipe/kit/node_kind.hpp"
 #include "../serialize/json_text.hpp"
 
 namespace dpipe {

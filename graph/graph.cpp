@@ -1,6 +1,6 @@
 // The only translation unit that includes Boost.Graph.
 #include "dpipe/graph.hpp"
-#include "dpipe/node_kind.hpp"
+#include "dpipe/kit/node_kind.hpp"
 
 #include <boost/config.hpp>
 #include <boost/graph/adjacency_list.hpp>

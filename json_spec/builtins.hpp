@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "dpipe/codec.hpp"
-#include "dpipe/node.hpp"
+#include "dpipe/kit/codec.hpp"
+#include "dpipe/kit/node.hpp"
 #include "dpipe/value.hpp"
 
 namespace dpipe::builtins {

@@ -1,6 +1,6 @@
 #pragma once
 /// The JSON spec front end (the `dpipe` tool's): a spec's JSON text → a typed pipeline, through each node
-/// kind's own builder (dpipe/spec.hpp). Not installed: a C++ user writes the pipeline itself.
+/// kind's own builder (dpipe/kit/spec.hpp). Not installed: a C++ user writes the pipeline itself.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/spec.hpp"
 #include "dpipe/engine.hpp"  // the runs of the spec element types are libdpipe's (detail/prebuilt_types.hpp)
 
 namespace dpipe {

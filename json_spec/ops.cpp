@@ -1,4 +1,4 @@
-// The op catalogue: every op of the kind list with its schema (dpipe/schema.hpp), rescale rule and state
+// The op catalogue: every op of the kind list with its schema (dpipe/kit/schema.hpp), rescale rule and state
 // fields, and the builtin functions a spec names with "fn". `dpipe ops`, the Python package's node
 // functions and docs/ops.md are all made from it.
 #include <nlohmann/json.hpp>

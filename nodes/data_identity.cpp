@@ -1,11 +1,11 @@
-// Data identity parameters of file sources: path, size and modification time (see dpipe/node.hpp).
+// Data identity parameters of file sources: path, size and modification time (see dpipe/kit/node.hpp).
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <string>
 #include <string_view>
 
-#include "dpipe/node.hpp"
+#include "dpipe/kit/node.hpp"
 
 namespace dpipe {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Hex renderings for JSON. The element lines the tool writes (the hot path) go through one fast writer,
-// SpecElement<T>::append_json (dpipe/spec.hpp); everything else (snapshot renderings, the tool's stats and
+// SpecElement<T>::append_json (dpipe/kit/spec.hpp); everything else (snapshot renderings, the tool's stats and
 // summaries) is built as nlohmann::ordered_json.
 #include <cstdint>
 #include <cstdio>

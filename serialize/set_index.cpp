@@ -6,7 +6,7 @@
 #include <limits>
 #include <unordered_map>
 
-#include "dpipe/codec.hpp"
+#include "dpipe/kit/codec.hpp"
 #include "dpipe/crc32c.hpp"
 #include "dpipe/error.hpp"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "dpipe/regular_file.hpp"
-#include "dpipe/rescale.hpp"
+#include "dpipe/kit/rescale.hpp"
 #include "dpipe/snapshot.hpp"
 #include "snapshot_plan.hpp"
 

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "dpipe/atomic_file.hpp"
-#include "dpipe/codec.hpp"
+#include "dpipe/kit/codec.hpp"
 #include "dpipe/crc32c.hpp"
 #include "dpipe/regular_file.hpp"
 #include "json_text.hpp"

@@ -6,10 +6,10 @@
 #include <string_view>
 #include <vector>
 
-#include "dpipe/codec.hpp"
+#include "dpipe/kit/codec.hpp"
 #include "dpipe/detail/text_json.hpp"
 #include "dpipe/snapshot.hpp"
-#include "dpipe/node_kind.hpp"
+#include "dpipe/kit/node_kind.hpp"
 #include "dpipe/text_block.hpp"
 #include "snapshot_json.hpp"
 #include "json_text.hpp"

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "dpipe/detail/text_json.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

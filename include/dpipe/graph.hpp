@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dpipe/layout.hpp"
-#include "dpipe/node.hpp"
+#include "dpipe/kit/node.hpp"
 
 namespace dpipe {
 

@@ -1,8 +1,9 @@
 #pragma once
-/// Every node kind dpipe knows, one line each. The kind registry (rescale rules and state invariants, see
-/// dpipe/node_kind.hpp) and the spec front ends' op tables are made from this list; adding a kind is its
-/// header, its line here, its tests and its docs (docs/adding-a-node.md).
-#include "dpipe/node_kind.hpp"
+/// Every node kind dpipe knows: its header, included here, and its name in the list below. The kind
+/// registry (dpipe/kit/node_kind.hpp), the spec front end's op table, `dpipe ops`, the Python node functions,
+/// docs/ops.md and libdpipe's prebuilt node code are all made from this list; adding a kind is its header,
+/// its two lines here, its tests and its docs (docs/adding-a-node.md).
+#include "dpipe/kit/node_kind.hpp"
 #include "dpipe/nodes/batch.hpp"
 #include "dpipe/nodes/concat.hpp"
 #include "dpipe/nodes/cycle.hpp"
@@ -26,22 +27,40 @@
 #include "dpipe/nodes/sampler.hpp"
 #include "dpipe/nodes/sharding_filter.hpp"
 #include "dpipe/nodes/shuffle.hpp"
+#include "dpipe/nodes/skip.hpp"
 #include "dpipe/nodes/take.hpp"
 #include "dpipe/nodes/token_windows.hpp"
 #include "dpipe/nodes/unbatch.hpp"
 #include "dpipe/nodes/zip.hpp"
 
+/// The kind list, in registry order: KIND(Name) names NameKind. PREBUILT(Name) is a kind whose NameDef<T>
+/// and NameIter<T> libdpipe compiles once for every prebuilt element type (its header declares them
+/// `extern` with DPIPE_DECLARE_PREBUILT_NODE; engine/prebuilt.cpp instantiates them from this list);
+/// PREBUILT_SCALAR(Name) the same for the scalar prebuilt types.
+#define DPIPE_FOR_EACH_KIND(KIND, PREBUILT, PREBUILT_SCALAR)                                                       \
+  /* sources */                                                                                                \
+  KIND(Range) KIND(FromVector) KIND(Generator) KIND(Lines) KIND(LineBlocks) KIND(Records) KIND(TokenWindows)      \
+  /* one input */                                                                                              \
+  KIND(Map) KIND(ParallelMap) KIND(Filter) KIND(FlatMap) PREBUILT(ShardingFilter) PREBUILT(Shuffle)               \
+  PREBUILT_SCALAR(Batch) KIND(Unbatch) PREBUILT(Take) KIND(Skip) KIND(Repeat) PREBUILT(Cycle) PREBUILT(Sampler) KIND(Replicate) \
+  /* segments */                                                                                               \
+  KIND(Dispatch) KIND(Merge) PREBUILT(Prefetch)                                                                 \
+  /* several inputs */                                                                                         \
+  KIND(Concat) KIND(Mux) KIND(MuxLongest) KIND(Zip)
+
 namespace dpipe {
 
-using AllKinds = KindList<
-    // sources
-    RangeKind, FromVectorKind, GeneratorKind, LinesKind, LineBlocksKind, RecordsKind, TokenWindowsKind,
-    // one input
-    MapKind, ParallelMapKind, FilterKind, FlatMapKind, ShardingFilterKind, ShuffleKind, BatchKind, UnbatchKind,
-    TakeKind, RepeatKind, CycleKind, SamplerKind, ReplicateKind,
-    // segments
-    DispatchKind, MergeKind, PrefetchKind,
-    // several inputs
-    ConcatKind, MuxKind, MuxLongestKind, ZipKind>;
+namespace detail {
+template <class List>
+struct drop_first;
+template <class First, class... K>
+struct drop_first<KindList<First, K...>> {
+  using type = KindList<K...>;
+};
+}  // namespace detail
+
+#define DPIPE_KIND_TYPE_(Name) , Name##Kind
+using AllKinds = detail::drop_first<KindList<void DPIPE_FOR_EACH_KIND(DPIPE_KIND_TYPE_, DPIPE_KIND_TYPE_, DPIPE_KIND_TYPE_)>>::type;
+#undef DPIPE_KIND_TYPE_
 
 }  // namespace dpipe

@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "dpipe/node.hpp"
+#include "dpipe/kit/node.hpp"
 
 namespace dpipe {
 

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "dpipe/codec.hpp"
+#include "dpipe/kit/codec.hpp"
 #include "dpipe/detail/buffer_pool.hpp"
-#include "dpipe/node.hpp"
+#include "dpipe/kit/node.hpp"
 
 namespace dpipe {
 

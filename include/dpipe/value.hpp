@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "dpipe/codec.hpp"
+#include "dpipe/kit/codec.hpp"
 
 namespace dpipe {
 

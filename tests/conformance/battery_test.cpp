@@ -137,6 +137,8 @@ DPIPE_CASE(Cycle, range(0, 10) | shuffle({.buffer = 4}) | cycle({.count = 4}));
 DPIPE_CASE(CycleForeverThenTake, range(0, 7) | cycle() | take(40));
 DPIPE_CASE(Repeat, range(0, 30) | repeat(3));
 DPIPE_CASE(Take, range(0, 100) | take(37));
+DPIPE_CASE(Skip, range(0, 100) | skip(37));
+DPIPE_CASE(SkipPerWorkerThenBatch, range(0, 300) | sharding_filter() | shuffle({.buffer = 16}) | skip(20) | batch({.size = 7}));
 DPIPE_CASE(GeneratorInCycle, random_ints(13) | cycle({.count = 3}));
 DPIPE_CASE(Canonical, range(0, 5000) | shuffle({.buffer = 1000}) | sharding_filter() | map(times3) | batch({.size = 32}));
 DPIPE_CASE(NestedCombinators,
@@ -204,7 +206,7 @@ class Battery : public ::testing::Test {};
 using Cases = ::testing::Types<
     Range, RangeNegativeStep, FromVector, Generator, ShardingExplicit, ShardingAll, ShardingWorkerThenRank, Shuffle,
     ShuffleBiggerThanInput, Map, MapChangesType, FlatMap, Filter, Batch, BatchDropLast, Unbatch, Concat, Zip, ZipAll,
-    Mux, MuxLongest, Cycle, CycleForeverThenTake, Repeat, Take, GeneratorInCycle, Canonical, NestedCombinators,
+    Mux, MuxLongest, Cycle, CycleForeverThenTake, Repeat, Take, Skip, SkipPerWorkerThenBatch, GeneratorInCycle, Canonical, NestedCombinators,
     SamplerRangeInOrder, SamplerRangeGlobal, SamplerVectorInOrder, SamplerVectorGlobal, SamplerThenShuffleAndBatch,
     DispatchRoundRobin, DispatchBroadcast, SamplerBeforeDispatch, MergeThenBatch, MergeThenShuffleAndTake,
     PrefetchBeforeMerge, PrefetchAtTheEnd, ParallelMap, ParallelMapThenShuffleAndBatch, ParallelMapBeforeDispatch,

@@ -100,6 +100,7 @@ SPECS = {
     "unbatch": [R(100), {"op": "batch", "size": 7}, {"op": "shuffle", "buffer": 3}, {"op": "unbatch"}],
     "take": [R(200), {"op": "shuffle", "buffer": 16}, {"op": "take", "count": 37}],
     "repeat": [R(30), {"op": "repeat", "times": 3}],
+    "skip": [R(200), {"op": "sharding_filter"}, {"op": "shuffle", "buffer": 16}, {"op": "skip", "count": 37}],
     "cycle_count": [R(10), {"op": "shuffle", "buffer": 4}, {"op": "cycle", "count": 4}],
     "cycle_forever_then_take": [R(7), {"op": "cycle"}, {"op": "take", "count": 40}],
     "concat": [R(30), {"op": "concat", "with": [[R(140, start=100), {"op": "shuffle", "buffer": 8}]]}],

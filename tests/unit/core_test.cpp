@@ -162,7 +162,7 @@ TEST(Kinds, EveryKindOfTheListIsRegisteredOnceWithItsRule) {
   const auto& kinds = registered_kinds();
   std::set<std::string_view> names;
   for (const auto& k : kinds) EXPECT_TRUE(names.insert(k.name).second) << k.name;
-  EXPECT_EQ(kinds.size(), 27u);
+  EXPECT_EQ(kinds.size(), 28u);
   ASSERT_NE(find_kind("batch"), nullptr);
   EXPECT_FALSE(find_kind("batch")->rescale.refuses());
   ASSERT_NE(find_kind("sharding_filter"), nullptr);
@@ -281,6 +281,31 @@ TEST(Kinds, TakeChecksItsRecordAgainstItsCountBeforeAnyNodeRuns) {
     EXPECT_NE(std::string(err.what()).find("taken 60 exceeds count 50"), std::string::npos) << err.what();
   }
   EXPECT_THROW(e.resume(p, s, {.layout = Layout{}}), SnapshotError);
+}
+
+TEST(Kinds, SkipDropsItsCountKeepsItInItsStateAndChecksIt) {
+  auto p = range(0, 100) | skip(30, {.name = "drop"});
+  Engine e;
+  auto run = e.start(p, {.layout = Layout{}});
+  EXPECT_EQ(run.next(), 30);
+  for (int i = 0; i < 9; ++i) run.next();
+  Snapshot s = run.snapshot();
+  auto [drop, node] = record_of(s, "drop");
+  ASSERT_TRUE(drop && node);
+  ASSERT_EQ(drop->fields.size(), 1u);
+  EXPECT_EQ(drop->fields[0].name, "skipped");
+  EXPECT_EQ(drop->fields[0].u, 30u);  // the whole count, mid-stream
+  EXPECT_EQ(find_kind("skip")->summary(*drop, *node), "30 of 30 skipped");
+  auto resumed = e.resume(p, s, {.layout = Layout{}});
+  EXPECT_EQ(resumed.next(), 40);
+  drop->fields[0].u = 31;
+  EXPECT_THROW(find_kind("skip")->check_state(*drop, *node), SnapshotError);
+  EXPECT_THROW(e.resume(p, s, {.layout = Layout{}}), SnapshotError);
+  EXPECT_THROW(range(0, 3) | skip(-1), ConfigError);
+  // From a spec, with the kind's own check.
+  const Spec spec = parse_spec(R"({"pipeline": [{"op": "range", "stop": 6}, {"op": "skip", "count": 4}]})");
+  auto from_spec = e.start(spec.pipeline.get<SpecInt>(), {.layout = Layout{}});
+  EXPECT_EQ(testing::drain(from_spec), (std::vector<std::int64_t>{4, 5}));
 }
 
 TEST(Kinds, CycleChecksItsPassAgainstItsCountBeforeAnyNodeRuns) {

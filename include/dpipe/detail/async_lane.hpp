@@ -26,7 +26,7 @@
 
 #include "dpipe/detail/executor.hpp"
 #include "dpipe/detail/fifo.hpp"
-#include "dpipe/node.hpp"
+#include "dpipe/kit/node.hpp"
 
 namespace dpipe::detail {
 

@@ -3,7 +3,7 @@
 /// on every worker, like `range`. State: the next index.
 #include <string>
 
-#include "dpipe/node.hpp"
+#include "dpipe/kit/node.hpp"
 
 namespace dpipe {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "dpipe/node.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/state.hpp"
+#include "dpipe/kit/node.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/state.hpp"
 
 namespace dpipe::detail {
 

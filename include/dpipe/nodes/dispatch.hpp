@@ -17,8 +17,8 @@
 #include "dpipe/detail/run_shared.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/pipeline.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

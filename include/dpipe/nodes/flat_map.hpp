@@ -9,7 +9,7 @@
 #include <string>
 
 #include "dpipe/nodes/map.hpp"
-#include "dpipe/rescale.hpp"
+#include "dpipe/kit/rescale.hpp"
 
 namespace dpipe {
 

@@ -10,8 +10,8 @@
 
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/pipeline.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

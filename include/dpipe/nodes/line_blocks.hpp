@@ -21,8 +21,8 @@
 #include "dpipe/detail/line_shards.hpp"
 #include "dpipe/detail/read_file.hpp"
 #include "dpipe/text_block.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 #include "dpipe/nodes/map.hpp"
 
 namespace dpipe {

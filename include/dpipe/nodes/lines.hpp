@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "dpipe/detail/line_shards.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

@@ -5,8 +5,8 @@
 #include <type_traits>
 
 #include "dpipe/pipeline.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

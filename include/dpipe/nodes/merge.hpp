@@ -9,8 +9,8 @@
 
 #include "dpipe/detail/async_lane.hpp"
 #include "dpipe/pipeline.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "dpipe/nodes/concat.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

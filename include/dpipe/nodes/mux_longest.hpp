@@ -2,8 +2,8 @@
 /// One element from each input in turn, skipping exhausted inputs, until all are exhausted
 /// (torchdata's mux_longest). In: T, T, … → Out: T. State: as `mux` (shared implementation).
 #include "dpipe/nodes/mux.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

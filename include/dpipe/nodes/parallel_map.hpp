@@ -9,8 +9,8 @@
 
 #include "dpipe/detail/executor.hpp"
 #include "dpipe/nodes/map.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

@@ -7,8 +7,8 @@
 
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/nodes/merge.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

@@ -4,9 +4,9 @@
 #include <optional>
 #include <string>
 
-#include "dpipe/pipeline.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
+#include "dpipe/kit/unary.hpp"
 
 namespace dpipe {
 
@@ -23,36 +23,17 @@ struct RepeatState {
 };
 
 struct RepeatOptions {
+  std::int64_t times = 1;
   std::string name{};
 };
 
-/// The parameters as the fingerprint writes them; throws ConfigError on an invalid count (compiled once,
-/// not once per element type).
-inline Params checked_params(std::int64_t times, const RepeatOptions& o) {
-  if (times < 1) throw ConfigError(node_label("repeat", o.name) + ": times must be at least 1, got " + param_text(times));
-  return {{"times", param_text(times)}};
-}
+template <class T>
+class RepeatIter final : public UnaryIter<T> {
+  static_assert(Snapshottable<T>, "repeat keeps an element as state, so its type must be Snapshottable");
 
-template <Snapshottable T>
-class RepeatDef final : public NodeDef<T> {
  public:
-  RepeatDef(std::shared_ptr<const NodeDef<T>> in, std::int64_t times, RepeatOptions o)
-      : NodeDef<T>("repeat", o.name, checked_params(times, o), {in}), input_(std::move(in)),
-        times_(static_cast<std::uint64_t>(times)) {}
-  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
-  const NodeDef<T>& input() const { return *input_; }
-  std::uint64_t times() const { return times_; }
-
- private:
-  std::shared_ptr<const NodeDef<T>> input_;
-  std::uint64_t times_ = 1;
-};
-
-template <Snapshottable T>
-class RepeatIter final : public Hooked<T> {
- public:
-  RepeatIter(BuildContext& ctx, const RepeatDef<T>& def)
-      : Hooked<T>(ctx, "repeat"), input_(def.input().instantiate(ctx)), times_(def.times()) {}
+  template <class Def>
+  RepeatIter(BuildContext& ctx, const Def& def) : UnaryIter<T>(ctx, def), times_(static_cast<std::uint64_t>(def.options().times)) {}
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
@@ -66,7 +47,7 @@ class RepeatIter final : public Hooked<T> {
       }
       scratch_.clear();
       const std::size_t k = std::max<std::size_t>(1, (max - n) / times_);
-      if (input_->pull(scratch_, k) == 0) break;
+      if (this->input().pull(scratch_, k) == 0) break;
       for (auto& x : scratch_) {
         if (st_.due > 0 || n + times_ > max) {  // cannot finish this one now: keep it as state
           pending_.push_back(std::move(x));
@@ -90,25 +71,20 @@ class RepeatIter final : public Hooked<T> {
     if (st_.due > times_ || (st_.due > 0) != st_.current.has_value())
       r.fail("due count " + std::to_string(st_.due) + " does not match the saved element");
   }
-  std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
-  std::unique_ptr<Iter<T>> input_;
   std::uint64_t times_;
   RepeatState<T> st_;
   std::vector<T> scratch_, pending_;
 };
 
-template <Snapshottable T>
-std::unique_ptr<Iter<T>> RepeatDef<T>::instantiate(BuildContext& ctx) const {
-  return std::make_unique<RepeatIter<T>>(ctx, *this);
-}
+struct RepeatKind;
+template <class T>
+using RepeatDef = UnaryDef<RepeatKind, T, T, RepeatIter>;
 
 inline auto repeat(std::int64_t times, RepeatOptions o = {}) {
-  return make_closure([times, o = std::move(o)](const auto& p) {
-    using T = typename std::decay_t<decltype(p)>::element_type;
-    return make_pipeline<RepeatDef<T>>(p.def(), times, o);
-  });
+  o.times = times;
+  return unary<RepeatDef>(std::move(o));
 }
 
 struct RepeatKind {
@@ -116,17 +92,22 @@ struct RepeatKind {
   static constexpr std::string_view doc =
       "Yields each element `times` times in a row (1 is a pass-through).";
   static constexpr ParamSchema params[] = {
-      {.name = "times", .type = ParamType::integer, .doc = "copies of each element (not negative)", .positional = true},
+      {.name = "times", .type = ParamType::integer, .doc = "copies of each element (at least 1)", .positional = true},
   };
+  using Options = RepeatOptions;
   using State = RepeatState<std::int64_t>;  // the field names, whatever the element
+  /// The parameters as the fingerprint writes them; throws ConfigError on an invalid count.
+  static Params checked_params(const RepeatOptions& o) {
+    if (o.times < 1) throw ConfigError(node_label(std::string(name), o.name) + ": times must be at least 1, got " + param_text(o.times));
+    return {{"times", param_text(o.times)}};
+  }
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// `{"op": "repeat", "times": N}`
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
-    std::int64_t times = 1;
     RepeatOptions o{.name = s.name()};
-    s.required("times", times);
-    return s.input().apply([&](const auto& p) { return p | repeat(times, o); });
+    s.required("times", o.times);
+    return s.input().apply([&](const auto& p) { return p | unary<RepeatDef>(o); });
   }
 };
 

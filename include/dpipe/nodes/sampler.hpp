@@ -15,7 +15,7 @@
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/permutation.hpp"
 #include "dpipe/pipeline.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

@@ -6,8 +6,8 @@
 
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

@@ -14,8 +14,8 @@
 #include "dpipe/detail/indexed_source.hpp"
 #include "dpipe/detail/mapped_file.hpp"
 #include "dpipe/pipeline.hpp"
-#include "dpipe/rescale.hpp"
-#include "dpipe/spec.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 

@@ -18,7 +18,7 @@
 #include "dpipe/error.hpp"
 #include "dpipe/layout.hpp"
 #include "dpipe/snapshot.hpp"
-#include "dpipe/state.hpp"
+#include "dpipe/kit/state.hpp"
 
 namespace dpipe {
 

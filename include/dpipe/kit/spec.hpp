@@ -18,7 +18,7 @@
 
 #include "dpipe/detail/text_json.hpp"
 #include "dpipe/pipeline.hpp"
-#include "dpipe/schema.hpp"
+#include "dpipe/kit/schema.hpp"
 #include "dpipe/value.hpp"
 
 namespace dpipe {

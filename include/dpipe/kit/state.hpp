@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "dpipe/codec.hpp"
+#include "dpipe/kit/codec.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/rng.hpp"
 #include "dpipe/snapshot.hpp"

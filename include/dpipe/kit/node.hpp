@@ -14,12 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "dpipe/codec.hpp"
+#include "dpipe/kit/codec.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/layout.hpp"
 #include "dpipe/rng.hpp"
 #include "dpipe/snapshot.hpp"
-#include "dpipe/state.hpp"
+#include "dpipe/kit/state.hpp"
 
 namespace dpipe {
 

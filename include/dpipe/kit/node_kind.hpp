@@ -5,9 +5,9 @@
 ///   struct BatchKind {
 ///     static constexpr std::string_view name = "batch";             // the kind string everywhere
 ///     static constexpr std::string_view doc = "...";                 // its one-line contract
-///     static constexpr ParamSchema params[] = {...};                 // dpipe/schema.hpp
+///     static constexpr ParamSchema params[] = {...};                 // dpipe/kit/schema.hpp
 ///     using State = BatchState<ElementBlobs>;                        // its saved state (void: none)
-///     static RescaleRule rescale();                                  // dpipe/rescale.hpp
+///     static RescaleRule rescale();                                  // dpipe/kit/rescale.hpp
 ///     template <class Spec> static SpecPipeline from_spec(Spec&);   // the spec builder
 ///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
 ///     static std::string summary(const NodeState&, const GraphNodeRecord&);  // optional: for show
@@ -28,8 +28,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dpipe/rescale.hpp"
-#include "dpipe/schema.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/schema.hpp"
 #include "dpipe/snapshot.hpp"
 
 namespace dpipe {

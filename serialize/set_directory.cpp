@@ -1,0 +1,663 @@
+// A snapshot set's directory: the rank files' names, the manifest and the set index beside them, and
+// listing, reading and writing a set (its rescale to another layout: rescale_driver.cpp).
+#include "dpipe/snapshot_set.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "dpipe/atomic_file.hpp"
+#include "dpipe/crc32c.hpp"
+#include "dpipe/error.hpp"
+#include "dpipe/regular_file.hpp"
+#include "dpipe/rng.hpp"
+#include "durable_dir.hpp"
+#include "set_index.hpp"
+#include "snapshot_plan.hpp"
+#include "snapshot_set_internal.hpp"
+
+namespace dpipe {
+namespace fs = std::filesystem;
+using namespace set_internal;  // what the rescale driver shares (snapshot_set_internal.hpp)
+
+namespace {
+std::string hex16(std::uint64_t x) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(x));
+  return b;
+}
+}  // namespace
+
+namespace set_internal {
+
+std::string hex_id(std::uint64_t id) { return "0x" + hex16(id); }
+
+std::string steps_text(const std::optional<std::uint64_t>& step) {
+  return step ? "step " + std::to_string(*step) : std::string("no step");
+}
+
+}  // namespace set_internal
+
+namespace {
+
+/// Throws unless `ranks` is a complete, consistent set (rank r at index r).
+void check_set(const std::vector<Snapshot>& ranks) {
+  check_metas(static_cast<int>(ranks.size()), [&](int r) -> const SnapshotMeta& { return ranks[static_cast<std::size_t>(r)].meta; });
+}
+
+}  // namespace
+
+SnapshotSet::SnapshotSet(std::vector<Snapshot> ranks) : ranks_(std::move(ranks)) { check_set(ranks_); }
+
+// ---- file names -------------------------------------------------------------------------------------
+// A rank's file is named for what a reader needs to check the set without opening the other ranks'
+// files: `rank-R-of-W.wK[.sS].TAG.dpipe`, TAG a digest of what every rank of one snapshot shares
+// (pipeline fingerprint, seed, epoch, world size, workers, step). A same-layout resume lists the
+// directory, compares the names, and reads its own file only. Files named `rank-R-of-W.dpipe` (written
+// before) stay readable: a set with one such file is read whole, as before.
+
+namespace {
+
+std::uint64_t set_tag(const SnapshotMeta& m) {
+  std::uint64_t h = mix64(m.fingerprint ^ mix64(m.seed ^ mix64(m.epoch)));
+  for (const std::uint64_t x : {std::uint64_t(std::uint32_t(m.layout.world_size)), std::uint64_t(std::uint32_t(m.layout.num_workers)),
+                                m.step ? *m.step + 1 : 0})
+    h = mix64(h ^ x);
+  return h;
+}
+
+/// A name's dot-separated parts; more than kMaxParts (no rank file has as many) gives an empty list.
+struct DotParts {
+  static constexpr std::size_t kMaxParts = 5;
+  std::array<std::string_view, kMaxParts> part{};
+  std::size_t size = 0;
+  std::string_view back() const { return part[size - 1]; }
+};
+DotParts split_dots(std::string_view s) {
+  DotParts out;
+  for (;;) {
+    if (out.size == DotParts::kMaxParts) return {};
+    const auto dot = s.find('.');
+    out.part[out.size++] = s.substr(0, dot);
+    if (dot == std::string_view::npos) return out;
+    s.remove_prefix(dot + 1);
+  }
+}
+
+/// "0, 1, 2" or "0, 1, 2, … (40 ranks)" — at most a few named.
+std::string rank_list(const std::vector<int>& ranks) {
+  constexpr std::size_t kNamed = 5;
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size() && i < kNamed; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > kNamed) out += ", … (" + std::to_string(ranks.size()) + " ranks)";
+  return (ranks.size() == 1 ? "rank " : "ranks ") + out;
+}
+
+}  // namespace
+
+namespace set_internal {
+
+std::optional<std::uint64_t> decimal(std::string_view s) {
+  if (s.empty() || s.size() > 20 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  std::uint64_t v = 0;
+  for (const char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+}  // namespace set_internal
+
+std::string SnapshotSet::file_name(int rank, int world_size) {
+  return "rank-" + std::to_string(rank) + "-of-" + std::to_string(world_size) + ".dpipe";
+}
+
+namespace {
+
+/// "-of-W.wK[.sS].TAG.dpipe": the part of the name after the rank, the same on every rank of the set.
+std::string set_suffix(const SetIdentity& s) {
+  std::string out = "-of-" + std::to_string(s.world) + ".w" + std::to_string(s.workers);
+  if (s.step) out += ".s" + std::to_string(*s.step);
+  return out + "." + hex16(s.tag) + ".dpipe";
+}
+
+}  // namespace
+
+namespace set_internal {
+
+SetIdentity identity_of(const SnapshotMeta& m) {
+  return {m.layout.world_size, m.layout.num_workers, m.step, set_tag(m)};
+}
+
+std::string tagged_name(int rank, const SetIdentity& s) { return "rank-" + std::to_string(rank) + set_suffix(s); }
+
+}  // namespace set_internal
+
+std::string SnapshotSet::file_name(const SnapshotMeta& m) { return tagged_name(m.layout.rank, identity_of(m)); }
+
+std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) {
+  const DotParts dots = split_dots(name);
+  const auto& parts = dots.part;
+  if (dots.size < 2 || dots.back() != "dpipe" || !parts[0].starts_with("rank-")) return std::nullopt;
+  const std::string_view head = parts[0].substr(5);
+  const auto of = head.find("-of-");
+  if (of == std::string_view::npos) return std::nullopt;
+  const auto r = decimal(head.substr(0, of)), w = decimal(head.substr(of + 4));
+  if (!r || !w || *w == 0 || *w > std::uint64_t(std::numeric_limits<int>::max()) || *r >= *w) return std::nullopt;
+  RankFileName out{.rank = static_cast<int>(*r), .world_size = static_cast<int>(*w)};
+  if (dots.size == 2) return out;  // rank-R-of-W.dpipe: written before names carried more
+  // rank-R-of-W.wK[.sS].TAG.dpipe
+  if (dots.size != 4 && dots.size != 5) return std::nullopt;
+  const auto k = parts[1].starts_with("w") ? decimal(parts[1].substr(1)) : std::nullopt;
+  if (!k || *k == 0 || *k > std::uint64_t(std::numeric_limits<int>::max())) return std::nullopt;
+  out.workers = static_cast<int>(*k);
+  if (dots.size == 5) {
+    const auto s = parts[2].starts_with("s") ? decimal(parts[2].substr(1)) : std::nullopt;
+    if (!s) return std::nullopt;
+    out.step = *s;
+  }
+  const std::string_view tag = parts[dots.size - 2];
+  if (tag.size() != 16 || tag.find_first_not_of("0123456789abcdef") != std::string_view::npos) return std::nullopt;
+  out.tag = std::stoull(std::string(tag), nullptr, 16);
+  out.tagged = true;
+  return out;
+}
+
+// ---- the manifest -------------------------------------------------------------------------------
+// `set.dpipe-manifest` says that every rank's file of one snapshot was in the directory when it was
+// written, so a resume on that layout opens its own file by name and lists nothing. No collective
+// writes it: the rank whose write completes the set does (its own listing counts the set's names).
+// A rank removes it before its file changes, and one naming another set after removing its older file
+// and after writing; a rank that wrote a manifest lists again and removes it if the set changed
+// meanwhile. What a kill between those steps leaves open: docs/snapshot-format.md, "Snapshot sets".
+// Without a manifest (or with one this version cannot read) a reader lists the directory.
+
+namespace {
+
+constexpr const char* kIndexName = "set.dpipe-index";
+
+std::string manifest_path(const std::string& dir) { return (fs::path(dir) / kManifestName).string(); }
+
+/// The value of `key=` at the start of `s`, up to the next space (consumed), or nullopt.
+std::optional<std::string_view> manifest_field(std::string_view& s, std::string_view key) {
+  if (!s.starts_with(key) || s.size() <= key.size() || s[key.size()] != '=') return std::nullopt;
+  s.remove_prefix(key.size() + 1);
+  const auto space = s.find(' ');
+  const std::string_view value = s.substr(0, space);
+  s.remove_prefix(space == std::string_view::npos ? s.size() : space + 1);
+  return value;
+}
+
+}  // namespace
+
+namespace set_internal {
+
+std::string index_path(const std::string& dir) { return (fs::path(dir) / kIndexName).string(); }
+
+std::string manifest_text(const SetIdentity& s) {
+  const std::string body = "dpipe-set 1 world=" + std::to_string(s.world) + " workers=" + std::to_string(s.workers) +
+                           " step=" + (s.step ? std::to_string(*s.step) : "-") + " tag=" + hex16(s.tag);
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08x", crc32c(body));
+  return body + " crc32c=" + crc + "\n";
+}
+
+std::optional<SetIdentity> read_manifest(const std::string& dir) {
+  constexpr std::uint64_t kMaxBytes = 160;  // the longest manifest is about 110 bytes
+  const std::string path = manifest_path(dir);
+  if (::access(path.c_str(), F_OK) != 0) return std::nullopt;  // the usual case on a rank's write
+  std::string bytes;
+  try {
+    const RegularFile file(path, FileRole::snapshot);  // no device opened, no FIFO waited on
+    if (file.size() > kMaxBytes) return std::nullopt;
+    bytes = file.read_all();
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const std::string_view text = bytes;
+  std::string_view rest = text;
+  if (!rest.starts_with("dpipe-set 1 ")) return std::nullopt;
+  rest.remove_prefix(12);
+  const auto world = manifest_field(rest, "world"), workers = manifest_field(rest, "workers"),
+             step = manifest_field(rest, "step"), tag = manifest_field(rest, "tag");
+  if (!world || !workers || !step || !tag || tag->size() != 16 ||
+      tag->find_first_not_of("0123456789abcdef") != std::string_view::npos)
+    return std::nullopt;
+  const auto w = decimal(*world), k = decimal(*workers);
+  const auto s = *step == "-" ? std::optional<std::uint64_t>{} : decimal(*step);
+  constexpr auto kMaxInt = std::uint64_t(std::numeric_limits<int>::max());
+  if (!w || !k || *w == 0 || *k == 0 || *w > kMaxInt || *k > kMaxInt || (*step != "-" && !s)) return std::nullopt;
+  const SetIdentity out{static_cast<int>(*w), static_cast<int>(*k), s, std::stoull(std::string(*tag), nullptr, 16)};
+  if (manifest_text(out) != text) return std::nullopt;  // the checksum, and nothing before or after
+  return out;
+}
+
+}  // namespace set_internal
+
+namespace {
+
+/// Removes the set file `path` (`what`: "manifest" or "index"); false when there was none.
+bool remove_set_file(const std::string& path, const char* what) {
+  if (::unlink(path.c_str()) == 0) return true;
+  if (errno != ENOENT) throw SnapshotError(std::string("cannot remove the set ") + what + " '" + path + "': " + std::strerror(errno));
+  return false;
+}
+
+/// Removes `dir`'s manifest and set index, durably (a crash must not bring back one that names files now
+/// gone). The index is read only beside a manifest that names its set, so it goes second.
+void drop_manifest(const std::string& dir) {
+  const bool manifest = remove_set_file(manifest_path(dir), "manifest");
+  if (remove_set_file(index_path(dir), "index") || manifest) detail::fsync_directory(dir, manifest_path(dir));
+}
+
+/// Removes `dir`'s manifest unless it names `set`.
+void drop_manifest_unless(const std::string& dir, const SetIdentity& set) {
+  if (read_manifest(dir) != set) drop_manifest(dir);
+}
+
+/// Which ranks of `set` have their file among the names seen (rank-R plus the set's suffix, 0 <= R <
+/// world): each rank counted once, should a listing return a name twice.
+class SetFileCounter {
+ public:
+  explicit SetFileCounter(const SetIdentity& set) : suffix_(set_suffix(set)), seen_(std::size_t(set.world)) {}
+  void see(std::string_view name) {
+    if (!name.starts_with("rank-") || !name.ends_with(suffix_)) return;
+    const auto r = decimal(name.substr(5, name.size() - 5 - suffix_.size()));
+    if (r && *r < seen_.size() && !seen_[*r]) {
+      seen_[*r] = true;
+      ++count_;
+    }
+  }
+  bool complete() const { return count_ == seen_.size(); }
+
+ private:
+  std::string suffix_;
+  std::vector<bool> seen_;
+  std::size_t count_ = 0;
+};
+
+/// Counts the rank files of `set` in `dir` (one readdir pass).
+bool set_is_complete(const std::string& dir, const SetIdentity& set) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return false;
+  SetFileCounter counter(set);
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) counter.see(e->d_name);
+  const bool ok = errno == 0 && counter.complete();
+  ::closedir(d);
+  return ok;
+}
+
+/// Writes the manifest of `set`, complete in `dir`; lists again and removes it if the set changed while
+/// it was written (a rank of it has written another snapshot since the listing that found it complete).
+void write_manifest(const std::string& dir, const SetIdentity& set) {
+  try {
+    write_file_atomically(manifest_path(dir), manifest_text(set));
+  } catch (const FileError&) {
+    // Two ranks on two hosts completing the set at once write the same manifest, and each may take the
+    // other's temporary for a killed writer's (its process is not on this host) and remove it. The set
+    // is whole either way; without a manifest its readers list it. The error may also come after the
+    // rename (the directory's fsync), with the manifest in place: the check below runs either way.
+  }
+  if (set_is_complete(dir, set)) return;
+  // Removed when it names this set or cannot be read (a manifest that does not read as one names no set
+  // for any reader); kept when it names another set, written by the rank that completed that one.
+  const auto now = read_manifest(dir);
+  if (!now || *now == set) drop_manifest(dir);
+}
+
+}  // namespace
+
+namespace set_internal {
+
+SetListing list_set(const std::string& dir) {
+  // One pass over the entries with readdir (a set of thousands of ranks is listed by every rank that
+  // resumes): rank files kept with their parsed names, in one list.
+  std::vector<std::pair<std::string, RankFileName>> files;
+  std::string odd;  // .dpipe files that are no rank of a set
+  {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) {
+      if (errno == ENOENT || errno == ENOTDIR) throw SnapshotError("snapshot set '" + dir + "' is not a directory");
+      throw SnapshotError("cannot list snapshot set '" + dir + "': " + std::strerror(errno));
+    }
+    errno = 0;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view name = e->d_name;
+      if (const auto f = SnapshotSet::parse_file_name(name)) files.emplace_back(std::string(name), *f);
+      else if (name.size() > 6 && name.ends_with(".dpipe")) odd += (odd.empty() ? "'" : ", '") + std::string(name) + "'";
+    }
+    const int err = errno;
+    ::closedir(d);
+    if (err) throw SnapshotError("cannot list snapshot set '" + dir + "': " + std::strerror(err));
+  }
+  // The usual set: one world size, each rank once. Placed by rank without sorting.
+  SetListing out;
+  out.world = files.empty() ? 0 : files.front().second.world_size;
+  if (odd.empty() && !files.empty() && files.size() == static_cast<std::size_t>(out.world)) {
+    out.ranks.resize(files.size());
+    bool usual = true;
+    for (auto& file : files) {
+      if (file.second.world_size != out.world ||  // then rank < world (the parse checks it against its own)
+          !out.ranks[static_cast<std::size_t>(file.second.rank)].first.empty()) {
+        usual = false;
+        break;
+      }
+      auto& slot = out.ranks[static_cast<std::size_t>(file.second.rank)];
+      out.all_tagged = out.all_tagged && file.second.tagged;
+      slot = std::move(file);
+    }
+    if (usual) return out;
+    // Not the usual set: gather the files back and report what is wrong with it below.
+    for (auto& slot : out.ranks)
+      if (!slot.first.empty()) files.push_back(std::move(slot));
+    files.erase(std::remove_if(files.begin(), files.end(), [](const auto& f) { return f.first.empty(); }), files.end());
+    out = SetListing{};
+  }
+  std::map<int, std::map<int, std::vector<std::pair<std::string, RankFileName>>>> by_world;  // W → R → files
+  for (auto& file : files) by_world[file.second.world_size][file.second.rank].push_back(std::move(file));
+  // A file that looks like a rank's but is not one (rank-1-of-02, rank-5-of-2) is refused, not skipped:
+  // it may be the very rank that is missing, written by other tools.
+  if (!odd.empty())
+    throw SnapshotError("snapshot set '" + dir + "' holds " + odd +
+                        ", which no rank of a set is named (rank-R-of-W.wK[.sS].TAG.dpipe or rank-R-of-W.dpipe, "
+                        "0 <= R < W)");
+  if (by_world.empty()) throw SnapshotError("snapshot set '" + dir + "' holds no rank files (rank-R-of-W...dpipe)");
+  if (by_world.size() > 1) {
+    // Named by two of their files: the world sizes the file names disagree on.
+    std::string sizes;
+    for (const auto& [w, rs] : by_world)
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(w) + " ('" + rs.begin()->second.front().first + "')";
+    throw SnapshotError("snapshot set '" + dir + "' mixes files of " + std::to_string(by_world.size()) +
+                        " different world sizes: " + sizes + "; a set holds one run's ranks only");
+  }
+  out.world = by_world.begin()->first;
+  const auto& found = by_world.begin()->second;
+  // The work is bounded by the files present, never by the world size a file name claims: the missing
+  // ranks are counted, and only the first few named.
+  if (found.size() != static_cast<std::size_t>(out.world)) {
+    constexpr int kNamed = 5;
+    std::string missing;
+    int named = 0, r = 0;
+    for (auto it = found.begin(); named < kNamed && r < out.world; ++r) {
+      if (it != found.end() && it->first == r) ++it;
+      else missing += (named++ ? ", " : "") + std::to_string(r);
+    }
+    const std::size_t absent = static_cast<std::size_t>(out.world) - found.size();
+    if (absent > static_cast<std::size_t>(named)) missing += ", …";
+    throw SnapshotError("snapshot set '" + dir + "' is incomplete: ranks present: " + std::to_string(found.size()) +
+                        " of " + std::to_string(out.world) + "; first missing: " + missing);
+  }
+  out.ranks.reserve(found.size());
+  for (const auto& [r, files] : found) {
+    if (files.size() > 1) {
+      std::string names;
+      for (const auto& f : files) names += (names.empty() ? "'" : ", '") + f.first + "'";
+      throw SnapshotError("snapshot set '" + dir + "' holds " + std::to_string(files.size()) + " files for rank " +
+                          std::to_string(r) + ": " + names + "; a set holds one per rank (a rank that writes "
+                          "into a set removes its older file)");
+    }
+    out.all_tagged = out.all_tagged && files.front().second.tagged;
+    out.ranks.push_back(files.front());
+  }
+  return out;
+}
+
+}  // namespace set_internal
+
+namespace {
+
+/// Throws unless a snapshot with metadata `m` is what its file name `f` says (a file of a set keeps the name
+/// its rank gave it).
+void check_named(const SnapshotMeta& m, const RankFileName& f) {
+  if (f.tagged && (m.layout.rank != f.rank || m.layout.world_size != f.world_size ||
+                   m.layout.num_workers != f.workers || m.step != f.step || set_tag(m) != f.tag))
+    throw SnapshotError("the file holds rank " + std::to_string(m.layout.rank) + " of " +
+                        std::to_string(m.layout.world_size) + " with " + std::to_string(m.layout.num_workers) +
+                        " workers at " + steps_text(m.step) + " (its name would be '" + SnapshotSet::file_name(m) +
+                        "'): a file of a set must keep the name its rank gave it");
+}
+
+/// Reads a rank's file and checks that it holds what its name says.
+Snapshot read_named(const std::string& path, const RankFileName& f) {
+  Snapshot s = Snapshot::read_file(path);
+  check_named(s.meta, f);
+  return s;
+}
+
+}  // namespace
+
+namespace set_internal {
+
+Snapshot read_listed(const std::string& dir, const SetListing& l, int r) { return with_rank_file(dir, l, r, read_named); }
+
+std::optional<Snapshot> read_by_manifest(const std::string& dir, const SetIdentity& set, int r) {
+  const std::string name = tagged_name(r, set);
+  struct stat st {};
+  if (::stat((fs::path(dir) / name).c_str(), &st) != 0) return std::nullopt;
+  const RankFileName f{r, set.world, set.workers, set.step, set.tag, true};
+  return with_rank_file(dir, r, name, f, read_named);
+}
+
+std::optional<detail::SnapshotPlan> read_named_plan(const std::string& dir, const SetListing& l, int r) {
+  return with_rank_file(dir, l, r, [&](const std::string& path, const RankFileName& f) {
+    auto p = detail::read_snapshot_plan(path);
+    if (p) check_named(p->meta, f);
+    return p;
+  });
+}
+
+// ---- the set index -------------------------------------------------------------------------------
+// `set.dpipe-index` holds every rank's node records in one small file (serialize/set_index.hpp), so a
+// rescale reads it and the element lists it is dealt instead of every rank's state index. The write that
+// completes a set builds it from the rank files, before the manifest; a reader uses it only beside a
+// manifest that names its set, and it goes whenever the manifest goes. A rank file rewritten while the
+// index was built from it (a rank writing the same step again) is caught by the stamps below.
+
+std::optional<FileStamp> stamp_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileStamp{st.st_dev, st.st_ino, st.st_size, std::int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
+std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, const SetIdentity& set,
+                                                      Durability durability) {
+  try {
+    detail::SetIndexWriter index(manifest_text(set), static_cast<std::uint32_t>(set.workers));
+    std::vector<FileStamp> stamps;
+    stamps.reserve(static_cast<std::size_t>(set.world));
+    SetListing l;
+    l.world = set.world;
+    l.named = set;
+    for (int r = 0; r < set.world; ++r) {
+      const std::string path = (fs::path(dir) / tagged_name(r, set)).string();
+      const auto stamp = stamp_of(path);
+      if (!stamp) return std::nullopt;
+      const auto plan = read_named_plan(dir, l, r);
+      if (!plan) return std::nullopt;
+      index.add_rank(*plan, static_cast<std::uint32_t>(r), path);
+      stamps.push_back(*stamp);
+    }
+    write_file_atomically(index_path(dir), index.finish(), {.durability = durability});
+    return stamps;
+  } catch (const Error&) {
+    return std::nullopt;
+  } catch (const std::exception&) {  // out of memory for a very large set: it goes without an index
+    return std::nullopt;
+  }
+}
+
+}  // namespace set_internal
+
+namespace {
+
+/// Removes `dir`'s set index, durably.
+void drop_index(const std::string& dir) {
+  if (remove_set_file(index_path(dir), "index")) detail::fsync_directory(dir, index_path(dir));
+}
+
+/// Writes the index and the manifest of `set`, complete in `dir` (write_manifest); the index is removed
+/// again when a rank file changed while it was built.
+void write_index_and_manifest(const std::string& dir, const SetIdentity& set) {
+  const auto stamps = write_set_index(dir, set);
+  if (!stamps) drop_index(dir);  // one another rank wrote before this rank's file changed
+  write_manifest(dir, set);
+  if (!stamps) return;
+  for (int r = 0; r < set.world; ++r)
+    if (stamp_of((fs::path(dir) / tagged_name(r, set)).string()) != (*stamps)[static_cast<std::size_t>(r)]) {
+      drop_index(dir);
+      return;
+    }
+}
+
+}  // namespace
+
+namespace set_internal {
+
+void create_set_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw SnapshotError("cannot create snapshot directory '" + dir + "': " + ec.message());
+}
+
+}  // namespace set_internal
+
+namespace {
+
+/// Removes the rank files of `dir` of world size `world` whose rank has just been written (a non-empty
+/// name in `written_by_rank`) under another name: a set directory written into again holds one file
+/// per rank. Only the given ranks' names are touched, so ranks writing at once need no
+/// collective. The removals are made as durable as the writes (a crash must not bring one back).
+/// `counter` sees every name listed. When a file was removed, a manifest naming another set than
+/// `set` is removed at once, before the removals are made durable (one that names the removed file may
+/// have been written since this rank's first removal of it).
+void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank,
+                        SetFileCounter& counter, const SetIdentity& set) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(errno));
+  // One rank written (write_rank): only its names are parsed, the rest of a big set's listing is passed
+  // over by prefix.
+  std::string prefix = "rank-";
+  const auto written = [](const std::string& n) { return !n.empty(); };
+  if (std::count_if(written_by_rank.begin(), written_by_rank.end(), written) == 1)
+    prefix += std::to_string(std::find_if(written_by_rank.begin(), written_by_rank.end(), written) - written_by_rank.begin()) +
+              "-of-";
+  bool removed = false;
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    counter.see(name);
+    if (!name.starts_with(prefix)) continue;
+    const auto f = SnapshotSet::parse_file_name(name);
+    if (!f || f->world_size != world || static_cast<std::size_t>(f->rank) >= written_by_rank.size()) continue;
+    const std::string& written = written_by_rank[static_cast<std::size_t>(f->rank)];
+    if (written.empty() || name == written) continue;
+    if (::unlinkat(::dirfd(d), e->d_name, 0) != 0 && errno != ENOENT) {
+      const int err = errno;
+      ::closedir(d);
+      throw SnapshotError("wrote '" + written + "' into '" + dir + "' but cannot remove that rank's older file '" +
+                          std::string(name) + "': " + std::strerror(err));
+    }
+    removed = true;
+    errno = 0;
+  }
+  const int err = errno;
+  ::closedir(d);
+  if (err) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(err));
+  if (!removed) return;
+  drop_manifest_unless(dir, set);
+  detail::fsync_directory(dir, dir);
+}
+
+}  // namespace
+
+void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
+  create_set_dir(dir);
+  drop_manifest(dir);  // before this rank's file changes
+  const SetIdentity set = identity_of(s.meta);
+  const std::string name = tagged_name(s.meta.layout.rank, set);
+  s.write_file((fs::path(dir) / name).string());
+  // Again now that the file changed: an index another rank was building from this rank's older file
+  // while the first removal ran may have been written since (its own check sees the change only if it
+  // comes after the rename).
+  drop_index(dir);
+  std::vector<std::string> written(static_cast<std::size_t>(s.meta.layout.rank) + 1);
+  written.back() = name;
+  SetFileCounter counter(set);
+  remove_older_files(dir, s.meta.layout.world_size, written, counter, set);
+  // The write that completes the set writes its manifest; any other removes one that names another set
+  // (a rank that found the set before complete may have written it after this rank's first removal).
+  if (counter.complete()) write_index_and_manifest(dir, set);
+  else drop_manifest_unless(dir, set);
+}
+
+void SnapshotSet::write_dir(const std::string& dir) const {
+  create_set_dir(dir);
+  drop_manifest(dir);
+  std::vector<std::string> written;
+  for (const auto& s : ranks_) {
+    written.push_back(file_name(s.meta));
+    s.write_file((fs::path(dir) / written.back()).string());
+  }
+  const SetIdentity set = identity_of(ranks_.front().meta);
+  SetFileCounter counter(set);
+  remove_older_files(dir, world_size(), written, counter, set);  // one listing for the whole set
+  if (counter.complete()) write_index_and_manifest(dir, set);
+}
+
+const Snapshot& SnapshotSet::rank(int r) const {
+  if (r < 0 || r >= world_size())
+    throw SnapshotError("snapshot set has ranks 0 to " + std::to_string(world_size() - 1) + ", not rank " +
+                        std::to_string(r));
+  return ranks_[static_cast<std::size_t>(r)];
+}
+
+SnapshotSet SnapshotSet::read_dir(const std::string& dir) {
+  const SetListing l = list_set(dir);
+  std::vector<Snapshot> ranks;
+  ranks.reserve(l.ranks.size());
+  for (int r = 0; r < l.world; ++r) ranks.push_back(read_listed(dir, l, r));
+  return SnapshotSet(std::move(ranks));
+}
+
+namespace set_internal {
+
+void check_one_snapshot(const std::string& dir, const SetListing& l) {
+  const RankFileName& first = l.ranks.front().second;
+  if (std::all_of(l.ranks.begin(), l.ranks.end(),
+                  [&](const auto& r) { return r.second.step == first.step && r.second.tag == first.tag; }))
+    return;
+  std::map<std::pair<std::optional<std::uint64_t>, std::uint64_t>, std::vector<int>> groups;
+  for (int r = 0; r < l.world; ++r) {
+    const RankFileName& f = l.ranks[static_cast<std::size_t>(r)].second;
+    groups[{f.step, f.tag}].push_back(r);
+  }
+  std::set<std::optional<std::uint64_t>> steps;
+  for (const auto& g : groups) steps.insert(g.first.first);
+  std::string parts;
+  for (const auto& [key, ranks] : groups)
+    parts += (parts.empty() ? "" : "; ") + (steps.size() > 1 ? steps_text(key.first) : "tag " + hex16(key.second)) +
+             " on " + rank_list(ranks);
+  if (steps.size() > 1)
+    throw SnapshotError("snapshot set '" + dir + "' mixes the snapshots of different steps: " + parts +
+                        "; a set holds the snapshots of one step");
+  throw SnapshotError("snapshot set '" + dir + "' mixes snapshots of different pipelines, seeds, epochs or worker "
+                      "counts (the tags of their file names differ): " + parts);
+}
+
+}  // namespace set_internal
+
+}  // namespace dpipe
