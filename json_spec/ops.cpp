@@ -14,6 +14,16 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
+/// The items of a separated list (split_list) as a JSON array of strings.
+ordered_json items(std::string_view list, char sep) {
+  ordered_json out = ordered_json::array();
+  split_list(list, sep, [&](std::string_view item) {
+    out.push_back(std::string(item));
+    return false;
+  });
+  return out;
+}
+
 ordered_json param_json(const ParamSchema& p) {
   ordered_json j;
   j["name"] = p.name;
@@ -23,26 +33,8 @@ ordered_json param_json(const ParamSchema& p) {
   j["positional"] = p.positional;
   j["doc"] = p.doc;
   j["tuning"] = p.tuning;
-  if (!p.fingerprint.empty()) {
-    ordered_json keys = ordered_json::array();
-    std::string_view rest = p.fingerprint;
-    while (!rest.empty()) {
-      const auto sp = rest.find(' ');
-      keys.push_back(std::string(rest.substr(0, sp)));
-      rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
-    }
-    j["fingerprint"] = std::move(keys);
-  }
-  if (p.type == ParamType::choice) {
-    ordered_json choices = ordered_json::array();
-    std::string_view rest = p.choices;
-    while (!rest.empty()) {
-      const auto bar = rest.find('|');
-      choices.push_back(std::string(rest.substr(0, bar)));
-      rest = bar == std::string_view::npos ? std::string_view{} : rest.substr(bar + 1);
-    }
-    j["choices"] = std::move(choices);
-  }
+  if (!p.fingerprint.empty()) j["fingerprint"] = items(p.fingerprint, ' ');
+  if (p.type == ParamType::choice) j["choices"] = items(p.choices, '|');
   return j;
 }
 

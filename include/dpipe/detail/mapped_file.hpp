@@ -1,5 +1,5 @@
 #pragma once
-/// A read-only memory map of a whole data file (nodes/mapped_file.cpp). The descriptor is closed as
+/// A read-only memory map of a whole data file (nodes/files/mapped_file.cpp). The descriptor is closed as
 /// soon as the file is mapped, so a source holds no open file however many files it covers.
 ///
 /// Another process may truncate a mapped file at any time, and touching a page past its new end raises
@@ -15,7 +15,7 @@
 
 namespace dpipe::detail {
 
-struct MappedFaultHandler;  // nodes/mapped_file.cpp: the SIGBUS handler
+struct MappedFaultHandler;  // nodes/files/mapped_file.cpp: the SIGBUS handler
 
 class MappedFile {
  public:

@@ -1,7 +1,7 @@
 #pragma once
 /// One open data file read with pread: for sources that copy every byte anyway (`line_blocks`), a read
 /// into the element's own buffer costs less than mapping the pages and copying out of the map. The
-/// system calls live in nodes/read_file.cpp, so this header includes no POSIX header.
+/// system calls live in nodes/files/read_file.cpp, so this header includes no POSIX header.
 #include <cstdint>
 #include <string>
 

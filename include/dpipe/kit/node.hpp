@@ -35,7 +35,7 @@ inline constexpr bool is_bulk_element_v = detail::is_vector_v<T>;
 using Params = std::vector<std::pair<std::string, std::string>>;
 
 /// Data identity. A source names each data file it reads in a parameter "file<i>" whose value is
-/// "PATH (N bytes, mtime S.NNNNNNNNN)" (data_file_param, in nodes/read_file.cpp). The fingerprint covers
+/// "PATH (N bytes, mtime S.NNNNNNNNN)" (data_file_param, in nodes/files/read_file.cpp). The fingerprint covers
 /// path and size; the modification time is compared when a snapshot is restored, so a file rewritten in
 /// place is refused unless the resume accepts changed data (and ranks on machines whose copies differ
 /// only in mtime still form one set).

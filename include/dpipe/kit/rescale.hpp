@@ -468,6 +468,16 @@ inline std::optional<std::int64_t> int_param_of(const GraphNodeRecord& n, std::s
   return v;
 }
 
+/// A kind's check_state for a state whose invariant is `S::check(reader, count)` against the node's integer
+/// parameter `param`: the record is read into S, and checked when the node has such a parameter.
+template <class S>
+void check_against_param(const NodeState& record, const GraphNodeRecord& node, std::string_view param) {
+  S st;
+  StateReader r(record);
+  r.read(st);
+  if (const auto count = int_param_of(node, param)) st.check(r, static_cast<std::uint64_t>(*count));
+}
+
 /// What a kind does with its records on a rescale: copy them to every new instance (nothing in them
 /// depends on the instance), deal them with a function of the kind's, or refuse with a reason.
 class RescaleRule {

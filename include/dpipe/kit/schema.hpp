@@ -56,6 +56,22 @@ constexpr std::string_view param_type_name(ParamType t) {
   return "?";
 }
 
+/// Calls each(item) for every item of `list`, separated by `sep` ("a|b|c"), until it returns true;
+/// returns whether one did. With a string_view for `each`: whether the list holds it.
+template <class Each>
+constexpr bool split_list(std::string_view list, char sep, Each each) {
+  while (!list.empty()) {
+    const auto at = list.find(sep);
+    if (each(list.substr(0, at))) return true;
+    if (at == std::string_view::npos) break;
+    list.remove_prefix(at + 1);
+  }
+  return false;
+}
+constexpr bool split_list(std::string_view list, char sep, std::string_view item) {
+  return split_list(list, sep, [item](std::string_view x) { return x == item; });
+}
+
 /// One parameter. Declared with designated initializers, in this member order.
 struct ParamSchema {
   std::string_view name;
@@ -76,16 +92,7 @@ struct ParamSchema {
 
   constexpr bool required() const { return fallback.empty(); }
   /// Whether `text` is one of the choices.
-  constexpr bool is_choice(std::string_view text) const {
-    std::string_view rest = choices;
-    while (!rest.empty()) {
-      const auto bar = rest.find('|');
-      if (rest.substr(0, bar) == text) return true;
-      if (bar == std::string_view::npos) break;
-      rest.remove_prefix(bar + 1);
-    }
-    return false;
-  }
+  constexpr bool is_choice(std::string_view text) const { return split_list(choices, '|', text); }
 };
 
 /// A builtin function a spec names with "fn": the ops that take it and its own parameters.
@@ -94,16 +101,7 @@ struct FunctionSchema {
   std::string_view ops;  // the ops that take it, separated by ' '
   std::string_view doc;
   std::span<const ParamSchema> params{};
-  constexpr bool taken_by(std::string_view op) const {
-    std::string_view rest = ops;
-    while (!rest.empty()) {
-      const auto sp = rest.find(' ');
-      if (rest.substr(0, sp) == op) return true;
-      if (sp == std::string_view::npos) break;
-      rest.remove_prefix(sp + 1);
-    }
-    return false;
-  }
+  constexpr bool taken_by(std::string_view op) const { return split_list(ops, ' ', op); }
 };
 
 /// The parameter every kind takes.

@@ -91,10 +91,7 @@ struct SkipKind {
   }
   /// Invariant: no more dropped than its count.
   static void check_state(const NodeState& record, const GraphNodeRecord& node) {
-    SkipState st;
-    StateReader r(record);
-    r.read(st);
-    if (const auto count = int_param_of(node, "count")) st.check(r, static_cast<std::uint64_t>(*count));
+    check_against_param<SkipState>(record, node, "count");
   }
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {

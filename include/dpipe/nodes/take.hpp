@@ -105,10 +105,7 @@ struct TakeKind {
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
   /// Invariant: no more taken than its count.
   static void check_state(const NodeState& record, const GraphNodeRecord& node) {
-    TakeState st;
-    StateReader r(record);
-    r.read(st);
-    if (const auto count = int_param_of(node, "count")) st.check(r, static_cast<std::uint64_t>(*count));
+    check_against_param<TakeState>(record, node, "count");
   }
   /// `{"op": "take", "count": N}`
   template <class Spec>

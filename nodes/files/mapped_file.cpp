@@ -1,3 +1,5 @@
+// The memory maps of data files (dpipe/detail/mapped_file.hpp), with the SIGBUS handler that turns a file
+// shrinking under a map into a DataError.
 #include "dpipe/detail/mapped_file.hpp"
 
 #include <fcntl.h>

@@ -1,3 +1,5 @@
+// Whole-file and ranged reads of data files (dpipe/detail/read_file.hpp): the system calls, kept out of
+// the header.
 #include "dpipe/detail/read_file.hpp"
 
 #include <fcntl.h>
