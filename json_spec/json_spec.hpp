@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dpipe/kit/spec.hpp"
+#include "ops.hpp"
 #include "dpipe/engine.hpp"  // the runs of the spec element types are libdpipe's (detail/prebuilt_types.hpp)
 
 namespace dpipe {
@@ -75,15 +76,6 @@ Spec parse_spec(std::string_view json_text, SpecOptions options = {});
 std::vector<std::string> spec_ops();
 /// The op names of the sources (the nodes that start a pipeline).
 std::vector<std::string> spec_sources();
-/// The builtin functions a spec names with "fn", each with the ops that take it and its parameters.
-std::span<const FunctionSchema> spec_functions();
 
-/// The op catalogue (json_spec/ops.cpp): every op with its doc, parameters (name, type, default, required,
-/// positional, doc, tuning, choices), whether it rescales (and why not), its state fields and builtin
-/// functions; as one JSON array (`dpipe ops --json`), as text, as Markdown (docs/ops.md). `only`: that op
-/// alone (a ConfigError listing the known ops when there is none).
-std::string spec_ops_json(std::string_view only = {});
-std::string spec_ops_text(std::string_view only = {});
-std::string spec_ops_markdown();
 
 }  // namespace dpipe

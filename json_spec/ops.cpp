@@ -5,8 +5,9 @@
 
 #include <algorithm>
 
-#include "dpipe/kinds.hpp"
-#include "json_spec.hpp"
+#include "dpipe/error.hpp"
+#include "dpipe/kit/node_kind.hpp"
+#include "ops.hpp"
 
 namespace dpipe {
 
