@@ -566,11 +566,23 @@ Spec parse_spec(std::string_view text, SpecOptions options) {
     SpecOptions saved;
   } scope(options);
   json j;
+  // Keys seen in each open object: a key given twice is refused (JSON parsers differ on which one wins).
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  const json::parser_callback_t check_keys = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    else if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    else if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+             duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = json::parse(text.begin(), text.end());
+    j = json::parse(text.begin(), text.end(), check_keys);
   } catch (const json::exception& e) {  // parse errors, and numbers too large for a double
     throw ConfigError(std::string("spec is not valid JSON: ") + e.what());
   }
+  if (!duplicate.empty()) throw ConfigError("spec gives the key '" + duplicate + "' twice in one object");
   if (!j.is_object()) throw ConfigError("spec must be a JSON object with a \"pipeline\" list");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "seed" && it.key() != "pipeline")

@@ -56,7 +56,7 @@ struct CommonArgs {
 
 struct RunArgs {
   CommonArgs common;
-  std::int64_t take = 0;
+  std::optional<std::int64_t> take;  // absent: every element
   std::optional<std::string> output, snapshot_out, snapshot_dir, resume, resume_dir;
   bool rescale = false;
   bool allow_changed_data = false;
@@ -149,7 +149,7 @@ void build_cli(Cli& c) {
   c.run = app.add_subcommand("run", "Runs a pipeline and writes its elements as JSON lines.");
   auto& r = c.run_args;
   add_common(*c.run, r.common);
-  c.run->add_option("--take", r.take, "stop after N elements (default 0: all)")->type_name("N")
+  c.run->add_option("--take", r.take, "stop after N elements, 0 for none (default: all)")->type_name("N")
       ->check(decimal<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
   c.run->add_option("--output", r.output,
                     "write the elements to PATH instead of standard output; '{rank}' is replaced by the rank")
@@ -164,10 +164,12 @@ void build_cli(Cli& c) {
   auto* resume_dir = c.run->add_option("--resume-dir", r.resume_dir, "resume this rank from the snapshot set DIR")->type_name("DIR");
   resume->excludes(resume_dir);
   c.run->add_option("--step", r.step, "record N as the snapshot's step (a set of mixed steps is refused)")
-      ->type_name("N");
+      ->type_name("N")
+      ->check(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
   c.run->add_option("--max-replay", r.max_replay,
                     "refuse a snapshot that asks a generator to replay more than N elements (default 2^30)")
-      ->type_name("N");
+      ->type_name("N")
+      ->check(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
   c.run->add_flag("--allow-changed-data", r.allow_changed_data,
                   "accept data files whose modification time changed since the snapshot (same path and size)");
   c.run->add_flag("--rescale", r.rescale, "allow resuming a set taken on another layout (redistributes its state)")
@@ -308,7 +310,22 @@ class Output {
   std::string buf_;
 };
 
-/// Refuses two outputs on one file: by identity when both exist, else by their normalized paths.
+/// The path a write to `p` lands on: its symbolic links followed, even one to a file that does not exist
+/// yet (up to 40 hops, as the kernel allows), then normalized.
+std::filesystem::path landing_path(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path at = fs::absolute(p, ec);
+  for (int hop = 0; hop < 40 && fs::is_symlink(at, ec); ++hop) {
+    const fs::path target = fs::read_symlink(at, ec);
+    if (ec) break;
+    at = target.is_absolute() ? target : at.parent_path() / target;
+  }
+  const fs::path out = fs::weakly_canonical(at, ec);
+  return ec ? at.lexically_normal() : out;
+}
+
+/// Refuses two outputs on one file: by identity when both exist, else by the paths writes land on.
 void check_distinct_outputs(const std::string& output, const std::string& snapshot_out) {
   namespace fs = std::filesystem;
   std::error_code e1, e2;
@@ -316,9 +333,7 @@ void check_distinct_outputs(const std::string& output, const std::string& snapsh
   if (fs::exists(output, e1) && fs::exists(snapshot_out, e2)) {
     same = fs::equivalent(output, snapshot_out, e1);
   } else {
-    const auto a = fs::weakly_canonical(fs::absolute(output), e1);
-    const auto b = fs::weakly_canonical(fs::absolute(snapshot_out), e2);
-    same = !e1 && !e2 && a == b;
+    same = landing_path(output) == landing_path(snapshot_out);
   }
   if (same)
     throw UsageError("--output '" + output + "' and --snapshot-out '" + snapshot_out +
@@ -464,7 +479,7 @@ int cmd_run(const RunArgs& a) {
       output->replace(at, 6, rank);
     if (a.snapshot_out) check_distinct_outputs(*output, *a.snapshot_out);
   }
-  const auto take = static_cast<std::uint64_t>(a.take);
+  const std::optional<std::uint64_t> take = a.take ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(*a.take)) : std::nullopt;
   dpipe::Engine engine({.threads = a.common.threads});
   const RunStart from{.snapshot_file = a.resume,
                       .set_dir = a.resume_dir,
@@ -478,8 +493,8 @@ int cmd_run(const RunArgs& a) {
   std::uint64_t n = 0;
   try {
     // Runs of up to 256 elements, the output flushed whenever it holds 64 KiB.
-    while (!take || n < take) {
-      const std::uint64_t want = take ? std::min<std::uint64_t>(take - n, 256) : 256;
+    while (!take || n < *take) {
+      const std::uint64_t want = take ? std::min<std::uint64_t>(*take - n, 256) : 256;
       const bool more = run->append_lines(out.buffer(), want, Output::kFlushBytes, n);
       out.maybe_flush();
       if (!more) break;

@@ -99,6 +99,15 @@ def _():
             assert head + rest == full, (workers, take)
 
 
+@case("run/take_zero_takes_nothing_and_no_take_takes_all")
+def _():
+    full = lines(dpipe("run", SPEC).stdout)
+    snap = os.path.join(TMP, "take0.bin")
+    assert lines(dpipe("run", SPEC, "--take", 0, "--snapshot-out", snap).stdout) == []
+    # The snapshot before the first element resumes the whole stream.
+    assert lines(dpipe("run", SPEC, "--resume", snap).stdout) == full and len(full) > 0
+
+
 @case("run/take_counts_from_the_resume_point_and_snapshots_chain")
 def _():
     full = lines(dpipe("run", SPEC).stdout)
@@ -366,7 +375,9 @@ def _():
 @case("usage_errors_exit_2")
 def _():
     for args in (["run"], ["run", SPEC, "--bogus"], ["run", SPEC, "--take", "-1"], ["frob"],
-                 ["run", SPEC, "--rank", 1]):
+                 ["run", SPEC, "--rank", 1], ["run", SPEC, "--step", "-1"], ["run", SPEC, "--step", "0x10"],
+                 ["run", SPEC, "--step", ""], ["run", SPEC, "--max-replay", "-1"],
+                 ["run", SPEC, "--max-replay", "18446744073709551616"]):
         r = dpipe(*args, check=False)
         assert r.returncode == 2, (args, r.returncode, r.stderr)
 
@@ -396,6 +407,11 @@ def _():
     os.symlink(same, link)
     r = dpipe("run", small, "--output", same, "--snapshot-out", link, check=False)
     assert r.returncode == 2 and "same file" in r.stderr and open(same).read() == "old", r.stderr
+    # A link to the output that does not exist yet is the same file too.
+    fresh, dangling = os.path.join(TMP, "fresh.out"), os.path.join(TMP, "dangling-link.out")
+    os.symlink(fresh, dangling)
+    r = dpipe("run", small, "--take", 3, "--output", fresh, "--snapshot-out", dangling, check=False)
+    assert r.returncode == 2 and "same file" in r.stderr and not os.path.exists(fresh), r.stderr
     # --snapshot-out through a link replaces the file it names; a FIFO or a device is refused, unchanged.
     snap, snap_link = os.path.join(TMP, "linked.bin"), os.path.join(TMP, "linked-link.bin")
     open(snap, "w").write("old")
@@ -444,6 +460,10 @@ def _():
 
 @case("spec_errors_name_the_node")
 def _():
+    r = dpipe("run", '{"pipeline": [{"op": "range", "stop": 3, "stop": 5}]}', check=False)
+    assert r.returncode == 1 and "key 'stop' twice" in r.stderr, r.stderr
+    r = dpipe("run", '{"seed": 1, "seed": 2, "pipeline": [{"op": "range", "stop": 3}]}', check=False)
+    assert r.returncode == 1 and "key 'seed' twice" in r.stderr, r.stderr
     r = dpipe("run", '{"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "size": 2, "name": "b"}, {"op": "unbatch"}, {"op": "map", "fn": "nope"}]}', check=False)
     assert r.returncode == 1 and "pipeline[3] (map)" in r.stderr and "unknown map function" in r.stderr, r.stderr
     r = dpipe("run", "{not json", check=False)

@@ -283,6 +283,27 @@ TEST(Kinds, TakeChecksItsRecordAgainstItsCountBeforeAnyNodeRuns) {
   EXPECT_THROW(e.resume(p, s, {.layout = Layout{}}), SnapshotError);
 }
 
+TEST(Kinds, ABatchSizeFarAboveTheStreamAllocatesOnlyWhatItHolds) {
+  // A declared size of 2^33 elements reserved up front would be 64 GiB.
+  Engine e;
+  auto run = e.start(range(0, 10) | batch({.size = std::int64_t{1} << 33}), {.layout = Layout{}});
+  const auto batches = testing::drain(run);
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].size(), 10u);
+}
+
+TEST(Spec, ADuplicateKeyIsRefusedNamingIt) {
+  EXPECT_THROW(parse_spec(R"({"pipeline": [{"op": "range", "stop": 3, "stop": 5}]})"), ConfigError);
+  try {
+    parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "size": 2, "size": 3}]})");
+    ADD_FAILURE() << "a duplicate key was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'size' twice"), std::string::npos) << e.what();
+  }
+  // The same key in two objects is no duplicate.
+  EXPECT_NO_THROW(parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "concat", "with": [[{"op": "range", "stop": 2}]]}]})"));
+}
+
 TEST(Kinds, SkipDropsItsCountKeepsItInItsStateAndChecksIt) {
   auto p = range(0, 100) | skip(30, {.name = "drop"});
   Engine e;

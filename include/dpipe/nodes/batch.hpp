@@ -69,7 +69,10 @@ class BatchIter final : public Hooked<std::vector<T>> {
       ++n;
     }
     while (n < max && !st_.input_done) {
-      if (st_.partial.capacity() < size) st_.partial.reserve(size);
+      // Room for a batch, up to 64 Ki elements: a declared size far above the stream allocates nothing
+      // it does not fill.
+      if (const std::size_t room = std::min<std::size_t>(size, std::size_t{1} << 16); st_.partial.capacity() < room)
+        st_.partial.reserve(room);
       // Pull straight into the partial batch: no copy.
       if (input_->pull(st_.partial, size - st_.partial.size()) == 0) {
         st_.input_done = true;
