@@ -90,8 +90,7 @@ constexpr FunctionSchema kFunctions[] = {
     {"identity", "map parallel_map", "each element unchanged"},
     {"spin", "map parallel_map", "each element unchanged, after `ns` nanoseconds of work (benchmarks)", kSpinParams},
     {"stack", "map parallel_map", "a batch of equal rows of integers → one 2-D array value", kStackParams},
-    {"throw_at", "map parallel_map", "each element unchanged; the call at position `index` throws (tests; map only)",
-     kThrowAtParams},
+    {"throw_at", "map", "each element unchanged; the call at position `index` throws (tests)", kThrowAtParams},
     {"mod_eq", "filter", "keeps x with x mod `mod` == `eq` (floor modulo)", kModEqParams},
     {"replicate", "flat_map", "each element `times` times", kReplicateParams},
     {"range", "flat_map", "an integer n → 0, 1, …, n−1, one at a time"},
@@ -214,15 +213,14 @@ class JsonNode {
 
   // ---- the builtin functions a spec names with "fn" ----
 
-  /// A map function for `apply(pipeline, fn)`; `concurrent` when several calls run at once.
+  /// A map function for `apply(pipeline, fn)` (map's or parallel_map's: the op's functions are its schema's).
   /// Whether this node's input carries bytes (records) as strings.
   void set_input_bytes(bool b) { input_bytes_ = b; }
 
   template <class Apply>
-  SpecPipeline map_function(bool concurrent, Apply apply) {
+  SpecPipeline map_function(Apply apply) {
     const std::string fn = function();
     if (fn == "external") {
-      if (concurrent) fail("an external function runs in map, not parallel_map");
       std::string out;
       param("out", out);
       return external().map(input(), external_id(), out, name(), input_bytes_);
@@ -252,7 +250,6 @@ class JsonNode {
       pass = builtins::Passthrough::spin(ns);
     }
     if (fn == "throw_at") {
-      if (concurrent) fail("throw_at counts positions, which a parallel_map does not have; use map");
       std::int64_t index = 0;
       required("index", index);
       if (index < 0) fail("index must not be negative, got " + std::to_string(index));

@@ -141,8 +141,9 @@ def _check_fn_params(op, entry, fn, fn_params):
     """A builtin function's own parameters: unknown ones raise TypeError here, at the call."""
     if callable(fn):
         if fn_params:
-            raise TypeError(f"{op}() got an unexpected keyword argument '{next(iter(fn_params))}' "
-                            "(a Python callable takes no function parameters)")
+            own = [q["name"] for q in entry["params"]]
+            raise TypeError(f"{op}() got an unexpected keyword argument '{next(iter(fn_params))}' ({op} takes "
+                            f"{', '.join(own)}; a Python callable takes no function parameters)")
         return
     if not isinstance(fn, str):
         raise TypeError(f"{op}(): fn must be a builtin function's name or a Python callable, got "
@@ -152,7 +153,9 @@ def _check_fn_params(op, entry, fn, fn_params):
             known = [q["name"] for q in f["params"]]
             for key in fn_params:
                 if key not in known:
-                    raise TypeError(f"{op}() got an unexpected keyword argument '{key}' (the function '{fn}' takes "
+                    own = [q["name"] for q in entry["params"]]
+                    raise TypeError(f"{op}() got an unexpected keyword argument '{key}' ({op} takes "
+                                    f"{', '.join(own)}; the function '{fn}' takes "
                                     f"{', '.join(known) if known else 'no parameters'})")
             return
     # An unknown function name is the spec's to refuse, with the known ones, when the Loader builds.
@@ -195,6 +198,8 @@ def _node_function(op):
         params.update(given)
         if inputs or with_ is not None:
             params["with"] = list(inputs) if inputs else with_
+        elif any(p["type"] == "list of pipelines" and p["required"] for p in entry["params"]):
+            raise TypeError(f"{op}() takes one or more other pipelines: {op}(q, r) or {op}(with_=[q, r])")
         fn = params.get("fn")
         if "fn" in params:
             _check_fn_params(op, entry, fn, fn_params)

@@ -130,12 +130,13 @@ SPECS = {
 }
 
 # Every op of the catalogue (the kinds' schemas, `dpipe ops --json`) appears above: a new op needs a spec here.
-CATALOGUE = {op["op"]: op for op in json.loads(subprocess.run([DPIPE, "ops", "--json"], capture_output=True, text=True,
-                                                              check=True, timeout=60).stdout)}
-OPS = set(CATALOGUE)
+def catalogue():
+    """The op catalogue, by op (read when the check runs, not when the module is imported)."""
+    out = subprocess.run([DPIPE, "ops", "--json"], capture_output=True, text=True, check=True, timeout=60).stdout
+    return {op["op"]: op for op in json.loads(out)}
 
 
-def undeclared_params(spec):
+def undeclared_params(spec, ops):
     """The parameters a node of the built graph writes into its fingerprint that its kind's schema does not
     declare (the kind's own or its builtin functions'): `dpipe graph` labels carry them as k=v lines."""
     out = subprocess.run([DPIPE, "graph", spec], capture_output=True, text=True, check=True, timeout=60).stdout
@@ -143,7 +144,7 @@ def undeclared_params(spec):
     for label in re.findall(r'label="([^"]*)"', out):
         lines = label.split("\\n")
         kind, params = lines[1], [ln.split("=", 1)[0] for ln in lines[2:] if "=" in ln]
-        entry = CATALOGUE.get(kind)
+        entry = ops.get(kind)
         if entry is None:
             continue
         schema = entry["params"] + [p for f in entry.get("functions", ()) for p in f["params"]]
@@ -179,13 +180,13 @@ def first_difference(got, want):
     return f"{len(got)} elements, expected {len(want)}"
 
 
-def check(name, chain):
+def check(name, chain, ops):
     """Returns "" or what went wrong, for every worker count and breakpoint."""
     spec = path(name + ".json")
     with open(spec, "w") as f:
         json.dump({"seed": 11, "pipeline": chain}, f)
     problems, sizes = [], []
-    if wrong := undeclared_params(spec):
+    if wrong := undeclared_params(spec, ops):
         problems.append("parameters its schema does not declare: " + ", ".join(wrong))
     for workers in WORKERS:
         full = path(f"{name}-{workers}-full.jsonl")
@@ -221,7 +222,8 @@ def write_junit(results):
 
 def main():
     results = []
-    missing = OPS - {op for chain in SPECS.values() for op in ops_of(chain)}
+    ops = catalogue()
+    missing = set(ops) - {op for chain in SPECS.values() for op in ops_of(chain)}
     if missing:
         results.append(("every_op_has_a_spec", "no spec uses " + ", ".join(sorted(missing))))
     modes = {n.get("mode", "round_robin") for c in SPECS.values() for n in c if n["op"] == "dispatch"}
@@ -231,7 +233,7 @@ def main():
     for name, chain in SPECS.items():
         t = time.monotonic()
         try:
-            err, sizes = check(name, chain)
+            err, sizes = check(name, chain, ops)
         except Exception as e:  # noqa: BLE001 - every failure is reported, not raised
             err, sizes = f"{type(e).__name__}: {e}", []
         results.append((name, err))

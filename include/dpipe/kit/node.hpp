@@ -436,6 +436,17 @@ class Hooked : public Iter<T> {
       : Iter<T>(detail::ModeKey{}, StateMode::hook, ctx, std::move(kind), std::move(key)) {}
 };
 
+/// What a Replayed node saves: how many elements it yielded, and a digest of them that proves a replay
+/// reproduced the same stream.
+struct ReplayRecord {
+  std::uint64_t count = 0, digest = 0;
+  template <class A>
+  void fields(A& a) {
+    a("count", count);
+    a("digest", digest);
+  }
+};
+
 /// A node that cannot save its state (a user generator). It is restored by rebuilding it from the
 /// initial RNG state and pulling the recorded number of elements; a digest of what it yields proves
 /// the replay reproduced the same stream.
@@ -448,14 +459,11 @@ class Replayed : public Iter<T> {
  protected:
   Replayed(BuildContext& ctx, std::string kind) : Iter<T>(detail::ModeKey{}, StateMode::replay, ctx, std::move(kind)) {}
 
-  void save_state(StateWriter& w) const final {
-    w("count", this->produced_);
-    w("digest", digest_);
-  }
+  void save_state(StateWriter& w) const final { w.write(ReplayRecord{this->produced_, digest_}); }
   void restore_state(StateReader& r) final {
-    std::uint64_t count = 0, digest = 0;
-    r("count", count);
-    r("digest", digest);
+    ReplayRecord record;
+    r.read(record);
+    const std::uint64_t count = record.count, digest = record.digest;
     std::vector<T> sink;
     while (this->produced_ < count) {
       sink.clear();

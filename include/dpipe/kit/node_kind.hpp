@@ -7,6 +7,8 @@
 ///     static constexpr std::string_view doc = "...";                 // its one-line contract
 ///     static constexpr ParamSchema params[] = {...};                 // dpipe/kit/schema.hpp
 ///     using State = BatchState<ElementBlobs>;                        // its saved state (void: none)
+///     static State state_prototype();                                // optional: every field present
+///                                                                    //   (per-worker ones for 1 worker)
 ///     static RescaleRule rescale();                                  // dpipe/kit/rescale.hpp
 ///     template <class Spec> static SpecPipeline from_spec(Spec&);   // the spec builder
 ///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
@@ -74,7 +76,10 @@ KindInfo kind_info() {
   if constexpr (!std::is_void_v<typename K::State>) {
     StateFieldNames names;
     typename K::State state{};
+    if constexpr (requires { K::state_prototype(); }) state = K::state_prototype();
     state.fields(names);
+    for (auto& n : names.names)  // a prototype sized for one worker names per-worker fields `x_0`
+      if (n.size() > 2 && n.ends_with("_0")) n.back() = 'N';
     k.state_fields = std::move(names.names);
   }
   if constexpr (requires { &K::check_state; }) k.check_state = &K::check_state;

@@ -68,7 +68,9 @@ struct FieldAt {
 };
 
 /// The name state S's `fields` visitor gives member `member`: a rule names fields through the State type,
-/// so a misspelled field does not compile. A member the visitor does not visit is a bug of the rule.
+/// so a misspelled field does not compile. A member the visitor does not visit is a bug of the rule; a
+/// field visited only for some values (dispatch's, past its owner flag) is read by name after
+/// check_fields(prototype), which checks the name against the prototype's fields.
 template <class S, class M>
 std::string field_name(M S::*member) {
   S state{};

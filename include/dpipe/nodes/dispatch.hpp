@@ -274,11 +274,13 @@ inline auto dispatch(DispatchOptions o = {}) { return dispatch(round_robin, std:
 struct DispatchKind {
   static constexpr std::string_view name = "dispatch";
   static constexpr std::string_view doc =
-      "Starts the worker segment: its input runs once per rank and its elements go to the workers, one each in turn (round_robin) or every one to every worker (broadcast).";
+      "Starts the worker segment: its input runs once per rank and its elements go to the workers, one each in turn (round_robin) or every one to every worker (broadcast; it does not rescale).";
   static constexpr ParamSchema params[] = {
       {.name = "mode", .type = ParamType::choice, .doc = "how elements reach the workers", .fallback = "\"round_robin\"", .choices = "round_robin|broadcast", .positional = true},
   };
   using State = DispatchState<ElementBlobs>;
+  /// Its fields as worker 0 (the owner) writes them, for one worker: `backlog_N` per worker.
+  static State state_prototype() { return {.owner = true, .next_worker = 0, .prefix_done = false, .backlogs = {ElementBlobs{}}}; }
   static constexpr SegmentRole segment = SegmentRole::starts_workers;
   /// Round robin deals the stream to the workers; broadcast hands every worker every element on purpose.
   static Split split(const Params& params) {

@@ -198,7 +198,8 @@ auto flat_map(Fn fn, FlatMapOptions o = {}) {
 struct FlatMapKind {
   static constexpr std::string_view name = "flat_map";
   static constexpr std::string_view doc =
-      "Replaces each element by the elements of the range a function returns, in order.";
+      "Replaces each element by the elements of the range a function returns, in order (a streamed expansion "
+      "saves `rests` instead of `pending`).";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable", .positional = true},
   };

@@ -96,7 +96,7 @@ struct GeneratorKind {
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the factory: a builtin function's name, or a Python callable", .positional = true},
   };
-  using State = void;
+  using State = ReplayRecord;  // restored by replay
   static constexpr bool source = true;
   /// Rescale: refused; a generator is restored by replaying its stream on one instance, which says
   /// nothing about how another layout would split it.

@@ -119,7 +119,7 @@ struct MapKind {
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     MapOptions o{.name = s.name()};
-    return s.map_function(false, [&](const auto& p, auto fn) { return p | map(std::move(fn), o); });
+    return s.map_function([&](const auto& p, auto fn) { return p | map(std::move(fn), o); });
   }
 };
 

@@ -240,6 +240,8 @@ struct MergeKind {
       "Ends the worker segment: its input runs once per worker and their outputs are merged round-robin, skipping exhausted workers.";
   static constexpr std::span<const ParamSchema> params{};
   using State = MergeState<ElementBlobs>;
+  /// Its fields for one worker: `dpipe ops` lists the per-worker ones as `pending_N`, ….
+  static State state_prototype() { return {.cursor = 0, .lanes = std::vector<State::Lane>(1)}; }
   static constexpr SegmentRole segment = SegmentRole::ends_workers;
 
   /// Rescale: the queued elements of every worker of every rank are pooled in rank and worker order and

@@ -126,7 +126,7 @@ struct ParallelMapKind {
   static SpecPipeline from_spec(Spec& s) {
     ParallelMapOptions o{.name = s.name()};
     s.param("max_in_flight", o.max_in_flight);
-    return s.map_function(true, [&](const auto& p, auto fn) { return p | parallel_map(std::move(fn), o); });
+    return s.map_function([&](const auto& p, auto fn) { return p | parallel_map(std::move(fn), o); });
   }
 };
 

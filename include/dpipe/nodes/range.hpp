@@ -89,7 +89,7 @@ inline Pipeline<std::int64_t> range(std::int64_t stop) { return range(0, stop); 
 struct RangeKind {
   static constexpr std::string_view name = "range";
   static constexpr std::string_view doc =
-      "Integers from `start` towards `stop` (exclusive) by `step`; every instance reads all of it (put a sampler after it to deal them).";
+      "Integers from `start` towards `stop` (exclusive) by `step`; every instance reads all of it (put a sampler after it to deal them). Python: range(stop) or range(start, stop[, step]).";
   static constexpr ParamSchema params[] = {
       {.name = "start", .type = ParamType::integer, .doc = "the first integer", .fallback = "0", .positional = true},
       {.name = "stop", .type = ParamType::integer, .doc = "where it stops (exclusive)", .positional = true},
