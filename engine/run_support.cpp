@@ -180,6 +180,7 @@ void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out) {
   st.kind = it.kind();
   st.instance = it.instance();
   st.elements = it.produced();
+  st.skipped = it.skipped_elements();
   st.seconds = static_cast<double>(it.busy_ns()) * 1e-9;
   std::uint64_t inner = 0;
   if (it.runs_inputs_inline())

@@ -401,6 +401,8 @@ class JsonNode {
       fits = p->type == ParamType::text || p->type == ParamType::choice || p->type == ParamType::function;
     else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) fits = p->type == ParamType::integers || p->type == ParamType::values;
     else if constexpr (std::is_same_v<T, std::vector<std::string>>) fits = p->type == ParamType::texts || p->type == ParamType::values;
+    else if constexpr (std::is_same_v<T, std::vector<double>>) fits = p->type == ParamType::numbers;
+    else if constexpr (std::is_same_v<T, std::vector<std::pair<std::string, std::string>>>) fits = p->type == ParamType::fields;
     if (!fits) internal_error("reads parameter '" + key + "' as another type than its schema's " + std::string(param_type_name(p->type)));
     return *p;
   }
@@ -433,6 +435,22 @@ class JsonNode {
   void read(const std::string& key, const json& x, std::string& v) const {
     if (!x.is_string()) fail("parameter '" + key + "' must be a string");
     v = x.get<std::string>();
+  }
+  void read(const std::string& key, const json& x, std::vector<std::pair<std::string, std::string>>& v) const {
+    if (!x.is_object() || x.empty()) fail("parameter '" + key + "' must be a non-empty object of field name → type name");
+    v.clear();
+    for (auto it = x.begin(); it != x.end(); ++it) {
+      if (!it->is_string()) fail("'" + key + "': the type of field '" + it.key() + "' must be a string, got " + it->dump());
+      v.emplace_back(it.key(), it->get<std::string>());
+    }
+  }
+  void read(const std::string& key, const json& x, std::vector<double>& v) const {
+    if (!x.is_array()) fail("parameter '" + key + "' must be a list of numbers");
+    v.clear();
+    for (const auto& e : x) {
+      if (!e.is_number()) fail("'" + key + "' must hold only numbers, found " + e.dump());
+      v.push_back(e.get<double>());
+    }
   }
   template <class T>
   void read(const std::string& key, const json& x, std::vector<T>& v) const {

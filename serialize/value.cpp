@@ -1,11 +1,14 @@
 // The Value codec and its JSON text.
 #include "dpipe/value.hpp"
 
+#include <cstring>
+
 #include <charconv>
 #include <cmath>
 #include <limits>
 
 #include "dpipe/detail/text_json.hpp"
+#include "dpipe/fields.hpp"
 #include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
@@ -122,7 +125,100 @@ void append_number(std::string& out, double d) {
   const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, d);  // shortest round trip
   out.append(buf, ec == std::errc() ? end : buf);
 }
+
+/// An array of little-endian integers, booleans or floats of 4 or 8 bytes as nested JSON lists of numbers
+/// (false for any other array: complex, big-endian or half floats keep the dtype/shape/base64 form).
+bool append_array_numbers(std::string& out, const ValueArray& a) {
+  if (!a.check().empty() || (a.dtype[0] != '<' && a.dtype[0] != '|' && a.dtype[0] != '=')) return false;
+  const char kind = a.dtype[1];
+  const std::size_t item = ValueArray::item_size(a.dtype);
+  if (kind == 'c' || (kind == 'f' && item == 2)) return false;
+  const char* p = a.data.data();
+  auto item_json = [&](std::size_t i) {
+    const char* q = p + i * item;
+    if (kind == 'b') {
+      out += *q ? "true" : "false";
+    } else if (kind == 'f') {
+      if (item == 4) {
+        float f;
+        std::memcpy(&f, q, 4);
+        if (!std::isfinite(f)) return append_number(out, f);
+        char buf[32];
+        const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, f);  // the float's shortest text
+        out.append(buf, ec == std::errc() ? end : buf);
+      } else {
+        double d;
+        std::memcpy(&d, q, 8);
+        append_number(out, d);
+      }
+    } else if (kind == 'i') {
+      std::int64_t v = 0;
+      switch (item) {
+        case 1: { std::int8_t x; std::memcpy(&x, q, 1); v = x; break; }
+        case 2: { std::int16_t x; std::memcpy(&x, q, 2); v = x; break; }
+        case 4: { std::int32_t x; std::memcpy(&x, q, 4); v = x; break; }
+        default: std::memcpy(&v, q, 8);
+      }
+      out += std::to_string(v);
+    } else {
+      std::uint64_t v = 0;
+      std::memcpy(&v, q, item);  // little-endian: the low bytes first
+      out += std::to_string(v);
+    }
+  };
+  // Dimension k of the items from flat index `first` on (C order), recursively (at most 32 deep).
+  auto nest = [&](auto& self, std::size_t k, std::uint64_t first) -> void {
+    if (k == a.shape.size()) return item_json(static_cast<std::size_t>(first));
+    out += '[';
+    for (std::uint64_t j = 0; j < a.shape[k]; ++j) {
+      if (j) out += ", ";
+      self(self, k + 1, first * a.shape[k] + j);
+    }
+    out += ']';
+  };
+  nest(nest, 0, 0);
+  return true;
+}
 }  // namespace
+
+bool read_int64s(const Value& v, std::vector<std::int64_t>& out) {
+  out.clear();
+  if (v.kind == Value::Kind::list || v.kind == Value::Kind::tuple) {
+    const auto& items = std::get<std::vector<Value>>(v.data);
+    out.reserve(items.size());
+    for (const Value& x : items) {
+      if (x.kind != Value::Kind::integer) return false;
+      out.push_back(std::get<std::int64_t>(x.data));
+    }
+    return true;
+  }
+  if (v.kind != Value::Kind::array) return false;
+  const auto& a = std::get<ValueArray>(v.data);
+  if (a.shape.size() != 1 || a.dtype.size() < 3 || (a.dtype[0] != '<' && a.dtype[0] != '|' && a.dtype[0] != '=') ||
+      (a.dtype[1] != 'i' && a.dtype[1] != 'u'))
+    return false;
+  const std::size_t item = ValueArray::item_size(a.dtype);
+  if (item == 0 || a.data.size() != a.shape[0] * item) return false;
+  const std::size_t n = a.data.size() / item;
+  out.resize(n);
+  const char* p = a.data.data();
+  if (a.dtype[1] == 'i' && item == 8) {
+    std::memcpy(out.data(), p, n * 8);
+    return true;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const char* q = p + i * item;
+    if (a.dtype[1] == 'u') {
+      std::uint64_t x = 0;
+      std::memcpy(&x, q, item);
+      if (item == 8 && x > static_cast<std::uint64_t>(INT64_MAX)) return false;
+      out[i] = static_cast<std::int64_t>(x);
+    } else if (item == 1) { std::int8_t x; std::memcpy(&x, q, 1); out[i] = x; }
+    else if (item == 2) { std::int16_t x; std::memcpy(&x, q, 2); out[i] = x; }
+    else { std::int32_t x; std::memcpy(&x, q, 4); out[i] = x; }
+  }
+  return true;
+}
 
 void append_value_json(std::string& out, const Value& v) {
   switch (v.kind) {
@@ -165,6 +261,7 @@ void append_value_json(std::string& out, const Value& v) {
     }
     case Value::Kind::array: {
       const auto& a = std::get<ValueArray>(v.data);
+      if (append_array_numbers(out, a)) return;
       out += "{\"dtype\": ";
       SpecElement<SpecStr>::append_json(out, a.dtype);
       out += ", \"shape\": [";

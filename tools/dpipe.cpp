@@ -252,7 +252,8 @@ Json node_stats_json(const std::vector<dpipe::NodeStats>& stats) {
                    {"instance", n.instance},
                    {"elements", n.elements},
                    {"seconds", n.seconds},
-                   {"self_seconds", n.self_seconds}});
+                   {"self_seconds", n.self_seconds},
+                   {"skipped", n.skipped}});
   return out;
 }
 

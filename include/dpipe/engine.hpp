@@ -66,6 +66,7 @@ struct NodeStats {
   std::uint64_t elements = 0;  // yielded
   double seconds = 0;          // inside pull(), inputs included
   double self_seconds = 0;     // without the time of inputs that run inside it
+  std::uint64_t skipped = 0;   // elements dropped as bad (on_error = skip), resumed runs included
 };
 
 namespace detail {

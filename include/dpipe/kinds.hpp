@@ -16,6 +16,9 @@
 #include "dpipe/nodes/lines.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/nodes/merge.hpp"
+#include "dpipe/nodes/pack.hpp"
+#include "dpipe/nodes/padded_batch.hpp"
+#include "dpipe/nodes/parse_json.hpp"
 #include "dpipe/nodes/mux.hpp"
 #include "dpipe/nodes/mux_longest.hpp"
 #include "dpipe/nodes/parallel_map.hpp"
@@ -30,6 +33,7 @@
 #include "dpipe/nodes/skip.hpp"
 #include "dpipe/nodes/take.hpp"
 #include "dpipe/nodes/token_windows.hpp"
+#include "dpipe/nodes/tokenize.hpp"
 #include "dpipe/nodes/unbatch.hpp"
 #include "dpipe/nodes/zip.hpp"
 
@@ -43,6 +47,8 @@
   /* one input */                                                                                              \
   KIND(Map) KIND(ParallelMap) KIND(Filter) KIND(FlatMap) PREBUILT(ShardingFilter) PREBUILT(Shuffle)               \
   PREBUILT_SCALAR(Batch) KIND(Unbatch) PREBUILT(Take) KIND(Skip) KIND(Repeat) PREBUILT(Cycle) PREBUILT(Sampler) KIND(Replicate) \
+  /* records: text to tokens to rows */                                                                          \
+  KIND(ParseJson) KIND(Tokenize) KIND(Pack) KIND(PaddedBatch)                                                   \
   /* segments */                                                                                               \
   KIND(Dispatch) KIND(Merge) PREBUILT(Prefetch)                                                                 \
   /* several inputs */                                                                                         \

@@ -58,7 +58,8 @@ inline constexpr int kValueMaxDepth = 64;
 
 /// Appends a value as JSON: numbers, strings, lists for lists and tuples, objects for dicts whose keys
 /// are all strings (else a list of [key, value] pairs), {"base64": ...} for bytes, and
-/// {"dtype", "shape", "base64"} for arrays. Non-finite floats are written as strings ("nan", "inf").
+/// arrays of little-endian integers, booleans and 4- or 8-byte floats as nested lists of numbers (others as
+/// {"dtype", "shape", "base64"}). Non-finite floats are written as strings ("nan", "inf").
 void append_value_json(std::string& out, const Value& v);
 
 namespace detail {

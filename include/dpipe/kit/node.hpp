@@ -277,6 +277,8 @@ class IterBase {
     return in.size() == 1 ? in.front()->wait_ready(limit, want) : true;
   }
 
+  /// Elements this instance dropped as bad (`on_error = skip`), counted across resumes (it is state).
+  virtual std::uint64_t skipped_elements() const { return 0; }
   /// Nanoseconds spent in pull(), inputs included (only when the run collects statistics).
   std::uint64_t busy_ns() const { return busy_ns_; }
   /// Whether this node's inputs run inside its pull() (false for merge: workers run on other threads).

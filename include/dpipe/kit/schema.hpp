@@ -37,6 +37,8 @@ enum class ParamType {
   values,     // a list of integers or a list of strings
   pipelines,  // a list of pipelines (other inputs)
   function,   // a builtin function's name, or a Python callable
+  fields,     // an object of field name → type name (parse_json)
+  numbers,    // a list of numbers
 };
 
 /// How a type is named in `dpipe ops` and the docs ("integer", "list of strings", …).
@@ -52,6 +54,8 @@ constexpr std::string_view param_type_name(ParamType t) {
     case ParamType::values: return "list of integers or strings";
     case ParamType::pipelines: return "list of pipelines";
     case ParamType::function: return "function";
+    case ParamType::fields: return "object of field types";
+    case ParamType::numbers: return "list of numbers";
   }
   return "?";
 }

@@ -20,12 +20,11 @@
 #include "dpipe/detail/indexed_source.hpp"
 #include "dpipe/detail/mapped_file.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/kit/on_error.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
-
-enum class OnDataError { fail, skip };
 
 struct RecordsOptions {
   OnDataError on_error = OnDataError::fail;

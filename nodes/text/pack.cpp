@@ -1,0 +1,203 @@
+// pack: placing documents into rows, the rows as records, the state's invariants and the rescale rule.
+#include "dpipe/nodes/pack.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dpipe {
+
+Params PackKind::checked_params(const PackOptions& o) {
+  const std::string node = node_label("pack", o.name);
+  if (o.seq_len <= 0) throw ConfigError(node + ": seq_len must be positive, got " + param_text(o.seq_len));
+  if (o.seq_len > (std::int64_t{1} << 32)) throw ConfigError(node + ": seq_len must be at most 2^32, got " + param_text(o.seq_len));
+  if (o.buffer <= 0) throw ConfigError(node + ": buffer must be positive, got " + param_text(o.buffer));
+  if (o.field.empty()) throw ConfigError(node + ": field must name a field");
+  Params p{{"seq_len", param_text(o.seq_len)}, {"field", o.field},
+           {"mode", o.mode == PackMode::greedy ? "greedy" : "first_fit"}};
+  if (o.mode == PackMode::first_fit) p.emplace_back("buffer", param_text(o.buffer));
+  return p;
+}
+
+namespace detail {
+
+Packer::Packer(const PackOptions& o)
+    : seq_len_(static_cast<std::size_t>(o.seq_len)), field_(o.field), mode_(o.mode),
+      buffer_(o.mode == PackMode::greedy ? 1 : static_cast<std::size_t>(o.buffer)) {}
+
+void Packer::place(Row& row, const std::int64_t* t, std::size_t n, std::int64_t position, const Value* doc) {
+  const std::int64_t segment = ++row.segments;
+  row.tokens.insert(row.tokens.end(), t, t + n);
+  row.segment_ids.insert(row.segment_ids.end(), n, segment);
+  for (std::size_t i = 0; i < n; ++i) row.positions.push_back(position + static_cast<std::int64_t>(i));
+  row.docs.push_back(doc ? *doc : Value::none());
+  row.any_doc = row.any_doc || doc;
+}
+
+Value Packer::row_value(const Row& row, bool pad) const {
+  const std::size_t len = pad ? seq_len_ : row.tokens.size();
+  Value out = make_record(4);
+  auto column = [&](const std::vector<std::int64_t>& v) {
+    ValueArray a{.dtype = "<i8", .shape = {len}, .data = std::string(len * 8, '\0')};
+    std::memcpy(a.data.data(), v.data(), v.size() * 8);  // the rest stays 0: padding
+    return Value::array(std::move(a));
+  };
+  set_field(out, "tokens", column(row.tokens));
+  set_field(out, "segment_ids", column(row.segment_ids));
+  set_field(out, "positions", column(row.positions));
+  if (row.any_doc) set_field(out, "doc", Value::list(row.docs));
+  return out;
+}
+
+void Packer::emit(Row&& row) { ready_.push_back(row_value(row, true)); }
+
+std::string Packer::add(const Value& document) {
+  const Value* tokens = find_field(document, field_);
+  if (!tokens) return is_record(document) ? "a document has no field '" + field_ + "'" : "an element is not a record";
+  if (!read_int64s(*tokens, tokens_))
+    return "field '" + field_ + "' of a document is not a 1-D array (or list) of integers";
+  const Value* doc = find_field(document, "doc");
+  const std::size_t n = tokens_.size();
+  std::size_t at = 0;
+  if (mode_ == PackMode::greedy) {
+    while (at < n) {
+      if (open_.empty()) open_.emplace_back();
+      Row& row = open_.back();
+      const std::size_t take = std::min(seq_len_ - row.tokens.size(), n - at);
+      place(row, tokens_.data() + at, take, static_cast<std::int64_t>(at), doc);
+      at += take;
+      if (row.tokens.size() == seq_len_) {
+        emit(std::move(row));
+        open_.pop_back();
+      }
+    }
+    return {};
+  }
+  // first_fit: whole rows of the document first, each a row of its own.
+  for (; n - at >= seq_len_; at += seq_len_) {
+    Row row;
+    place(row, tokens_.data() + at, seq_len_, static_cast<std::int64_t>(at), doc);
+    emit(std::move(row));
+  }
+  const std::size_t rest = n - at;
+  if (rest == 0) return {};
+  auto fits = std::find_if(open_.begin(), open_.end(), [&](const Row& r) { return seq_len_ - r.tokens.size() >= rest; });
+  if (fits == open_.end()) {
+    while (open_.size() >= buffer_) {
+      emit(std::move(open_.front()));
+      open_.pop_front();
+    }
+    open_.emplace_back();
+    fits = open_.end() - 1;
+  }
+  place(*fits, tokens_.data() + at, rest, static_cast<std::int64_t>(at), doc);
+  if (fits->tokens.size() == seq_len_) {
+    emit(std::move(*fits));
+    open_.erase(fits);
+  }
+  return {};
+}
+
+void Packer::finish() {
+  for (Row& row : open_) emit(std::move(row));
+  open_.clear();
+}
+
+std::size_t Packer::take(std::vector<Value>& out, std::size_t max) {
+  std::size_t n = 0;
+  for (; n < max && !ready_.empty(); ++n) {
+    out.push_back(std::move(ready_.front()));
+    ready_.pop_front();
+  }
+  return n;
+}
+
+PackState<std::vector<Value>> Packer::state(bool input_done) const {
+  PackState<std::vector<Value>> st;
+  st.input_done = input_done;
+  for (const Row& row : open_) st.open.push_back(row_value(row, false));
+  st.ready.assign(ready_.begin(), ready_.end());
+  return st;
+}
+
+namespace {
+// One column of a saved row: an int64 array of `len` items, or null.
+const std::string* column(const Value& row, const char* name) {
+  const Value* v = find_field(row, name);
+  if (!v || v->kind != Value::Kind::array) return nullptr;
+  const auto& a = std::get<ValueArray>(v->data);
+  if (a.dtype != "<i8" || a.shape.size() != 1 || a.data.size() != a.shape[0] * 8) return nullptr;
+  return &a.data;
+}
+}  // namespace
+
+void Packer::restore(PackState<std::vector<Value>> st, const StateReader& r) {
+  open_.clear();
+  ready_.clear();
+  auto check = [&](const Value& v, const char* list, std::size_t i, bool full) {
+    const std::string what = std::string(list) + " row " + std::to_string(i);
+    const std::string *t = column(v, "tokens"), *s = column(v, "segment_ids"), *p = column(v, "positions");
+    if (!t || !s || !p) r.fail(what + " is not a record of int64 arrays tokens, segment_ids and positions");
+    if (t->size() != s->size() || t->size() != p->size()) r.fail(what + "'s columns differ in length");
+    const std::size_t len = t->size() / 8;
+    if (full ? len != seq_len_ : (len == 0 || len >= seq_len_))
+      r.fail(what + " holds " + std::to_string(len) + " tokens; " + (full ? "a made row holds seq_len " : "an open row holds 1 to seq_len - 1, seq_len ") +
+             std::to_string(seq_len_));
+    return len;
+  };
+  for (std::size_t i = 0; i < st.open.size(); ++i) {
+    const Value& v = st.open[i];
+    const std::size_t len = check(v, "open", i, false);
+    Row row;
+    auto read = [&](const char* name, std::vector<std::int64_t>& out) {
+      out.resize(len);
+      std::memcpy(out.data(), column(v, name)->data(), len * 8);
+    };
+    read("tokens", row.tokens);
+    read("segment_ids", row.segment_ids);
+    read("positions", row.positions);
+    for (std::size_t k = 0; k < len; ++k)
+      if (row.segment_ids[k] < 1 || (k > 0 && row.segment_ids[k] != row.segment_ids[k - 1] && row.segment_ids[k] != row.segment_ids[k - 1] + 1) ||
+          (k == 0 && row.segment_ids[k] != 1))
+        r.fail("open row " + std::to_string(i) + "'s segment ids do not count 1, 2, … in order");
+    row.segments = row.segment_ids.back();
+    if (const Value* d = find_field(v, "doc")) {
+      if (d->kind != Value::Kind::list || std::get<std::vector<Value>>(d->data).size() != static_cast<std::size_t>(row.segments))
+        r.fail("open row " + std::to_string(i) + "'s doc is not a list of one value per segment");
+      row.docs = std::get<std::vector<Value>>(d->data);
+      row.any_doc = true;
+    } else {
+      row.docs.assign(static_cast<std::size_t>(row.segments), Value::none());
+    }
+    open_.push_back(std::move(row));
+  }
+  for (std::size_t i = 0; i < st.ready.size(); ++i) check(st.ready[i], "ready", i, true);
+  ready_.assign(std::make_move_iterator(st.ready.begin()), std::make_move_iterator(st.ready.end()));
+  // A rescale may deal more open rows than the mode keeps: the first ones are made now, padded.
+  while (open_.size() > buffer_) {
+    emit(std::move(open_.front()));
+    open_.pop_front();
+  }
+  if (st.input_done) finish();
+}
+
+}  // namespace detail
+
+RescaleRule PackKind::rescale() {
+  return RescaleRule::dealt([](const RescaleInput& in) {
+    using S = PackState<ElementBlobs>;
+    in.check_fields<S>();
+    const auto open = in.deal(&S::open);
+    const auto ready = in.deal(&S::ready);
+    return in.write_slots([&](std::size_t j) { return S{.open = open[j], .ready = ready[j], .input_done = false}; });
+  });
+}
+
+std::string PackKind::summary(const NodeState& record, const GraphNodeRecord&) {
+  PackState<ElementBlobs> st;
+  StateReader r(record);
+  r.read(st);
+  return std::to_string(st.open.size()) + " open rows, " + std::to_string(st.ready.size()) + " rows made and not taken" +
+         (st.input_done ? ", its input ended" : "");
+}
+
+}  // namespace dpipe

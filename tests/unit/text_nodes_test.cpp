@@ -1,0 +1,273 @@
+// The record nodes: parse_json, pack and padded_batch from C++ (tokenize against the SentencePiece
+// reference is tests/python/test_llm.py; every op resumes at every breakpoint in battery_cli), the
+// structured elements' JSON, skip counts kept in state, and pack's exactly-once rescale.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dpipe/dpipe.hpp"
+#include "../test_util.hpp"
+
+namespace dpipe {
+namespace {
+
+using I64 = std::int64_t;
+using testing::drain;
+using testing::options;
+
+std::vector<I64> ints(const Value& v) {
+  std::vector<I64> out;
+  EXPECT_TRUE(read_int64s(v, out)) << "not an integer array";
+  return out;
+}
+/// Column `name` of a record: a 1-D or 2-D int64 array, flattened.
+std::vector<I64> column(const Value& row, const char* name) {
+  const Value* f = find_field(row, name);
+  if (!f || f->kind != Value::Kind::array) {
+    ADD_FAILURE() << "no array field " << name;
+    return {};
+  }
+  const auto& a = std::get<ValueArray>(f->data);
+  EXPECT_EQ(a.dtype, "<i8");
+  std::vector<I64> out(a.data.size() / 8);
+  std::memcpy(out.data(), a.data.data(), a.data.size());
+  return out;
+}
+std::string json_of(const Value& v) {
+  std::string out;
+  append_value_json(out, v);
+  return out;
+}
+
+/// Document `id`: a record of its id and `len` tokens id * 1000 + k.
+Value document(I64 id, I64 len) {
+  std::vector<I64> t;
+  for (I64 k = 0; k < len; ++k) t.push_back(id * 1000 + k);
+  Value v = make_record(2);
+  set_field(v, "doc", Value::integer(id));
+  set_field(v, "tokens", int64_array(t));
+  return v;
+}
+/// Documents 0..n-1 of lengths drawn from the id (0 to 40 tokens; some empty).
+auto documents(I64 n) {
+  return range(0, n) | sharding_filter() | map([](I64 id) { return document(id, (id * 7919) % 41); });
+}
+
+TEST(Records, ArraysPrintAsNestedListsOfNumbers) {
+  EXPECT_EQ(json_of(int64_array(std::vector<I64>{3, -1, 7})), "[3, -1, 7]");
+  const float f[] = {0.5f, 1.25f, -2.0f, 3.0f};
+  EXPECT_EQ(json_of(numeric_array<float>(f, {2, 2})), "[[0.5, 1.25], [-2, 3]]");
+  EXPECT_EQ(json_of(numeric_array<I64>(std::span<const I64>(), {0})), "[]");
+  Value r = make_record();
+  set_field(r, "a", Value::integer(1));
+  set_field(r, "b", Value::bytes("\xff"));
+  set_field(r, "a", Value::string("x"));  // replaced, not added
+  EXPECT_EQ(json_of(r), "{\"a\": \"x\", \"b\": {\"base64\": \"/w==\"}}");
+}
+
+TEST(ParseJson, PicksTheNamedFieldsWithTheirTypes) {
+  auto p = from_vector(std::vector<std::string>{
+               R"({"doc": 7, "text": "hi", "score": 0.5, "ids": [1, 2, 3], "extra": {"x": 1}})",
+               R"({"text": "no doc", "doc": 8, "score": 1, "ids": [], "ok": null})"}) |
+           parse_json({.fields = {JsonField::parse("doc", "int64"), JsonField::parse("text", "string"),
+                                  JsonField::parse("score", "float32"), JsonField::parse("ids", "int64[]"),
+                                  JsonField::parse("ok", "bool?")}});
+  Engine e;
+  auto run = e.start(p, options());
+  const auto rows = drain(run);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(json_of(rows[0]), R"({"doc": 7, "text": "hi", "score": 0.5, "ids": [1, 2, 3], "ok": null})");
+  EXPECT_EQ(json_of(rows[1]), R"({"doc": 8, "text": "no doc", "score": 1, "ids": [], "ok": null})");
+  testing::expect_throw_with<ConfigError>([] { JsonField::parse("x", "int"); }, "known: int64");
+}
+
+TEST(ParseJson, ABadLineFailsNamingItOrIsSkippedAndCountedInState) {
+  const std::vector<std::string> lines = {R"({"doc": 1})", "not json", R"({"doc": "two"})", R"([1])", R"({"doc": 5})",
+                                          R"({"other": 1})", R"({"doc": 7})"};
+  const std::vector<JsonField> fields = {JsonField::parse("doc", "int64")};
+  {
+    auto p = from_vector(lines) | parse_json({.fields = fields});
+    Engine e;
+    auto run = e.start(p, options());
+    EXPECT_EQ(json_of(*run.next()), R"({"doc": 1})");  // the line before the bad one is delivered
+    testing::expect_throw_with<NodeError>([&] { run.next(); }, "element 2 of this instance's input is not a record: not JSON");
+  }
+  auto p = from_vector(lines) | parse_json({.fields = fields, .on_error = OnDataError::skip});
+  Engine e;
+  auto run = e.start(p, RunOptions{.seed = 1, .collect_stats = true});
+  ASSERT_EQ(json_of(*run.next()), R"({"doc": 1})");
+  ASSERT_EQ(json_of(*run.next()), R"({"doc": 5})");
+  // The count is state: a run resumed after the first two records ends with the same total (four bad
+  // lines) as the run that goes on, neither recounting the lines before the snapshot nor losing them.
+  auto skipped = [](auto& r) {
+    for (const auto& n : r.node_stats())
+      if (n.kind == "parse_json") return n.skipped;
+    return std::uint64_t{99};
+  };
+  const Snapshot snap = Snapshot::from_bytes(run.snapshot().to_bytes());
+  auto resumed = e.resume(p, snap, RunOptions{.seed = 1, .collect_stats = true});
+  EXPECT_EQ(json_of(*resumed.next()), R"({"doc": 7})");
+  EXPECT_FALSE(resumed.next());
+  EXPECT_EQ(skipped(resumed), 4u);
+  EXPECT_EQ(json_of(*run.next()), R"({"doc": 7})");
+  EXPECT_FALSE(run.next());
+  EXPECT_EQ(skipped(run), 4u);
+}
+
+/// The rows' tokens, checked row by row: every row seq_len long, segment ids 1, 2, … then 0 padding,
+/// each token's position its place in its document (documents of `document`).
+std::vector<I64> unpacked(const std::vector<Value>& rows, std::size_t seq_len) {
+  std::vector<I64> out;
+  for (const Value& row : rows) {
+    const auto t = column(row, "tokens"), s = column(row, "segment_ids"), p = column(row, "positions");
+    EXPECT_EQ(t.size(), seq_len);
+    EXPECT_EQ(s.size(), seq_len);
+    I64 last = 0;
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      if (s[k] == 0) {
+        EXPECT_EQ(t[k], 0);
+        last = -1;  // padding only after this
+        continue;
+      }
+      EXPECT_TRUE(last >= 0 && (s[k] == last || s[k] == last + 1)) << "segment ids " << last << " then " << s[k];
+      last = s[k];
+      EXPECT_EQ(p[k], t[k] % 1000) << "the position of token " << t[k];
+      out.push_back(t[k]);
+    }
+    const Value* d = find_field(row, "doc");
+    EXPECT_TRUE(d && d->kind == Value::Kind::list && static_cast<I64>(std::get<std::vector<Value>>(d->data).size()) ==
+                                                          *std::max_element(s.begin(), s.end()));
+  }
+  return out;
+}
+
+std::vector<I64> all_tokens(I64 docs) {
+  std::vector<I64> out;
+  for (I64 id = 0; id < docs; ++id)
+    for (I64 k = 0; k < (id * 7919) % 41; ++k) out.push_back(id * 1000 + k);
+  return out;
+}
+
+TEST(Pack, GreedyLaysDocumentsEndToEndAndContinuesPositions) {
+  auto p = from_vector(std::vector<Value>{document(1, 3), document(2, 6), document(3, 0), document(4, 2)}) |
+           pack({.seq_len = 4});
+  Engine e;
+  auto run = e.start(p, options());
+  const auto rows = drain(run);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(json_of(rows[0]), R"({"tokens": [1000, 1001, 1002, 2000], "segment_ids": [1, 1, 1, 2], )"
+                              R"("positions": [0, 1, 2, 0], "doc": [1, 2]})");
+  EXPECT_EQ(json_of(rows[1]), R"({"tokens": [2001, 2002, 2003, 2004], "segment_ids": [1, 1, 1, 1], )"
+                              R"("positions": [1, 2, 3, 4], "doc": [2]})");
+  EXPECT_EQ(json_of(rows[2]), R"({"tokens": [2005, 4000, 4001, 0], "segment_ids": [1, 2, 2, 0], )"
+                              R"("positions": [5, 0, 1, 0], "doc": [2, 4]})");
+}
+
+TEST(Pack, FirstFitPutsEachDocumentIntoTheFirstOpenRowWithRoom) {
+  // seq_len 5, two open rows: 3 → row A; 4 → row B; 2 → A (full); 1 → B (full); 7 → a whole row, 2 left → C.
+  auto p = from_vector(std::vector<Value>{document(1, 3), document(2, 4), document(3, 2), document(4, 1), document(5, 7)}) |
+           pack({.seq_len = 5, .mode = PackMode::first_fit, .buffer = 2});
+  Engine e;
+  auto run = e.start(p, options());
+  const auto rows = drain(run);
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(column(rows[0], "tokens"), (std::vector<I64>{1000, 1001, 1002, 3000, 3001}));
+  EXPECT_EQ(column(rows[1], "tokens"), (std::vector<I64>{2000, 2001, 2002, 2003, 4000}));
+  EXPECT_EQ(column(rows[2], "tokens"), (std::vector<I64>{5000, 5001, 5002, 5003, 5004}));
+  EXPECT_EQ(column(rows[3], "tokens"), (std::vector<I64>{5005, 5006, 0, 0, 0}));
+  EXPECT_EQ(column(rows[3], "positions"), (std::vector<I64>{5, 6, 0, 0, 0}));
+  EXPECT_EQ(unpacked(rows, 5).size(), 17u);
+}
+
+TEST(Pack, ASnapshotMidRowHoldsTheOpenRowAndResumesExactly) {
+  for (const PackMode mode : {PackMode::greedy, PackMode::first_fit}) {
+    // Enough documents that the workers, which run ahead of the consumer into bounded queues, are mid-input.
+    auto p = documents(4000) | pack({.seq_len = 16, .mode = mode, .buffer = 3});
+    Engine e;
+    auto full = e.start(p, options(2));
+    const auto want = drain(full);
+    ASSERT_EQ(unpacked(want, 16).size(), all_tokens(4000).size());
+    for (const std::size_t at : {1u, 7u, 400u}) {
+      auto run = e.start(p, options(2));
+      auto got = drain(run, at);
+      const Snapshot snap = Snapshot::from_bytes(run.snapshot().to_bytes());
+      std::size_t open_rows = 0;
+      for (const auto& st : snap.states)
+        if (st.kind == "pack") {
+          PackState<ElementBlobs> s;
+          StateReader r(st);
+          r.read(s);
+          open_rows += s.open.size();
+        }
+      EXPECT_GT(open_rows, 0u) << "the snapshot at " << at << " holds no open row";
+      auto rest = e.resume(p, snap, options(2));
+      for (auto& row : drain(rest)) got.push_back(std::move(row));
+      EXPECT_EQ(got, want) << "mode " << int(mode) << ", breakpoint " << at;
+    }
+  }
+}
+
+TEST(Pack, RefusesWhatIsNotADocumentNamingTheField) {
+  auto p = range(0, 3) | map([](I64) { return Value::integer(1); }) | pack({.seq_len = 4});
+  Engine e;
+  auto run = e.start(p, options());
+  testing::expect_throw_with<DataError>([&] { run.next(); }, "an element is not a record");
+  testing::expect_throw_with<ConfigError>([] { range(0, 1) | map([](I64) { return Value(); }) | pack({.seq_len = 0}); },
+                                          "seq_len must be positive");
+}
+
+TEST(PackRescale, EveryTokenExactlyOnceWithItsPositionAcrossRandomLayouts) {
+  testing::property_trials(12, [&](std::mt19937_64& g) {
+    auto pick = [&](int n) { return testing::draw(g, n); };
+    const I64 docs = 50 + pick(150);
+    const auto seq_len = static_cast<std::size_t>(4 + pick(40));
+    const PackMode mode = pick(2) ? PackMode::greedy : PackMode::first_fit;
+    Pipeline<Value> p = range(0, docs) | sampler({.shuffle = pick(2) ? SamplerShuffle::global : SamplerShuffle::none}) |
+                        map([](I64 id) { return document(id, (id * 7919) % 41); });
+    if (pick(2)) p = p | shuffle({.buffer = 1 + pick(20)});
+    p = p | pack({.seq_len = static_cast<I64>(seq_len), .mode = mode, .buffer = 1 + pick(6)});
+    std::vector<Value> rows;
+    std::optional<SnapshotSet> set;
+    std::string layouts;
+    const int stages = 1 + pick(3);
+    for (int s = 0; s <= stages; ++s) {
+      const int world = 1 + pick(4), workers = 1 + pick(3);
+      layouts += std::to_string(world) + "x" + std::to_string(workers) + " ";
+      Engine e;
+      std::vector<Snapshot> next;
+      for (int r = 0; r < world; ++r) {
+        const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
+        auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
+        const std::size_t take = s == stages ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(pick(12));
+        for (auto& row : drain(run, take)) rows.push_back(std::move(row));
+        next.push_back(run.snapshot());
+      }
+      set = SnapshotSet(std::move(next));
+    }
+    auto got = unpacked(rows, seq_len);
+    auto want = all_tokens(docs);
+    std::sort(got.begin(), got.end());
+    ASSERT_EQ(got, want) << "layouts " << layouts << (mode == PackMode::greedy ? "greedy" : "first_fit");
+  });
+}
+
+TEST(PaddedBatch, PadsArrayFieldsToTheLongestRoundedUpAndStacksScalars) {
+  auto p = from_vector(std::vector<Value>{document(1, 3), document(2, 0), document(3, 5)}) |
+           padded_batch({.size = 2, .multiple = 4, .pad = -1});
+  Engine e;
+  auto run = e.start(p, options());
+  const auto batches = drain(run);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(json_of(batches[0]), R"({"doc": [1, 2], "tokens": [[1000, 1001, 1002, -1], [-1, -1, -1, -1]], "lengths": [3, 0]})");
+  EXPECT_EQ(json_of(batches[1]), R"({"doc": [3], "tokens": [[3000, 3001, 3002, 3003, 3004, -1, -1, -1]], "lengths": [5]})");
+  auto fixed = from_vector(std::vector<Value>{document(1, 3), document(3, 5)}) | padded_batch({.size = 2, .length = 4});
+  auto run2 = e.start(fixed, options());
+  testing::expect_throw_with<DataError>([&] { run2.next(); }, "an element holds 5 items, above length 4");
+}
+
+}  // namespace
+}  // namespace dpipe
