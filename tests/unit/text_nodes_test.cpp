@@ -192,7 +192,9 @@ TEST(Pack, ASnapshotMidRowHoldsTheOpenRowAndResumesExactly) {
     const auto want = drain(full);
     ASSERT_EQ(unpacked(want, 16).size(), all_tokens(4000).size());
     for (const std::size_t at : {1u, 7u, 400u}) {
-      auto run = e.start(p, options(2));
+      RunOptions o = options(2);
+      o.inline_workers = true;  // workers run when the consumer pulls: the pack is mid-input, not past its end
+      auto run = e.start(p, o);
       auto got = drain(run, at);
       const Snapshot snap = Snapshot::from_bytes(run.snapshot().to_bytes());
       std::size_t open_rows = 0;
