@@ -53,6 +53,43 @@ write_tokens(TOKENS16[1], [t & 0xffff for t in range(40000, 40301)])
 TOKENS32 = [path("a32.bin")]
 write_tokens(TOKENS32[0], [70000 + t for t in range(400)], dtype="uint32")
 
+
+
+def jsonl_file(name, count):
+    """JSON lines of documents {"doc", "text", "score", "ids"[, "tag"]}; every 9th line is not JSON and every
+    14th has a "doc" that is a string (bad lines for parse_json)."""
+    words = "the of data loader model token pack row shard rank worker epoch resume snapshot batch".split()
+    with open(path(name), "w") as f:
+        for i in range(count):
+            if i % 9 == 4:
+                f.write("{not json\n")
+                continue
+            doc = {"doc": str(i) if i % 14 == 5 else i, "score": i / 4, "ids": list(range(i % 5)),
+                   "text": " ".join(words[(i * k) % len(words)] for k in range(1 + i * 7 % 31))}
+            if i % 3 == 0:
+                doc["tag"] = f"t{i}"
+            f.write(json.dumps(doc) + "\n")
+    return path(name)
+
+
+def spm_model(name):
+    """A small SentencePiece model trained here on generated text (Debian's spm_train; nothing downloaded)."""
+    words = "the of data loader model token pack row shard rank worker epoch resume snapshot batch".split()
+    corpus = path(name + ".txt")
+    with open(corpus, "w") as f:
+        for i in range(1500):
+            f.write(" ".join(words[(i * k + k * k) % len(words)] for k in range(3 + i % 17)) + "\n")
+    subprocess.run(["spm_train", f"--input={corpus}", f"--model_prefix={path(name)}", "--vocab_size=40",
+                    "--minloglevel=2"], check=True, capture_output=True, timeout=120)
+    return path(name + ".model")
+
+
+JSONL = jsonl_file("docs.jsonl", 230)
+MODEL = spm_model("spm")
+DOCS = [{"op": "lines", "files": [JSONL], "logical_shards": 5},
+        {"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "skip"}]
+TOKENIZED = DOCS + [{"op": "tokenize", "model": MODEL, "bos": True, "eos": True}]
+
 # ---- one spec per op -------------------------------------------------------------------------------
 
 R = lambda stop, **kw: dict({"op": "range", "stop": stop}, **kw)  # noqa: E731
@@ -127,6 +164,17 @@ SPECS = {
                  {"op": "merge"}, {"op": "unbatch"}],
     "prefetch_at_the_end": [R(300), {"op": "sharding_filter"}, {"op": "prefetch", "depth": 3}],
     "replicate": [R(40), {"op": "replicate"}, {"op": "shuffle", "buffer": 8}, {"op": "batch", "size": 3}],
+    "parse_json_skip": [{"op": "lines", "files": [JSONL], "logical_shards": 4, "epochs": 2},
+                        {"op": "parse_json", "fields": {"doc": "int64", "text": "string", "score": "float32",
+                                                        "ids": "int64[]", "tag": "string?"}, "on_error": "skip"}],
+    "tokenize": TOKENIZED,
+    "tokenize_plain_text": [{"op": "lines", "files": TEXT, "logical_shards": 3},
+                            {"op": "tokenize", "model": MODEL, "eos": True}],
+    "pack_greedy": TOKENIZED + [{"op": "pack", "seq_len": 16}],
+    "pack_first_fit_shuffled": TOKENIZED + [{"op": "shuffle", "buffer": 5},
+                                            {"op": "pack", "seq_len": 24, "mode": "first_fit", "buffer": 3}],
+    "padded_batch": TOKENIZED + [{"op": "padded_batch", "size": 3, "multiple": 8}],
+    "pack_then_padded_batch": TOKENIZED + [{"op": "pack", "seq_len": 12}, {"op": "padded_batch", "size": 2}],
 }
 
 # Every op of the catalogue (the kinds' schemas, `dpipe ops --json`) appears above: a new op needs a spec here.
