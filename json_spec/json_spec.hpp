@@ -74,8 +74,6 @@ Spec parse_spec(std::string_view json_text, SpecOptions options = {});
 
 /// The op names the JSON front end knows, in registry order.
 std::vector<std::string> spec_ops();
-/// The op names of the sources (the nodes that start a pipeline).
-std::vector<std::string> spec_sources();
 
 
 }  // namespace dpipe

@@ -567,13 +567,6 @@ std::vector<std::string> spec_ops() {
 
 std::span<const FunctionSchema> spec_functions() { return kFunctions; }
 
-std::vector<std::string> spec_sources() {
-  std::vector<std::string> v;
-  for (const auto& op : ops())
-    if (op.source) v.emplace_back(op.name);
-  return v;
-}
-
 Spec parse_spec(std::string_view text, SpecOptions options) {
   struct Scope {
     explicit Scope(SpecOptions o) : saved(t_options) { t_options = o; }

@@ -124,6 +124,12 @@ class LoaderBase:
         loop = self._restored or self._loop or self._start(None)
         return list(loop.warnings)
 
+    def skipped(self):
+        """Elements dropped as bad by nodes with on_error="skip" (parse_json, tokenize, records), by node
+        key: a dict of counts, kept across state_dict() / load_state_dict(). Empty before iteration."""
+        loop = self._restored or self._loop
+        return dict(loop.skipped()) if loop is not None else {}
+
     # ---- iteration ----
     def _start(self, state):
         return _dpipe.start(self._built, self._options, state, self._allow_changed_data)

@@ -573,6 +573,8 @@ class Loop {
   virtual std::uint64_t delivered() const = 0;
   virtual std::vector<std::string> warnings() const = 0;
   virtual Layout layout() const = 0;
+  /// Elements each node dropped as bad (on_error = skip), by node key, summed over this rank's instances.
+  virtual std::map<std::string, std::uint64_t> skipped() = 0;
 };
 
 template <class T>
@@ -616,6 +618,17 @@ class TypedLoop final : public Loop {
   std::uint64_t delivered() const override { return run_->delivered(); }
   std::vector<std::string> warnings() const override { return run_->warnings(); }
   Layout layout() const override { return run_->layout(); }
+  std::map<std::string, std::uint64_t> skipped() override {
+    std::map<std::string, std::uint64_t> out;
+    std::vector<NodeStats> stats;
+    {
+      py::gil_scoped_release nogil;  // pauses production while it reads
+      stats = run_->node_stats();
+    }
+    for (const auto& n : stats)
+      if (n.skipped) out[n.key] += n.skipped;
+    return out;
+  }
 
  private:
   std::optional<Run<T>> run_;
@@ -733,7 +746,6 @@ PYBIND11_MODULE(_dpipe, m) {
   });
 
   m.def("spec_ops", &dpipe::spec_ops, "The op names specs know, in registry order.");
-  m.def("spec_sources", &dpipe::spec_sources, "The op names of sources.");
   m.def("spec_ops_json", [] { return dpipe::spec_ops_json(); },
         "The op catalogue as JSON text (dpipe ops --json): each op's doc, parameters, rescale rule and state.");
   m.def("snapshot_format_version", [] { return dpipe::Snapshot::kFormatVersion; });
@@ -770,6 +782,7 @@ PYBIND11_MODULE(_dpipe, m) {
            py::arg("metadata") = std::map<std::string, std::string>{})
       .def_property_readonly("delivered", &Loop::delivered)
       .def_property_readonly("warnings", &Loop::warnings)
+      .def("skipped", &Loop::skipped)
       .def_property_readonly("layout", [](const Loop& l) {
         const auto x = l.layout();
         return py::make_tuple(x.rank, x.world_size, x.num_workers);

@@ -1,0 +1,110 @@
+"""The record nodes from Python: parse_json, tokenize (checked against the sentencepiece module as the
+reference), pack and padded_batch as dicts of numpy arrays, skip counts, exact resume of a packing
+pipeline through state_dict, and the same elements as the tool."""
+import json
+import pickle
+import subprocess
+
+import numpy as np
+import pytest
+import sentencepiece
+
+import dpipe
+from conftest import tool_elements
+
+WORDS = "the of data loader model token pack row shard rank worker epoch resume snapshot batch".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llm")
+    text = d / "corpus.txt"
+    text.write_text("".join(" ".join(WORDS[(i * k + k * k) % len(WORDS)] for k in range(3 + i % 17)) + "\n"
+                            for i in range(1500)))
+    subprocess.run(["spm_train", f"--input={text}", f"--model_prefix={d / 'm'}", "--vocab_size=40",
+                    "--minloglevel=2"], check=True, capture_output=True, timeout=120)
+    docs = d / "docs.jsonl"
+    with open(docs, "w") as f:
+        for i in range(300):
+            if i % 50 == 7:
+                f.write("{broken\n")
+            else:
+                f.write(json.dumps({"doc": i, "text": " ".join(WORDS[(i * k) % len(WORDS)] for k in range(1 + i % 23))})
+                        + "\n")
+    return {"model": str(d / "m.model"), "docs": str(docs)}
+
+
+def docs_pipeline(corpus):
+    return (dpipe.lines([corpus["docs"]], shuffle_shards=False)
+            | dpipe.parse_json({"doc": "int64", "text": "string"}, on_error="skip")
+            | dpipe.tokenize(corpus["model"], bos=True, eos=True))
+
+
+def test_tokenize_gives_the_reference_ids_with_bos_and_eos(corpus):
+    ref = sentencepiece.SentencePieceProcessor(model_file=corpus["model"])
+    got = list(dpipe.Loader(docs_pipeline(corpus)))
+    assert len(got) == 300 - 6  # six broken lines skipped
+    for row in got:
+        assert isinstance(row["tokens"], np.ndarray) and row["tokens"].dtype == np.int64
+        want = [ref.bos_id()] + ref.encode(row["text"]) + [ref.eos_id()]
+        assert row["tokens"].tolist() == want, row["text"]
+
+
+def test_skipped_lines_are_counted_per_node_and_kept_in_the_state(corpus):
+    loader = dpipe.Loader(docs_pipeline(corpus))
+    it = iter(loader)
+    for _ in range(100):
+        next(it)
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    rest = dpipe.Loader(docs_pipeline(corpus))
+    rest.load_state_dict(state)
+    assert len(list(rest)) == 300 - 6 - 100
+    assert rest.skipped() == {"parse_json@1": 6}
+
+
+def test_pack_rows_hold_every_token_once_and_resume_exactly(corpus):
+    p = docs_pipeline(corpus) | dpipe.pack(32) | dpipe.padded_batch(4)
+    want = list(dpipe.Loader(p))
+    batch = want[0]
+    assert batch["tokens"].shape == (4, 32) and batch["segment_ids"].shape == (4, 32)
+    assert batch["lengths"].tolist() == [32, 32, 32, 32]
+    tokens = np.concatenate([b["tokens"][b["segment_ids"] > 0] for b in want])
+    reference = np.concatenate([d["tokens"] for d in dpipe.Loader(docs_pipeline(corpus))])
+    assert tokens.tolist() == reference.tolist()
+    for at in (1, 5, len(want) // 2):
+        loader = dpipe.Loader(p)
+        it = iter(loader)
+        head = [next(it) for _ in range(at)]
+        state = loader.state_dict()
+        resumed = dpipe.Loader(p)
+        resumed.load_state_dict(state)
+        got = head + list(resumed)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert all(np.array_equal(g[k], w[k]) for k in ("tokens", "segment_ids", "positions", "lengths"))
+            assert g["doc"] == w["doc"]
+
+
+def test_records_match_the_tool(corpus):
+    p = docs_pipeline(corpus) | dpipe.pack(16, mode="first_fit", buffer=3)
+    spec = {"seed": 0, "pipeline": [
+        {"op": "lines", "files": [corpus["docs"]], "shuffle_shards": False},
+        {"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "skip"},
+        {"op": "tokenize", "model": corpus["model"], "bos": True, "eos": True},
+        {"op": "pack", "seq_len": 16, "mode": "first_fit", "buffer": 3}]}
+    want = tool_elements(spec)
+    got = [{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in row.items()} for row in dpipe.Loader(p)]
+    assert got == want
+
+
+def test_bad_parameters_are_refused_naming_them(corpus, tmp_path):
+    with pytest.raises(dpipe.ConfigError, match="known: int64"):
+        dpipe.Loader(dpipe.lines([corpus["docs"]]) | dpipe.parse_json({"doc": "integer"}))
+    with pytest.raises(dpipe.ConfigError, match="cannot open the model file"):
+        dpipe.Loader(docs_pipeline(corpus) | dpipe.tokenize(str(tmp_path / "missing.model")))
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(dpipe.ConfigError, match="is not a SentencePiece model"):
+        dpipe.Loader(docs_pipeline(corpus) | dpipe.tokenize(str(bad)))
+    with pytest.raises(dpipe.ConfigError, match="seq_len must be positive"):
+        dpipe.Loader(docs_pipeline(corpus) | dpipe.pack(0))
