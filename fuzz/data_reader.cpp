@@ -1,5 +1,6 @@
 // Fuzz targets for the data readers, one per DPIPE_FUZZ_READER: 1 records, 2 lines, 3 line_blocks,
-// 4 token_windows. The input's first byte chooses the options and layout, the rest is the file's content
+// 4 token_windows, 5 parse_json (lines of the file, then pack), 6 tokenize (lines of the file, with a model
+// trained once per process by spm_train, then pack when bit 3 is set). The input's first byte chooses the options and layout, the rest is the file's content
 // (written to a temporary file). The file is read to the end (at most kMaxElements), then again with a
 // snapshot after a few elements and a resume from its bytes: the two streams must be the same.
 //
@@ -7,7 +8,8 @@
 // (records, token_windows), bit 4 the records' checksums recomputed before the file is written (so that
 // mutations of lengths and payloads reach the reader) or shuffle_shards for lines and line_blocks, bit 5
 // on_error "skip" (records), dtype uint32 (token_windows) or two epochs (lines, line_blocks), bits 6-7 one
-// size parameter: logical_shards, seq_len or block_bytes.
+// size parameter: logical_shards, seq_len or block_bytes. parse_json and tokenize: bit 5 on_error "skip",
+// bit 4 pack's first_fit mode, bits 6-7 pack's seq_len.
 #include <unistd.h>
 
 #include <cstddef>
@@ -25,7 +27,7 @@
 #include "fuzz_common.hpp"
 
 #ifndef DPIPE_FUZZ_READER
-#error "define DPIPE_FUZZ_READER (1 records, 2 lines, 3 line_blocks, 4 token_windows)"
+#error "define DPIPE_FUZZ_READER (1 records, 2 lines, 3 line_blocks, 4 token_windows, 5 parse_json, 6 tokenize)"
 #endif
 
 using namespace dpipe_fuzz;
@@ -56,6 +58,28 @@ std::string temp_path() {
   return path;
 }
 
+#if DPIPE_FUZZ_READER == 6
+/// A small SentencePiece model, trained once per process on generated text (nothing downloaded).
+const std::string& model_path() {
+  static const std::string path = [] {
+    const std::string dir = process_temp_dir("dpipe-fuzz-spm");
+    {
+      std::ofstream f(dir + "/corpus.txt");
+      const char* words[] = {"the", "of", "data", "loader", "token", "pack", "row", "résumé", "日本", "x1"};
+      for (int i = 0; i < 800; ++i) {
+        for (int k = 0; k < 3 + i % 13; ++k) f << words[(i * k + k * k) % 10] << ' ';
+        f << '\n';
+      }
+    }
+    const std::string cmd = "spm_train --input=" + dir + "/corpus.txt --model_prefix=" + dir +
+                            "/m --vocab_size=40 --minloglevel=2 > /dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0) finding("spm_train could not make the test model (is sentencepiece installed?)");
+    return dir + "/m.model";
+  }();
+  return path;
+}
+#endif
+
 std::string spec_for(std::uint8_t sel, const std::string& path) {
   const int size_choice = sel >> 6;
   const std::string files = "\"files\": [\"" + path + "\"]";
@@ -71,6 +95,19 @@ std::string spec_for(std::uint8_t sel, const std::string& path) {
            ", \"shuffle_shards\": " + ((sel & 16) ? "true" : "false") + ((sel & 32) ? ", \"epochs\": 2" : "");
   if (DPIPE_FUZZ_READER == 3) source += ", \"block_bytes\": " + std::to_string(kBlock[(size_choice + (sel & 3)) % 4]);
   source += "}";
+#elif DPIPE_FUZZ_READER == 5 || DPIPE_FUZZ_READER == 6
+  static constexpr int kSeqLen[] = {1, 3, 8, 64};
+  const std::string policy = (sel & 32) ? "\"skip\"" : "\"fail\"";
+  source = "{\"op\": \"lines\", " + files + ", \"logical_shards\": 3}, ";
+  if (DPIPE_FUZZ_READER == 5)
+    source += "{\"op\": \"parse_json\", \"fields\": {\"doc\": \"int64?\", \"tokens\": \"int64[]\", \"text\": \"string?\", "
+              "\"w\": \"float32[]?\", \"b\": \"bool?\", \"raw\": \"bytes?\"}, \"on_error\": " + policy + "}";
+  else
+    source += "{\"op\": \"tokenize\", \"model\": \"" + model_path() + "\", \"bos\": true, \"eos\": " +
+              ((sel & 2) ? "true" : "false") + ", \"on_error\": " + policy + "}";
+  if (DPIPE_FUZZ_READER == 5 || (sel & 8))
+    after = ", {\"op\": \"pack\", \"seq_len\": " + std::to_string(kSeqLen[size_choice]) + ", \"mode\": " +
+            ((sel & 16) ? "\"first_fit\", \"buffer\": 3}" : "\"greedy\"}");
 #else
   static constexpr int kSeqLen[] = {1, 2, 5, 16};
   source = "{\"op\": \"token_windows\", " + files + ", \"seq_len\": " + std::to_string(kSeqLen[size_choice]) +

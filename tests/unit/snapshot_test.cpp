@@ -496,7 +496,11 @@ TEST(ValueCodec, JsonTextNamesEveryKind) {
   EXPECT_EQ(out,
             "[[\"id\", 3], [\"score\", 1], [\"tags\", [\"a\\n\\\"b\\\"\", {\"base64\": \"AP8=\"}]], "
             "[\"pair\", [false, null]], [7, \"a key that is not a string\"], "
-            "[\"x\", {\"dtype\": \"<f4\", \"shape\": [2, 3], \"base64\": \"AABAQAAAYEAAAIBAAACQQAAAoEAAALBA\"}]]");
+            "[\"x\", [[3, 3.5, 4], [4.5, 5, 5.5]]]]");
+  out.clear();
+  // Arrays with no list form keep their type, shape and bytes: complex, big-endian, half floats.
+  append_value_json(out, Value::array(ValueArray{.dtype = ">i2", .shape = {1}, .data = std::string("\x01\x02", 2)}));
+  EXPECT_EQ(out, "{\"dtype\": \">i2\", \"shape\": [1], \"base64\": \"AQI=\"}");
   out.clear();
   append_value_json(out, Value::dict({Value::string("a"), Value::real(0.1), Value::string("b"), Value::real(-INFINITY)}));
   EXPECT_EQ(out, "{\"a\": 0.1, \"b\": \"-inf\"}");
