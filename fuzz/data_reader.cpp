@@ -99,12 +99,13 @@ std::string spec_for(std::uint8_t sel, const std::string& path) {
   static constexpr int kSeqLen[] = {1, 3, 8, 64};
   const std::string policy = (sel & 32) ? "\"skip\"" : "\"fail\"";
   source = "{\"op\": \"lines\", " + files + ", \"logical_shards\": 3}, ";
-  if (DPIPE_FUZZ_READER == 5)
-    source += "{\"op\": \"parse_json\", \"fields\": {\"doc\": \"int64?\", \"tokens\": \"int64[]\", \"text\": \"string?\", "
+#if DPIPE_FUZZ_READER == 5
+  source += "{\"op\": \"parse_json\", \"fields\": {\"doc\": \"int64?\", \"tokens\": \"int64[]\", \"text\": \"string?\", "
               "\"w\": \"float32[]?\", \"b\": \"bool?\", \"raw\": \"bytes?\"}, \"on_error\": " + policy + "}";
-  else
-    source += "{\"op\": \"tokenize\", \"model\": \"" + model_path() + "\", \"bos\": true, \"eos\": " +
+#else
+  source += "{\"op\": \"tokenize\", \"model\": \"" + model_path() + "\", \"bos\": true, \"eos\": " +
               ((sel & 2) ? "true" : "false") + ", \"on_error\": " + policy + "}";
+#endif
   if (DPIPE_FUZZ_READER == 5 || (sel & 8))
     after = ", {\"op\": \"pack\", \"seq_len\": " + std::to_string(kSeqLen[size_choice]) + ", \"mode\": " +
             ((sel & 16) ? "\"first_fit\", \"buffer\": 3}" : "\"greedy\"}");

@@ -16,12 +16,14 @@ import battery_cli_test as battery  # noqa: E402  (writes the battery's data fil
 
 
 def as_tool_json(x, records):
-    """An element as the tool prints it: arrays as lists, records as base64 text, other bytes that are not
+    """An element as the tool prints it: arrays as lists, dicts by key, records as base64 text, other bytes that are not
     UTF-8 as {"base64": ...}."""
     if hasattr(x, "tolist"):
         return x.tolist()
     if isinstance(x, (list, tuple)):
         return [as_tool_json(v, records) for v in x]
+    if isinstance(x, dict):  # a structured record: numpy arrays as lists, by field name
+        return {k: as_tool_json(v, records) for k, v in x.items()}
     if isinstance(x, bytes):
         return base64.b64encode(x).decode() if records else x.decode()
     if isinstance(x, str):
