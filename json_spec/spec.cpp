@@ -204,6 +204,18 @@ class JsonNode {
     }
     return out;
   }
+  /// The pipelines of `key` (a list of pipelines), of any element types (the caller checks them).
+  std::vector<SpecPipeline> pipelines(const std::string& key) {
+    if (const ParamSchema* p = find_param(params_, key); !p || p->type != ParamType::pipelines)
+      internal_error("reads pipelines '" + key + "', which its schema does not declare as such");
+    const json* with = get(key);
+    if (!with) fail("missing parameter '" + key + "' (a list of pipelines)");
+    if (!with->is_array() || with->empty()) fail("'" + key + "' must be a non-empty list of pipelines");
+    std::vector<SpecPipeline> out;
+    for (std::size_t i = 0; i < with->size(); ++i)
+      out.push_back(build_chain((*with)[i], where_ + "." + key + "[" + std::to_string(i) + "]"));
+    return out;
+  }
   /// The elements of `p` are bytes: JSON shows them as base64 strings once a node that reads by index
   /// (a sampler) is past.
   SpecPipeline bytes(Pipeline<std::string> p) {

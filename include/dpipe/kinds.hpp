@@ -16,6 +16,7 @@
 #include "dpipe/nodes/lines.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/nodes/merge.hpp"
+#include "dpipe/nodes/mix.hpp"
 #include "dpipe/nodes/pack.hpp"
 #include "dpipe/nodes/padded_batch.hpp"
 #include "dpipe/nodes/parse_json.hpp"
@@ -52,7 +53,7 @@
   /* segments */                                                                                               \
   KIND(Dispatch) KIND(Merge) PREBUILT(Prefetch)                                                                 \
   /* several inputs */                                                                                         \
-  KIND(Concat) KIND(Mux) KIND(MuxLongest) KIND(Zip)
+  KIND(Concat) KIND(Mux) KIND(MuxLongest) KIND(Zip) KIND(Mix)
 
 namespace dpipe {
 

@@ -175,6 +175,14 @@ SPECS = {
                                             {"op": "pack", "seq_len": 24, "mode": "first_fit", "buffer": 3}],
     "padded_batch": TOKENIZED + [{"op": "padded_batch", "size": 3, "multiple": 8}],
     "pack_then_padded_batch": TOKENIZED + [{"op": "pack", "seq_len": 12}, {"op": "padded_batch", "size": 2}],
+    "mix_all_exhausted": [{"op": "mix", "weights": [0.7, 0.3], "with": [[R(150), {"op": "sharding_filter"}],
+                                                                    [R(1070, start=1000), {"op": "sharding_filter"},
+                                                                     {"op": "shuffle", "buffer": 9}]]}],
+    "mix_first_exhausted": [{"op": "mix", "weights": [1, 2], "stop": "first_exhausted",
+                             "with": [DOCS, [{"op": "lines", "files": [JSONL], "logical_shards": 2},
+                                             {"op": "parse_json", "fields": {"doc": "int64"}, "on_error": "skip"}]]}],
+    "mix_never_take": [{"op": "mix", "stop": "never", "with": [[R(9), {"op": "shuffle", "buffer": 4}], [R(105, start=100)]]},
+                       {"op": "take", "count": 120}],
 }
 
 # Every op of the catalogue (the kinds' schemas, `dpipe ops --json`) appears above: a new op needs a spec here.

@@ -1,4 +1,4 @@
-// The record nodes: parse_json, pack and padded_batch from C++ (tokenize against the SentencePiece
+// The LLM data nodes: parse_json, pack, padded_batch and mix from C++ (tokenize against the SentencePiece
 // reference is tests/python/test_llm.py; every op resumes at every breakpoint in battery_cli), the
 // structured elements' JSON, skip counts kept in state, and pack's exactly-once rescale.
 #include <gtest/gtest.h>
@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -269,6 +270,93 @@ TEST(PaddedBatch, PadsArrayFieldsToTheLongestRoundedUpAndStacksScalars) {
   auto fixed = from_vector(std::vector<Value>{document(1, 3), document(3, 5)}) | padded_batch({.size = 2, .length = 4});
   auto run2 = e.start(fixed, options());
   testing::expect_throw_with<DataError>([&] { run2.next(); }, "an element holds 5 items, above length 4");
+}
+
+TEST(Mix, DrawsByWeightAndDeliversEveryElementOfEveryInputInOrder) {
+  auto p = mix(std::vector<Pipeline<I64>>{range(0, 7000), range(100'000, 103'000)}, {.weights = {0.7, 0.3}});
+  Engine e;
+  auto run = e.start(p, options());
+  const auto all = drain(run);
+  ASSERT_EQ(all.size(), 10'000u);
+  std::size_t first = 0;
+  for (std::size_t i = 0; i < 2000; ++i) first += all[i] < 100'000;
+  EXPECT_GT(first, 1300u) << "of the first 2000, from the input weighted 0.7";
+  EXPECT_LT(first, 1500u);
+  std::vector<I64> a, b;
+  for (const I64 x : all) (x < 100'000 ? a : b).push_back(x);
+  EXPECT_TRUE(std::is_sorted(a.begin(), a.end()) && std::is_sorted(b.begin(), b.end()));
+  EXPECT_EQ(a.size(), 7000u);
+  // The same seed gives the same interleave; another seed another one.
+  auto again = e.start(p, options());
+  EXPECT_EQ(drain(again), all);
+  auto other = e.start(p, options(1, 8));
+  EXPECT_NE(drain(other), all);
+}
+
+TEST(Mix, FirstExhaustedEndsAtTheFirstEndedDrawAndNeverRestartsInputsAsNewEpochs) {
+  Engine e;
+  auto first = mix(std::vector<Pipeline<I64>>{range(0, 5), range(100, 1000)}, {.weights = {1, 1}, .stop = MixStop::first_exhausted});
+  auto run = e.start(first, options());
+  const auto got = drain(run);
+  std::size_t small = 0;
+  for (const I64 x : got) small += x < 5;
+  EXPECT_EQ(small, 5u);
+  EXPECT_LT(got.size(), 40u);
+  // never: a shuffled input restarts with a new order each pass; every pass holds each element once.
+  auto never = mix(std::vector<Pipeline<I64>>{range(0, 4) | shuffle({.buffer = 4}), range(10, 13)},
+                   {.weights = {2, 1}, .stop = MixStop::never}) | take(300);
+  auto run2 = e.start(never, options());
+  const auto cycled = drain(run2);
+  ASSERT_EQ(cycled.size(), 300u);
+  std::vector<I64> small_ones;
+  for (const I64 x : cycled)
+    if (x < 4) small_ones.push_back(x);
+  std::set<std::vector<I64>> orders;
+  for (std::size_t pass = 0; pass + 1 < small_ones.size() / 4; ++pass) {
+    std::vector<I64> one(small_ones.begin() + std::ptrdiff_t(4 * pass), small_ones.begin() + std::ptrdiff_t(4 * pass + 4));
+    orders.insert(one);
+    std::sort(one.begin(), one.end());
+    ASSERT_EQ(one, (std::vector<I64>{0, 1, 2, 3})) << "pass " << pass;
+  }
+  EXPECT_GT(orders.size(), 3u) << "the passes were not reshuffled";
+  testing::expect_throw_with<ConfigError>([] { mix(std::vector<Pipeline<I64>>{range(0, 1), range(0, 1)}, {.weights = {1}}); },
+                                          "1 weights for 2 inputs");
+  testing::expect_throw_with<ConfigError>([] { mix(std::vector<Pipeline<I64>>{range(0, 1)}, {.weights = {0}}); },
+                                          "must not all be 0");
+}
+
+TEST(MixRescale, EveryElementOfEveryInputExactlyOnceAcrossRandomLayouts) {
+  testing::property_trials(12, [&](std::mt19937_64& g) {
+    auto pick = [&](int n) { return testing::draw(g, n); };
+    const I64 na = 100 + pick(400), nb = 50 + pick(300);
+    auto a = range(0, na) | sampler({.shuffle = SamplerShuffle::global});
+    auto b = range(100'000, 100'000 + nb) | sampler({.shuffle = SamplerShuffle::none});
+    Pipeline<I64> p = mix(std::vector<Pipeline<I64>>{a, b}, {.weights = {1.0 + pick(5), 1.0 + pick(5)}});
+    if (pick(2)) p = p | shuffle({.buffer = 1 + pick(20)});
+    std::vector<I64> got;
+    std::optional<SnapshotSet> set;
+    std::string layouts;
+    const int stages = 1 + pick(3);
+    for (int s = 0; s <= stages; ++s) {
+      const int world = 1 + pick(4), workers = 1 + pick(3);
+      layouts += std::to_string(world) + "x" + std::to_string(workers) + " ";
+      Engine e;
+      std::vector<Snapshot> next;
+      for (int r = 0; r < world; ++r) {
+        const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
+        auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
+        const std::size_t take = s == stages ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(pick(60));
+        for (const I64 x : drain(run, take)) got.push_back(x);
+        next.push_back(run.snapshot());
+      }
+      set = SnapshotSet(std::move(next));
+    }
+    std::vector<I64> want;
+    for (I64 x = 0; x < na; ++x) want.push_back(x);
+    for (I64 x = 0; x < nb; ++x) want.push_back(100'000 + x);
+    std::sort(got.begin(), got.end());
+    ASSERT_EQ(got, want) << "layouts " << layouts;
+  });
 }
 
 }  // namespace
