@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,12 +24,31 @@ namespace {
 
 using dpipe::bench::paired;
 
-const char* const kWords[] = {"the", "of", "data", "loader", "model", "token", "pack", "row", "shard", "rank",
-                              "worker", "epoch", "resume", "snapshot", "batch", "gradient", "attention", "layer"};
+/// A vocabulary of 3,000 made-up words of two to four syllables, so a tokenizer has pieces to learn.
+const std::vector<std::string>& vocabulary() {
+  static const std::vector<std::string> words = [] {
+    const char* const syllables[] = {"ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ve", "dan", "gor", "tel",
+                                     "qua", "zim", "fe", "bo", "ly", "xen", "or", "at"};
+    std::mt19937_64 g(9);
+    std::vector<std::string> v;
+    for (int i = 0; i < 3000; ++i) {
+      std::string w;
+      for (int k = 0, n = 2 + int(g() % 3); k < n; ++k) w += syllables[g() % std::size(syllables)];
+      v.push_back(w);
+    }
+    return v;
+  }();
+  return words;
+}
 
 std::string sentence(std::mt19937_64& g, int words) {
+  const auto& v = vocabulary();
   std::string s;
-  for (int k = 0; k < words; ++k) s += std::string(k ? " " : "") + kWords[g() % std::size(kWords)];
+  for (int k = 0; k < words; ++k) {
+    // Zipf-like: low ids far more often, as in text.
+    const std::size_t id = std::size_t(double(v.size()) * std::pow(double(g() % 1'000'000) / 1e6, 3.0));
+    s += std::string(k ? " " : "") + v[std::min(id, v.size() - 1)];
+  }
   return s;
 }
 
@@ -55,6 +75,16 @@ const std::vector<std::string>& text_lines() {
   return lines;
 }
 
+/// `lines` written to a file in the benchmark's directory (one per line), for the readers to read.
+std::string written(const std::vector<std::string>& lines, const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dpipe-text-bench-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / name).string();
+  std::ofstream f(path);
+  for (const auto& l : lines) f << l << '\n';
+  return path;
+}
+
 const std::string& model_path() {
   static const std::string path = [] {
     const auto dir = std::filesystem::temp_directory_path() / ("dpipe-text-bench-" + std::to_string(::getpid()));
@@ -65,7 +95,7 @@ const std::string& model_path() {
       for (int i = 0; i < 5000; ++i) f << sentence(g, 5 + int(g() % 30)) << '\n';
     }
     const std::string cmd = "spm_train --input=" + (dir / "corpus.txt").string() + " --model_prefix=" + (dir / "m").string() +
-                            " --vocab_size=200 --minloglevel=2 > /dev/null 2>&1";
+                            " --vocab_size=1000 --minloglevel=2 > /dev/null 2>&1";
     if (std::system(cmd.c_str()) != 0) {
       std::fprintf(stderr, "text_bench: spm_train failed (apt-get install sentencepiece)\n");
       std::exit(1);
@@ -88,9 +118,10 @@ std::uint64_t drain(dpipe::Engine& e, const dpipe::Pipeline<T>& p, dpipe::RunOpt
 void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
   const auto& lines = json_lines();
   std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += std::int64_t(l.size());
-  const auto p = dpipe::from_vector(lines) | dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"),
-                                                                           dpipe::JsonField::parse("text", "string")}});
+  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
+  const std::string file = written(lines, "docs.jsonl");
+  const auto p = dpipe::lines({file}, {.shuffle_shards = false}) |
+                 dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
   dpipe::Engine e({.threads = 1});
   struct Doc {
     std::int64_t doc;
@@ -99,10 +130,13 @@ void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
   paired(
       state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
       [&] {
+        // The loop a user writes: read each line, parse it, keep the two fields.
+        std::ifstream f(file);
+        std::string l;
         simdjson::dom::parser parser;
-        std::vector<Doc> docs;  // what the loop extracts: each line's fields, kept
+        std::vector<Doc> docs;
         docs.reserve(64);
-        for (const auto& l : lines) {
+        while (std::getline(f, l)) {
           simdjson::dom::element d;
           if (parser.parse(l.data(), l.size()).get(d)) std::abort();
           std::int64_t id = 0;
@@ -176,17 +210,20 @@ void BM_PackVsHandWritten(benchmark::State& state) {
 void BM_TokenizeVsEncodeLoop(benchmark::State& state) {
   const auto& lines = text_lines();
   std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += std::int64_t(l.size());
-  const auto p = dpipe::from_vector(lines) | dpipe::tokenize({.model = model_path()});
+  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
+  const std::string file = written(lines, "text.txt");
+  const auto p = dpipe::lines({file}, {.shuffle_shards = false}) | dpipe::tokenize({.model = model_path()});
   sentencepiece::SentencePieceProcessor sp;
   if (!sp.Load(model_path()).ok()) std::abort();
   dpipe::Engine e({.threads = 1});
   paired(
       state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
       [&] {
+        std::ifstream f(file);
+        std::string l;
         std::vector<int> ids;
         std::vector<std::vector<std::int64_t>> out;
-        for (const auto& l : lines) {
+        while (std::getline(f, l)) {
           ids.clear();
           if (!sp.Encode(l, &ids).ok()) std::abort();
           out.emplace_back(ids.begin(), ids.end());
@@ -199,8 +236,9 @@ void BM_TokenizeVsEncodeLoop(benchmark::State& state) {
 void BM_TokenizeTwoWorkersVsOne(benchmark::State& state) {
   const auto& lines = text_lines();
   std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += std::int64_t(l.size());
-  const auto p = dpipe::from_vector(lines) | dpipe::sharding_filter() | dpipe::tokenize({.model = model_path()});
+  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
+  const std::string file = written(lines, "text2.txt");
+  const auto p = dpipe::lines({file}, {.logical_shards = 64}) | dpipe::tokenize({.model = model_path()});
   dpipe::Engine e({.threads = 2});
   paired(
       state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, {.seed = 1, .layout = dpipe::Layout{0, 1, 2}})); },

@@ -24,48 +24,71 @@ Packer::Packer(const PackOptions& o)
     : seq_len_(static_cast<std::size_t>(o.seq_len)), field_(o.field), mode_(o.mode),
       buffer_(o.mode == PackMode::greedy ? 1 : static_cast<std::size_t>(o.buffer)) {}
 
-void Packer::place(Row& row, const std::int64_t* t, std::size_t n, std::int64_t position, const Value* doc) {
+void Packer::place(Row& row, const char* t, std::size_t n, std::int64_t position, const Value* doc) {
   const std::int64_t segment = ++row.segments;
-  row.tokens.insert(row.tokens.end(), t, t + n);
-  row.segment_ids.insert(row.segment_ids.end(), n, segment);
-  for (std::size_t i = 0; i < n; ++i) row.positions.push_back(position + static_cast<std::int64_t>(i));
+  if (row.tokens.capacity() < seq_len_ * 8) {
+    row.tokens.reserve(seq_len_ * 8);
+    row.segment_ids.reserve(seq_len_ * 8);
+    row.positions.reserve(seq_len_ * 8);
+  }
+  row.tokens.append(t, n * 8);
+  const std::size_t at = row.len * 8;
+  row.segment_ids.resize(at + n * 8);
+  row.positions.resize(at + n * 8);
+  char* s = row.segment_ids.data() + at;
+  char* p = row.positions.data() + at;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t pos = position + static_cast<std::int64_t>(i);
+    std::memcpy(s + 8 * i, &segment, 8);
+    std::memcpy(p + 8 * i, &pos, 8);
+  }
+  row.len += n;
   row.docs.push_back(doc ? *doc : Value::none());
   row.any_doc = row.any_doc || doc;
 }
 
-Value Packer::row_value(const Row& row, bool pad) const {
-  const std::size_t len = pad ? seq_len_ : row.tokens.size();
+Value Packer::row_value(Row row, bool pad) const {
+  const std::size_t len = pad ? seq_len_ : row.len;
   Value out = make_record(4);
-  auto column = [&](const std::vector<std::int64_t>& v) {
-    ValueArray a{.dtype = "<i8", .shape = {len}, .data = std::string(len * 8, '\0')};
-    std::memcpy(a.data.data(), v.data(), v.size() * 8);  // the rest stays 0: padding
-    return Value::array(std::move(a));
+  auto column = [&](std::string& bytes) {
+    bytes.resize(len * 8);  // the rest is 0: padding
+    return Value::array(ValueArray{.dtype = "<i8", .shape = {len}, .data = std::move(bytes)});
   };
   set_field(out, "tokens", column(row.tokens));
   set_field(out, "segment_ids", column(row.segment_ids));
   set_field(out, "positions", column(row.positions));
-  if (row.any_doc) set_field(out, "doc", Value::list(row.docs));
+  if (row.any_doc) set_field(out, "doc", Value::list(std::move(row.docs)));
   return out;
 }
 
-void Packer::emit(Row&& row) { ready_.push_back(row_value(row, true)); }
+void Packer::emit(Row&& row) { ready_.push_back(row_value(std::move(row), true)); }
 
 std::string Packer::add(const Value& document) {
   const Value* tokens = find_field(document, field_);
   if (!tokens) return is_record(document) ? "a document has no field '" + field_ + "'" : "an element is not a record";
-  if (!read_int64s(*tokens, tokens_))
+  // The tokens' bytes as int64s: the array's own when it is one of int64, else converted.
+  const char* t = nullptr;
+  std::size_t n = 0;
+  if (const auto* a = tokens->kind == Value::Kind::array ? &std::get<ValueArray>(tokens->data) : nullptr;
+      a && a->dtype == "<i8" && a->shape.size() == 1 && a->data.size() == a->shape[0] * 8) {
+    t = a->data.data();
+    n = a->shape[0];
+  } else if (read_int64s(*tokens, tokens_)) {
+    t = reinterpret_cast<const char*>(tokens_.data());
+    n = tokens_.size();
+  } else {
     return "field '" + field_ + "' of a document is not a 1-D array (or list) of integers";
+  }
   const Value* doc = find_field(document, "doc");
-  const std::size_t n = tokens_.size();
   std::size_t at = 0;
   if (mode_ == PackMode::greedy) {
     while (at < n) {
       if (open_.empty()) open_.emplace_back();
       Row& row = open_.back();
-      const std::size_t take = std::min(seq_len_ - row.tokens.size(), n - at);
-      place(row, tokens_.data() + at, take, static_cast<std::int64_t>(at), doc);
+      const std::size_t take = std::min(seq_len_ - row.len, n - at);
+      place(row, t + 8 * at, take, static_cast<std::int64_t>(at), doc);
       at += take;
-      if (row.tokens.size() == seq_len_) {
+      if (row.len == seq_len_) {
         emit(std::move(row));
         open_.pop_back();
       }
@@ -75,12 +98,12 @@ std::string Packer::add(const Value& document) {
   // first_fit: whole rows of the document first, each a row of its own.
   for (; n - at >= seq_len_; at += seq_len_) {
     Row row;
-    place(row, tokens_.data() + at, seq_len_, static_cast<std::int64_t>(at), doc);
+    place(row, t + 8 * at, seq_len_, static_cast<std::int64_t>(at), doc);
     emit(std::move(row));
   }
   const std::size_t rest = n - at;
   if (rest == 0) return {};
-  auto fits = std::find_if(open_.begin(), open_.end(), [&](const Row& r) { return seq_len_ - r.tokens.size() >= rest; });
+  auto fits = std::find_if(open_.begin(), open_.end(), [&](const Row& r) { return seq_len_ - r.len >= rest; });
   if (fits == open_.end()) {
     while (open_.size() >= buffer_) {
       emit(std::move(open_.front()));
@@ -89,8 +112,8 @@ std::string Packer::add(const Value& document) {
     open_.emplace_back();
     fits = open_.end() - 1;
   }
-  place(*fits, tokens_.data() + at, rest, static_cast<std::int64_t>(at), doc);
-  if (fits->tokens.size() == seq_len_) {
+  place(*fits, t + 8 * at, rest, static_cast<std::int64_t>(at), doc);
+  if (fits->len == seq_len_) {
     emit(std::move(*fits));
     open_.erase(fits);
   }
@@ -114,7 +137,7 @@ std::size_t Packer::take(std::vector<Value>& out, std::size_t max) {
 PackState<std::vector<Value>> Packer::state(bool input_done) const {
   PackState<std::vector<Value>> st;
   st.input_done = input_done;
-  for (const Row& row : open_) st.open.push_back(row_value(row, false));
+  for (const Row& row : open_) st.open.push_back(row_value(row, false));  // a copy: the row stays open
   st.ready.assign(ready_.begin(), ready_.end());
   return st;
 }
@@ -148,18 +171,16 @@ void Packer::restore(PackState<std::vector<Value>> st, const StateReader& r) {
     const Value& v = st.open[i];
     const std::size_t len = check(v, "open", i, false);
     Row row;
-    auto read = [&](const char* name, std::vector<std::int64_t>& out) {
-      out.resize(len);
-      std::memcpy(out.data(), column(v, name)->data(), len * 8);
-    };
-    read("tokens", row.tokens);
-    read("segment_ids", row.segment_ids);
-    read("positions", row.positions);
+    row.tokens = *column(v, "tokens");
+    row.segment_ids = *column(v, "segment_ids");
+    row.positions = *column(v, "positions");
+    row.len = len;
+    std::vector<std::int64_t> ids(len);
+    std::memcpy(ids.data(), row.segment_ids.data(), len * 8);
     for (std::size_t k = 0; k < len; ++k)
-      if (row.segment_ids[k] < 1 || (k > 0 && row.segment_ids[k] != row.segment_ids[k - 1] && row.segment_ids[k] != row.segment_ids[k - 1] + 1) ||
-          (k == 0 && row.segment_ids[k] != 1))
+      if (ids[k] < 1 || (k > 0 && ids[k] != ids[k - 1] && ids[k] != ids[k - 1] + 1) || (k == 0 && ids[k] != 1))
         r.fail("open row " + std::to_string(i) + "'s segment ids do not count 1, 2, … in order");
-    row.segments = row.segment_ids.back();
+    row.segments = ids.back();
     if (const Value* d = find_field(v, "doc")) {
       if (d->kind != Value::Kind::list || std::get<std::vector<Value>>(d->data).size() != static_cast<std::size_t>(row.segments))
         r.fail("open row " + std::to_string(i) + "'s doc is not a list of one value per segment");

@@ -105,11 +105,17 @@ std::string JsonLineParser::parse(std::string_view line, Value& out) {
   simdjson::dom::object obj;
   if (doc.get_object().get(obj)) return std::string("a JSON ") + json_type_name(doc.type()) + ", not an object";
   out = make_record(m.fields.size());
+  auto& items = std::get<std::vector<Value>>(out.data);
+  // The fields are named once each (checked when the node is built): appended, not looked up.
+  auto put = [&](const std::string& name, Value v) {
+    items.push_back(Value::string(name));
+    items.push_back(std::move(v));
+  };
   for (const JsonField& f : m.fields) {
     simdjson::dom::element e;
     if (obj.at_key(f.name).get(e) || e.type() == element_type::NULL_VALUE) {
       if (!f.optional) return "field '" + f.name + "' is " + (obj.at_key(f.name).error() ? "missing" : "null");
-      set_field(out, f.name, Value::none());
+      put(f.name, Value::none());
       continue;
     }
     auto wrong = [&] {
@@ -119,27 +125,27 @@ std::string JsonLineParser::parse(std::string_view line, Value& out) {
       case JsonFieldType::int64: {
         std::int64_t i = 0;
         if (!as_int64(e, i)) return wrong();
-        set_field(out, f.name, Value::integer(i));
+        put(f.name, Value::integer(i));
         break;
       }
       case JsonFieldType::float32:
       case JsonFieldType::float64: {
         double d = 0;
         if (!as_double(e, d)) return wrong();
-        set_field(out, f.name, Value::real(f.type == JsonFieldType::float32 ? static_cast<double>(static_cast<float>(d)) : d));
+        put(f.name, Value::real(f.type == JsonFieldType::float32 ? static_cast<double>(static_cast<float>(d)) : d));
         break;
       }
       case JsonFieldType::boolean: {
         bool b = false;
         if (e.get_bool().get(b)) return wrong();
-        set_field(out, f.name, Value::boolean(b));
+        put(f.name, Value::boolean(b));
         break;
       }
       case JsonFieldType::string:
       case JsonFieldType::bytes: {
         std::string_view s;
         if (e.get_string().get(s)) return wrong();
-        set_field(out, f.name, f.type == JsonFieldType::string ? Value::string(std::string(s)) : Value::bytes(std::string(s)));
+        put(f.name, f.type == JsonFieldType::string ? Value::string(std::string(s)) : Value::bytes(std::string(s)));
         break;
       }
       case JsonFieldType::int64s: {
@@ -152,7 +158,7 @@ std::string JsonLineParser::parse(std::string_view line, Value& out) {
             return "field '" + f.name + "': expected int64[], found an item of type " + json_type_name(x.type());
           m.ints.push_back(i);
         }
-        set_field(out, f.name, int64_array(m.ints));
+        put(f.name, int64_array(m.ints));
         break;
       }
       case JsonFieldType::float32s: {
@@ -165,7 +171,7 @@ std::string JsonLineParser::parse(std::string_view line, Value& out) {
             return "field '" + f.name + "': expected float32[], found an item of type " + json_type_name(x.type());
           m.floats.push_back(static_cast<float>(d));
         }
-        set_field(out, f.name, numeric_array<float>(m.floats, {static_cast<std::uint64_t>(m.floats.size())}));
+        put(f.name, numeric_array<float>(m.floats, {static_cast<std::uint64_t>(m.floats.size())}));
         break;
       }
     }

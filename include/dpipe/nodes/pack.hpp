@@ -71,15 +71,19 @@ class Packer {
   void restore(PackState<std::vector<Value>> st, const StateReader& r);
 
  private:
+  /// A row being filled: its three columns as the bytes of int64 arrays (little-endian), so a made row
+  /// becomes a record without copying them.
   struct Row {
-    std::vector<std::int64_t> tokens, segment_ids, positions;
+    std::string tokens, segment_ids, positions;
+    std::size_t len = 0;  // tokens placed
     std::vector<Value> docs;
     bool any_doc = false;
     std::int64_t segments = 0;
   };
-  void place(Row& row, const std::int64_t* t, std::size_t n, std::int64_t position, const Value* doc);
+  /// Places `n` tokens (the bytes of n int64s at `t`) as a new segment of `row`, at `position` of its document.
+  void place(Row& row, const char* t, std::size_t n, std::int64_t position, const Value* doc);
   void emit(Row&& row);  // pads to seq_len and appends to ready_
-  Value row_value(const Row& row, bool pad) const;
+  Value row_value(Row row, bool pad) const;
 
   std::size_t seq_len_;
   std::string field_;
@@ -87,7 +91,7 @@ class Packer {
   std::size_t buffer_;
   std::deque<Row> open_;
   std::deque<Value> ready_;
-  std::vector<std::int64_t> tokens_;  // the document being placed
+  std::vector<std::int64_t> tokens_;  // the document being placed, when its array is not int64 already
 };
 }  // namespace detail
 
