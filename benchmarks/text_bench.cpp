@@ -23,6 +23,7 @@
 namespace {
 
 using dpipe::bench::paired;
+using ParseJsonFields = std::vector<dpipe::JsonField>;
 
 /// A vocabulary of 3,000 made-up words of two to four syllables, so a tokenizer has pieces to learn.
 const std::vector<std::string>& vocabulary() {
@@ -149,6 +150,56 @@ void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
       });
 }
 
+/// The node alone: parse_json after `lines` / the same simdjson loop run by the consumer on the lines'
+/// stream (both read the file through `lines`, whose own cost against getline is data_bench's).
+void BM_ParseJsonVsLoopOverLines(benchmark::State& state) {
+  const auto& lines = json_lines();
+  std::int64_t bytes = 0;
+  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
+  const std::string file = written(lines, "docs2.jsonl");
+  const auto source = dpipe::lines({file}, {.shuffle_shards = false});
+  const auto p = source | dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
+  dpipe::Engine e({.threads = 1});
+  struct Doc {
+    std::int64_t doc;
+    std::string text;
+  };
+  paired(
+      state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
+      [&] {
+        auto run = e.start(source, one_worker());
+        simdjson::dom::parser parser;
+        std::vector<Doc> docs;
+        docs.reserve(64);
+        while (auto l = run.next()) {
+          simdjson::dom::element d;
+          if (parser.parse(l->data(), l->size()).get(d)) std::abort();
+          std::int64_t id = 0;
+          std::string_view text;
+          if (d["doc"].get_int64().get(id) || d["text"].get_string().get(text)) std::abort();
+          docs.push_back({id, std::string(text)});
+          if (docs.size() == 64) docs.clear();
+        }
+        benchmark::DoNotOptimize(docs.data());
+      });
+}
+
+/// mix of two parsed corpora (equal weights, every element of both) / the same two concatenated.
+void BM_MixVsConcat(benchmark::State& state) {
+  const auto& lines = json_lines();
+  std::int64_t bytes = 0;
+  for (const auto& l : lines) bytes += 2 * std::int64_t(l.size() + 1);
+  const std::string a = written(lines, "mix_a.jsonl"), b = written(lines, "mix_b.jsonl");
+  const ParseJsonFields fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")};
+  auto corpus = [&](const std::string& f) { return dpipe::lines({f}, {.shuffle_shards = false}) | dpipe::parse_json({.fields = fields}); };
+  const auto mixed = dpipe::mix(std::vector{corpus(a), corpus(b)}, {.weights = {1, 1}});
+  const auto concatenated = dpipe::concat(corpus(a), corpus(b));
+  dpipe::Engine e({.threads = 1});
+  paired(
+      state, bytes, [&] { benchmark::DoNotOptimize(drain(e, mixed, one_worker())); },
+      [&] { benchmark::DoNotOptimize(drain(e, concatenated, one_worker())); });
+}
+
 /// Documents of 1 to 2,000 tokens, as records.
 const std::vector<dpipe::Value>& documents() {
   static const std::vector<dpipe::Value> docs = [] {
@@ -248,6 +299,8 @@ void BM_TokenizeTwoWorkersVsOne(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_ParseJsonVsSimdjsonLoop)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_ParseJsonVsLoopOverLines)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_MixVsConcat)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_PackVsHandWritten)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_TokenizeVsEncodeLoop)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_TokenizeTwoWorkersVsOne)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
