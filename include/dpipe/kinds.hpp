@@ -5,6 +5,7 @@
 /// its two lines here, its tests and its docs (docs/adding-a-node.md).
 #include "dpipe/kit/node_kind.hpp"
 #include "dpipe/nodes/batch.hpp"
+#include "dpipe/nodes/bucket_by_length.hpp"
 #include "dpipe/nodes/concat.hpp"
 #include "dpipe/nodes/cycle.hpp"
 #include "dpipe/nodes/dispatch.hpp"
@@ -49,7 +50,7 @@
   KIND(Map) KIND(ParallelMap) KIND(Filter) KIND(FlatMap) PREBUILT(ShardingFilter) PREBUILT(Shuffle)               \
   PREBUILT_SCALAR(Batch) KIND(Unbatch) PREBUILT(Take) KIND(Skip) KIND(Repeat) PREBUILT(Cycle) PREBUILT(Sampler) KIND(Replicate) \
   /* records: text to tokens to rows */                                                                          \
-  KIND(ParseJson) KIND(Tokenize) KIND(Pack) KIND(PaddedBatch)                                                   \
+  KIND(ParseJson) KIND(Tokenize) KIND(Pack) KIND(PaddedBatch) KIND(BucketByLength)                                                   \
   /* segments */                                                                                               \
   KIND(Dispatch) KIND(Merge) PREBUILT(Prefetch)                                                                 \
   /* several inputs */                                                                                         \

@@ -162,7 +162,7 @@ TEST(Kinds, EveryKindOfTheListIsRegisteredOnceWithItsRule) {
   const auto& kinds = registered_kinds();
   std::set<std::string_view> names;
   for (const auto& k : kinds) EXPECT_TRUE(names.insert(k.name).second) << k.name;
-  EXPECT_EQ(kinds.size(), 33u);
+  EXPECT_EQ(kinds.size(), 34u);
   ASSERT_NE(find_kind("batch"), nullptr);
   EXPECT_FALSE(find_kind("batch")->rescale.refuses());
   ASSERT_NE(find_kind("sharding_filter"), nullptr);

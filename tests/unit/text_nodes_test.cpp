@@ -272,6 +272,84 @@ TEST(PaddedBatch, PadsArrayFieldsToTheLongestRoundedUpAndStacksScalars) {
   testing::expect_throw_with<DataError>([&] { run2.next(); }, "an element holds 5 items, above length 4");
 }
 
+/// The document ids of a padded batch (its `doc` column) and its padded length.
+std::pair<std::vector<I64>, std::size_t> batch_docs(const Value& b) {
+  const auto& tokens = std::get<ValueArray>(find_field(b, "tokens")->data);
+  return {column(b, "doc"), static_cast<std::size_t>(tokens.shape[1])};
+}
+
+TEST(BucketByLength, BatchesSimilarLengthsPerBucketAndFlushesInBucketOrder) {
+  // Lengths (id * 7919) % 41: buckets [0, 10), [10, 25), [25, ∞) with batch sizes 4, 3, 2.
+  auto p = range(0, 40) | map([](I64 id) { return document(id, (id * 7919) % 41); }) |
+           bucket_by_length({.boundaries = {10, 25}, .batch_sizes = {4, 3, 2}});
+  Engine e;
+  auto run = e.start(p, options());
+  const auto batches = drain(run);
+  std::vector<I64> all;
+  for (const auto& b : batches) {
+    const auto [docs, len] = batch_docs(b);
+    I64 lo = 1000, hi = -1;
+    for (const I64 d : docs) {
+      const I64 n = (d * 7919) % 41;
+      lo = std::min(lo, n), hi = std::max(hi, n);
+      all.push_back(d);
+    }
+    const int bucket = hi < 10 ? 0 : hi < 25 ? 1 : 2;
+    EXPECT_EQ(bucket, lo < 10 ? 0 : lo < 25 ? 1 : 2) << "a batch mixes buckets";
+    EXPECT_EQ(len, static_cast<std::size_t>(hi)) << "padded to its longest";
+  }
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), 40u);
+  for (I64 i = 0; i < 40; ++i) EXPECT_EQ(all[static_cast<std::size_t>(i)], i);
+}
+
+TEST(BucketByLength, MaxTokensBoundsEachPaddedBatch) {
+  auto p = range(0, 200) | map([](I64 id) { return document(id, 1 + (id * 7919) % 41); }) |
+           bucket_by_length({.max_tokens = 100});
+  Engine e;
+  auto run = e.start(p, options());
+  std::size_t docs = 0;
+  for (const auto& b : drain(run)) {
+    const auto [ids, len] = batch_docs(b);
+    EXPECT_LE(ids.size() * len, 100u);
+    docs += ids.size();
+  }
+  EXPECT_EQ(docs, 200u);
+  testing::expect_throw_with<ConfigError>([] { range(0, 1) | map([](I64) { return Value(); }) | bucket_by_length({.boundaries = {5}, .batch_sizes = {1}}); },
+                                          "1 batch_sizes for 2 buckets");
+}
+
+TEST(BucketByLengthRescale, EveryDocumentExactlyOnceAcrossRandomLayouts) {
+  testing::property_trials(10, [&](std::mt19937_64& g) {
+    auto pick = [&](int n) { return testing::draw(g, n); };
+    const I64 docs = 60 + pick(200);
+    Pipeline<Value> p = range(0, docs) | sampler({.shuffle = SamplerShuffle::global}) |
+                        map([](I64 id) { return document(id, 1 + (id * 7919) % 41); });
+    p = pick(2) ? p | bucket_by_length({.boundaries = {8, 20}, .batch_sizes = {1 + pick(6), 1 + pick(4), 1 + pick(3)}})
+                : p | bucket_by_length({.boundaries = {15}, .max_tokens = 40 + pick(100)});
+    std::vector<I64> got;
+    std::optional<SnapshotSet> set;
+    const int stages = 1 + pick(3);
+    for (int s = 0; s <= stages; ++s) {
+      const int world = 1 + pick(4), workers = 1 + pick(3);
+      Engine e;
+      std::vector<Snapshot> next;
+      for (int r = 0; r < world; ++r) {
+        const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
+        auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
+        const std::size_t take = s == stages ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(pick(8));
+        for (const auto& b : drain(run, take))
+          for (const I64 d : batch_docs(b).first) got.push_back(d);
+        next.push_back(run.snapshot());
+      }
+      set = SnapshotSet(std::move(next));
+    }
+    std::sort(got.begin(), got.end());
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(docs));
+    for (I64 i = 0; i < docs; ++i) ASSERT_EQ(got[static_cast<std::size_t>(i)], i);
+  });
+}
+
 TEST(Mix, DrawsByWeightAndDeliversEveryElementOfEveryInputInOrder) {
   auto p = mix(std::vector<Pipeline<I64>>{range(0, 7000), range(100'000, 103'000)}, {.weights = {0.7, 0.3}});
   Engine e;
