@@ -108,3 +108,35 @@ def test_bad_parameters_are_refused_naming_them(corpus, tmp_path):
         dpipe.Loader(docs_pipeline(corpus) | dpipe.tokenize(str(bad)))
     with pytest.raises(dpipe.ConfigError, match="seq_len must be positive"):
         dpipe.Loader(docs_pipeline(corpus) | dpipe.pack(0))
+
+
+def test_callables_work_on_one_field_of_a_record(corpus):
+    records = docs_pipeline(corpus)
+    p = (records
+         | dpipe.map(len, field="text", into="chars")
+         | dpipe.filter(lambda t: len(t) > 10, field="tokens")
+         | dpipe.flat_map(lambda text: text.split()[:2], field="text", into="word"))
+    got = list(dpipe.Loader(p))
+    want = []
+    for r in dpipe.Loader(records):
+        if len(r["tokens"]) > 10:
+            for w in r["text"].split()[:2]:
+                want.append((r["doc"], len(r["text"]), w))
+    assert [(g["doc"], g["chars"], g["word"]) for g in got] == want
+    assert all(isinstance(g["tokens"], np.ndarray) for g in got)  # the other fields pass through
+    with pytest.raises(TypeError, match="work with a Python callable"):
+        dpipe.map("identity", field="text")
+    with pytest.raises(TypeError, match="into= is for map and flat_map"):
+        dpipe.filter(len, field="text", into="x")
+
+
+def test_a_callable_on_another_field_is_another_pipeline(corpus):
+    a = docs_pipeline(corpus) | dpipe.map(len, field="text", into="n")
+    b = docs_pipeline(corpus) | dpipe.map(len, field="tokens", into="n")
+    loader = dpipe.Loader(a)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    other = dpipe.Loader(b)
+    with pytest.raises(dpipe.SnapshotError):
+        other.load_state_dict(state)
