@@ -76,6 +76,13 @@ const std::vector<std::string>& text_lines() {
   return lines;
 }
 
+/// The bytes of `lines` as a file holds them (a newline each).
+std::int64_t file_bytes(const std::vector<std::string>& lines) {
+  std::int64_t n = 0;
+  for (const auto& l : lines) n += std::int64_t(l.size() + 1);
+  return n;
+}
+
 /// `lines` written to a file in the benchmark's directory (one per line), for the readers to read.
 std::string written(const std::vector<std::string>& lines, const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("dpipe-text-bench-" + std::to_string(::getpid()));
@@ -116,37 +123,41 @@ std::uint64_t drain(dpipe::Engine& e, const dpipe::Pipeline<T>& p, dpipe::RunOpt
   return n;
 }
 
-void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
-  const auto& lines = json_lines();
-  std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
-  const std::string file = written(lines, "docs.jsonl");
-  const auto p = dpipe::lines({file}, {.shuffle_shards = false}) |
-                 dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
-  dpipe::Engine e({.threads = 1});
+/// The loop body a user writes: parse a line with simdjson, keep its two fields, hand them on in chunks
+/// of 64 (as the pipeline's).
+struct DocExtractor {
   struct Doc {
     std::int64_t doc;
     std::string text;
   };
+  simdjson::dom::parser parser;
+  std::vector<Doc> docs;
+  void operator()(std::string_view line) {
+    simdjson::dom::element d;
+    if (parser.parse(line.data(), line.size()).get(d)) std::abort();
+    std::int64_t id = 0;
+    std::string_view text;
+    if (d["doc"].get_int64().get(id) || d["text"].get_string().get(text)) std::abort();
+    docs.push_back({id, std::string(text)});
+    if (docs.size() == 64) docs.clear();
+  }
+};
+
+void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
+  const auto& lines = json_lines();
+  const std::int64_t bytes = file_bytes(lines);
+  const std::string file = written(lines, "docs.jsonl");
+  const auto p = dpipe::lines({file}, {.shuffle_shards = false}) |
+                 dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
+  dpipe::Engine e({.threads = 1});
   paired(
       state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
       [&] {
-        // The loop a user writes: read each line, parse it, keep the two fields.
         std::ifstream f(file);
         std::string l;
-        simdjson::dom::parser parser;
-        std::vector<Doc> docs;
-        docs.reserve(64);
-        while (std::getline(f, l)) {
-          simdjson::dom::element d;
-          if (parser.parse(l.data(), l.size()).get(d)) std::abort();
-          std::int64_t id = 0;
-          std::string_view text;
-          if (d["doc"].get_int64().get(id) || d["text"].get_string().get(text)) std::abort();
-          docs.push_back({id, std::string(text)});
-          if (docs.size() == 64) docs.clear();  // handed on in chunks, as the pipeline's
-        }
-        benchmark::DoNotOptimize(docs.data());
+        DocExtractor extract;
+        while (std::getline(f, l)) extract(l);
+        benchmark::DoNotOptimize(extract.docs.data());
       });
 }
 
@@ -154,41 +165,25 @@ void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
 /// stream (both read the file through `lines`, whose own cost against getline is data_bench's).
 void BM_ParseJsonVsLoopOverLines(benchmark::State& state) {
   const auto& lines = json_lines();
-  std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
+  const std::int64_t bytes = file_bytes(lines);
   const std::string file = written(lines, "docs2.jsonl");
   const auto source = dpipe::lines({file}, {.shuffle_shards = false});
   const auto p = source | dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
   dpipe::Engine e({.threads = 1});
-  struct Doc {
-    std::int64_t doc;
-    std::string text;
-  };
   paired(
       state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
       [&] {
         auto run = e.start(source, one_worker());
-        simdjson::dom::parser parser;
-        std::vector<Doc> docs;
-        docs.reserve(64);
-        while (auto l = run.next()) {
-          simdjson::dom::element d;
-          if (parser.parse(l->data(), l->size()).get(d)) std::abort();
-          std::int64_t id = 0;
-          std::string_view text;
-          if (d["doc"].get_int64().get(id) || d["text"].get_string().get(text)) std::abort();
-          docs.push_back({id, std::string(text)});
-          if (docs.size() == 64) docs.clear();
-        }
-        benchmark::DoNotOptimize(docs.data());
+        DocExtractor extract;
+        while (auto l = run.next()) extract(*l);
+        benchmark::DoNotOptimize(extract.docs.data());
       });
 }
 
 /// mix of two parsed corpora (equal weights, every element of both) / the same two concatenated.
 void BM_MixVsConcat(benchmark::State& state) {
   const auto& lines = json_lines();
-  std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += 2 * std::int64_t(l.size() + 1);
+  const std::int64_t bytes = 2 * file_bytes(lines);
   const std::string a = written(lines, "mix_a.jsonl"), b = written(lines, "mix_b.jsonl");
   const ParseJsonFields fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")};
   auto corpus = [&](const std::string& f) { return dpipe::lines({f}, {.shuffle_shards = false}) | dpipe::parse_json({.fields = fields}); };
@@ -260,8 +255,7 @@ void BM_PackVsHandWritten(benchmark::State& state) {
 
 void BM_TokenizeVsEncodeLoop(benchmark::State& state) {
   const auto& lines = text_lines();
-  std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
+  const std::int64_t bytes = file_bytes(lines);
   const std::string file = written(lines, "text.txt");
   const auto p = dpipe::lines({file}, {.shuffle_shards = false}) | dpipe::tokenize({.model = model_path()});
   sentencepiece::SentencePieceProcessor sp;
@@ -286,8 +280,7 @@ void BM_TokenizeVsEncodeLoop(benchmark::State& state) {
 
 void BM_TokenizeTwoWorkersVsOne(benchmark::State& state) {
   const auto& lines = text_lines();
-  std::int64_t bytes = 0;
-  for (const auto& l : lines) bytes += std::int64_t(l.size() + 1);
+  const std::int64_t bytes = file_bytes(lines);
   const std::string file = written(lines, "text2.txt");
   const auto p = dpipe::lines({file}, {.logical_shards = 64}) | dpipe::tokenize({.model = model_path()});
   dpipe::Engine e({.threads = 2});

@@ -58,6 +58,30 @@ auto documents(I64 n) {
   return range(0, n) | sharding_filter() | map([](I64 id) { return document(id, (id * 7919) % 41); });
 }
 
+/// Runs `p` through stages of random layouts (1–4 ranks × 1–3 workers): each rank of a stage resumes the
+/// previous stage's snapshot set rescaled (the first starts), takes up to `pick(max_take)` elements
+/// (the last stage: all) and snapshots; every element delivered goes to `sink`. Returns the layouts.
+template <class T, class Pick, class Sink>
+std::string run_stages(const Pipeline<T>& p, Pick&& pick, int stages, int max_take, Sink&& sink) {
+  std::optional<SnapshotSet> set;
+  std::string layouts;
+  for (int s = 0; s <= stages; ++s) {
+    const int world = 1 + pick(4), workers = 1 + pick(3);
+    layouts += std::to_string(world) + "x" + std::to_string(workers) + " ";
+    Engine e;
+    std::vector<Snapshot> next;
+    for (int r = 0; r < world; ++r) {
+      const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
+      auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
+      const std::size_t take = s == stages ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(pick(max_take));
+      for (auto& x : drain(run, take)) sink(x);
+      next.push_back(run.snapshot());
+    }
+    set = SnapshotSet(std::move(next));
+  }
+  return layouts;
+}
+
 TEST(Records, ArraysPrintAsNestedListsOfNumbers) {
   EXPECT_EQ(json_of(int64_array(std::vector<I64>{3, -1, 7})), "[3, -1, 7]");
   const float f[] = {0.5f, 1.25f, -2.0f, 3.0f};
@@ -95,7 +119,7 @@ TEST(ParseJson, ABadLineFailsNamingItOrIsSkippedAndCountedInState) {
     Engine e;
     auto run = e.start(p, options());
     EXPECT_EQ(json_of(*run.next()), R"({"doc": 1})");  // the line before the bad one is delivered
-    testing::expect_throw_with<NodeError>([&] { run.next(); }, "element 2 of this instance's input is not a record: not JSON");
+    testing::expect_throw_with<NodeError>([&] { run.next(); }, "element 2 read by this instance in this run: not JSON");
   }
   auto p = from_vector(lines) | parse_json({.fields = fields, .on_error = OnDataError::skip});
   Engine e;
@@ -234,23 +258,7 @@ TEST(PackRescale, EveryTokenExactlyOnceWithItsPositionAcrossRandomLayouts) {
     if (pick(2)) p = p | shuffle({.buffer = 1 + pick(20)});
     p = p | pack({.seq_len = static_cast<I64>(seq_len), .mode = mode, .buffer = 1 + pick(6)});
     std::vector<Value> rows;
-    std::optional<SnapshotSet> set;
-    std::string layouts;
-    const int stages = 1 + pick(3);
-    for (int s = 0; s <= stages; ++s) {
-      const int world = 1 + pick(4), workers = 1 + pick(3);
-      layouts += std::to_string(world) + "x" + std::to_string(workers) + " ";
-      Engine e;
-      std::vector<Snapshot> next;
-      for (int r = 0; r < world; ++r) {
-        const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
-        auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
-        const std::size_t take = s == stages ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(pick(12));
-        for (auto& row : drain(run, take)) rows.push_back(std::move(row));
-        next.push_back(run.snapshot());
-      }
-      set = SnapshotSet(std::move(next));
-    }
+    const std::string layouts = run_stages(p, pick, 1 + pick(3), 12, [&](Value& row) { rows.push_back(std::move(row)); });
     auto got = unpacked(rows, seq_len);
     auto want = all_tokens(docs);
     std::sort(got.begin(), got.end());
@@ -328,22 +336,9 @@ TEST(BucketByLengthRescale, EveryDocumentExactlyOnceAcrossRandomLayouts) {
     p = pick(2) ? p | bucket_by_length({.boundaries = {8, 20}, .batch_sizes = {1 + pick(6), 1 + pick(4), 1 + pick(3)}})
                 : p | bucket_by_length({.boundaries = {15}, .max_tokens = 40 + pick(100)});
     std::vector<I64> got;
-    std::optional<SnapshotSet> set;
-    const int stages = 1 + pick(3);
-    for (int s = 0; s <= stages; ++s) {
-      const int world = 1 + pick(4), workers = 1 + pick(3);
-      Engine e;
-      std::vector<Snapshot> next;
-      for (int r = 0; r < world; ++r) {
-        const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
-        auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
-        const std::size_t take = s == stages ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(pick(8));
-        for (const auto& b : drain(run, take))
-          for (const I64 d : batch_docs(b).first) got.push_back(d);
-        next.push_back(run.snapshot());
-      }
-      set = SnapshotSet(std::move(next));
-    }
+    run_stages(p, pick, 1 + pick(3), 8, [&](const Value& b) {
+      for (const I64 d : batch_docs(b).first) got.push_back(d);
+    });
     std::sort(got.begin(), got.end());
     ASSERT_EQ(got.size(), static_cast<std::size_t>(docs));
     for (I64 i = 0; i < docs; ++i) ASSERT_EQ(got[static_cast<std::size_t>(i)], i);
@@ -412,23 +407,7 @@ TEST(MixRescale, EveryElementOfEveryInputExactlyOnceAcrossRandomLayouts) {
     Pipeline<I64> p = mix(std::vector<Pipeline<I64>>{a, b}, {.weights = {1.0 + pick(5), 1.0 + pick(5)}});
     if (pick(2)) p = p | shuffle({.buffer = 1 + pick(20)});
     std::vector<I64> got;
-    std::optional<SnapshotSet> set;
-    std::string layouts;
-    const int stages = 1 + pick(3);
-    for (int s = 0; s <= stages; ++s) {
-      const int world = 1 + pick(4), workers = 1 + pick(3);
-      layouts += std::to_string(world) + "x" + std::to_string(workers) + " ";
-      Engine e;
-      std::vector<Snapshot> next;
-      for (int r = 0; r < world; ++r) {
-        const RunOptions o{.seed = 5, .layout = Layout{r, world, workers}};
-        auto run = set ? e.resume(p, *set, o, {.rescale = true}) : e.start(p, o);
-        const std::size_t take = s == stages ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(pick(60));
-        for (const I64 x : drain(run, take)) got.push_back(x);
-        next.push_back(run.snapshot());
-      }
-      set = SnapshotSet(std::move(next));
-    }
+    const std::string layouts = run_stages(p, pick, 1 + pick(3), 60, [&](I64 x) { got.push_back(x); });
     std::vector<I64> want;
     for (I64 x = 0; x < na; ++x) want.push_back(x);
     for (I64 x = 0; x < nb; ++x) want.push_back(100'000 + x);

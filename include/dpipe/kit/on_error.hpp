@@ -6,8 +6,13 @@
 #include <cstdint>
 #include <string>
 
+#include <utility>
+#include <vector>
+
+#include "dpipe/kit/node.hpp"
 #include "dpipe/kit/schema.hpp"
 #include "dpipe/kit/state.hpp"
+#include "dpipe/value.hpp"
 
 namespace dpipe {
 
@@ -28,5 +33,43 @@ struct SkipCountState {
     a("skipped", skipped);
   }
 };
+
+/// What one pull of a converting node gave: how many elements it delivered, and why the element after
+/// them is bad when the policy is fail ("" otherwise).
+struct ConvertedChunk {
+  std::size_t delivered = 0;
+  std::string failure{};
+};
+
+/// The pull of a node that converts each element into a record (parse_json, tokenize): pulls up to `max`
+/// elements from `input` into `scratch` and calls `convert(In&, Value&)`, which returns "" or why the
+/// element is bad. Good results go to `out`; a bad element is counted in `state.skipped` (skip) or ends
+/// the chunk with the failure, naming the element's number in `seen` (fail). A chunk of bad elements only
+/// is skipped whole and the input pulled again. The caller raises the failure after the delivered ones.
+template <class In, class Convert>
+ConvertedChunk pull_converted(Iter<In>& input, std::vector<In>& scratch, std::vector<Value>& out, std::size_t max,
+                              OnDataError policy, SkipCountState& state, std::uint64_t& seen, Convert&& convert) {
+  ConvertedChunk c;
+  while (c.delivered == 0) {
+    scratch.clear();
+    if (input.pull(scratch, max) == 0) return c;
+    for (In& element : scratch) {
+      ++seen;
+      Value v;
+      std::string why = convert(element, v);
+      if (why.empty()) {
+        out.push_back(std::move(v));
+        ++c.delivered;
+      } else if (policy == OnDataError::skip) {
+        ++state.skipped;
+      } else {
+        c.failure = "element " + std::to_string(seen) + " read by this instance in this run: " + why +
+                    " (on_error = skip drops such elements)";
+        return c;
+      }
+    }
+  }
+  return c;
+}
 
 }  // namespace dpipe

@@ -68,32 +68,14 @@ class ParseJsonIter final : public UnaryIter<In, Value> {
 
  protected:
   std::size_t pull_chunk(std::vector<Value>& out, std::size_t max) override {
-    std::size_t n = 0;
-    while (n == 0) {  // a chunk of bad lines only is skipped whole: pull again
-      lines_.clear();
-      if (this->input().pull(lines_, max) == 0) return 0;
-      for (std::size_t i = 0; i < lines_.size(); ++i) {
-        Value v;
-        const std::string why = parser_.parse(lines_[i], v);
-        ++seen_;
-        if (why.empty()) {
-          out.push_back(std::move(v));
-          ++n;
-          continue;
-        }
-        if (on_error_ == OnDataError::skip) {
-          ++st_.skipped;
-          continue;
-        }
-        try {
-          throw std::runtime_error("element " + std::to_string(seen_) + " of this instance's input is not a record: " +
-                                   why + " (on_error = skip drops such lines)");
-        } catch (...) {
-          return this->fail_after(n);
-        }
-      }
+    const ConvertedChunk c = pull_converted(this->input(), lines_, out, max, on_error_, st_, seen_,
+                                            [&](const std::string& line, Value& v) { return parser_.parse(line, v); });
+    if (c.failure.empty()) return c.delivered;
+    try {
+      throw std::runtime_error(c.failure);
+    } catch (...) {
+      return this->fail_after(c.delivered);  // the lines before the bad one are delivered first
     }
-    return n;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override { r.read(st_); }

@@ -68,31 +68,17 @@ class TokenizeIter final : public UnaryIter<In, Value> {
 
  protected:
   std::size_t pull_chunk(std::vector<Value>& out, std::size_t max) override {
-    std::size_t n = 0;
-    while (n == 0) {  // a chunk of bad elements only is skipped whole: pull again
-      in_.clear();
-      if (this->input().pull(in_, max) == 0) return 0;
-      for (std::size_t i = 0; i < in_.size(); ++i) {
-        ++seen_;
-        std::string why = encode(in_[i]);
-        if (why.empty()) {
-          out.push_back(std::move(result_));
-          ++n;
-          continue;
-        }
-        if (o_.on_error == OnDataError::skip) {
-          ++st_.skipped;
-          continue;
-        }
-        try {
-          throw std::runtime_error("element " + std::to_string(seen_) + " read by this instance in this run: " + why +
-                                   " (on_error = skip drops such elements)");
-        } catch (...) {
-          return this->fail_after(n);
-        }
-      }
+    const ConvertedChunk c = pull_converted(this->input(), in_, out, max, o_.on_error, st_, seen_, [&](In& element, Value& v) {
+      std::string why = encode(element);
+      if (why.empty()) v = std::move(result_);
+      return why;
+    });
+    if (c.failure.empty()) return c.delivered;
+    try {
+      throw std::runtime_error(c.failure);
+    } catch (...) {
+      return this->fail_after(c.delivered);  // the elements before the bad one are delivered first
     }
-    return n;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override { r.read(st_); }
