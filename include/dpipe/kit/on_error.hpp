@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dpipe/kit/node.hpp"
+#include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/schema.hpp"
 #include "dpipe/kit/state.hpp"
 #include "dpipe/value.hpp"
@@ -33,6 +34,20 @@ struct SkipCountState {
     a("skipped", skipped);
   }
 };
+
+namespace rescale {
+/// The rule of a state that is only a skip count: the counts are summed into the first new slot, so the
+/// total stays right (nodes/text/parse_json.cpp).
+RescaleRule summed_skip_count();
+}  // namespace rescale
+
+/// `snapshot show`'s line for a skip count: "N bad WHAT skipped".
+inline std::string skip_count_summary(const NodeState& record, const std::string& what) {
+  SkipCountState st;
+  StateReader r(record);
+  r.read(st);
+  return std::to_string(st.skipped) + " bad " + what + " skipped";
+}
 
 /// What one pull of a converting node gave: how many elements it delivered, and why the element after
 /// them is bad when the policy is fail ("" otherwise).

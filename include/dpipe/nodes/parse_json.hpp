@@ -95,12 +95,6 @@ using ParseJsonDef = UnaryDef<ParseJsonKind, T, Value, ParseJsonIter>;
 
 inline auto parse_json(ParseJsonOptions o) { return unary<ParseJsonDef>(std::move(o)); }
 
-namespace rescale {
-/// A rule for a state that is only a skip count (SkipCountState): the counts are summed into the first
-/// new slot, so the total stays right.
-RescaleRule summed_skip_count();
-}  // namespace rescale
-
 struct ParseJsonKind {
   static constexpr std::string_view name = "parse_json";
   static constexpr std::string_view doc =
@@ -118,12 +112,7 @@ struct ParseJsonKind {
   /// Rescale: nothing but the skip count, which goes to the first new instance.
   static RescaleRule rescale() { return rescale::summed_skip_count(); }
   /// `snapshot show`: lines skipped.
-  static std::string summary(const NodeState& record, const GraphNodeRecord&) {
-    SkipCountState st;
-    StateReader r(record);
-    r.read(st);
-    return std::to_string(st.skipped) + " bad lines skipped";
-  }
+  static std::string summary(const NodeState& record, const GraphNodeRecord&) { return skip_count_summary(record, "lines"); }
   /// `{"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "fail" | "skip"}`
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {

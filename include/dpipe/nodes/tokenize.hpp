@@ -127,10 +127,6 @@ inline auto tokenize(TokenizeOptions o) {
   return unary<TokenizeDef>(std::move(o));
 }
 
-namespace rescale {
-RescaleRule summed_skip_count();
-}  // namespace rescale
-
 struct TokenizeKind {
   static constexpr std::string_view name = "tokenize";
   static constexpr std::string_view doc =
@@ -149,12 +145,7 @@ struct TokenizeKind {
   static Params checked_params(const TokenizeOptions& o);
   /// Rescale: nothing but the skip count, which goes to the first new instance.
   static RescaleRule rescale() { return rescale::summed_skip_count(); }
-  static std::string summary(const NodeState& record, const GraphNodeRecord&) {
-    SkipCountState st;
-    StateReader r(record);
-    r.read(st);
-    return std::to_string(st.skipped) + " bad elements skipped";
-  }
+  static std::string summary(const NodeState& record, const GraphNodeRecord&) { return skip_count_summary(record, "elements"); }
   /// `{"op": "tokenize", "model": PATH, "field": "text", "into": "tokens", "bos": true, "eos": true}`
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
