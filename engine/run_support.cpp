@@ -79,10 +79,21 @@ namespace {
   throw SnapshotError("snapshot was taken from a different pipeline: " + what);
 }
 
+/// The resume's overrides (ResumeOptions::overrides): which it names, and which it applied.
+struct Overrides {
+  const std::vector<std::string>& asked;
+  std::vector<std::string> applied{};
+  /// Whether the resume asks to override `param` of node `key` (its kind declares the parameter overridable).
+  bool asks(const std::string& key, const std::string& param) const {
+    return std::any_of(asked.begin(), asked.end(), [&](const std::string& a) { return a == param || a == key + "." + param; });
+  }
+};
+
 /// Compares the snapshot's description of node `a` with this pipeline's node `b`: the first parameter that
-/// differs is named. Tuning parameters may differ (the saved values go into `saved` for the fingerprint);
-/// a data file whose modification time differs is listed in `changed`.
-void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, std::vector<std::string>& changed) {
+/// differs is named. Tuning parameters may differ, and overridable ones the resume names (the saved values
+/// go into `saved` for the fingerprint); a data file whose modification time differs is listed in `changed`.
+void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, std::vector<std::string>& changed,
+                  Overrides& overrides) {
   if (a.segment != segment_name(b.segment))
     refuse_graph(b.key + " runs in the " + segment_name(b.segment) + " segment here, in the " + a.segment +
                  " segment in the snapshot");
@@ -96,13 +107,19 @@ void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, s
       v = stored->second;
       continue;
     }
+    if (kind && kind->is_overridable(k) && overrides.asks(b.key, k)) {  // asked for: what follows differs
+      overrides.applied.push_back(b.key + "." + k + ": " + stored->second + " → " + v);
+      v = stored->second;
+      continue;
+    }
     if (is_data_param(k) && without_mtime(stored->second) == without_mtime(v)) {
       // Same path and size. A snapshot that recorded no modification time cannot tell: accepted.
       if (without_mtime(stored->second) != stored->second)
         changed.push_back(b.key + ": " + v + ", the snapshot has " + stored->second);
       continue;
     }
-    refuse_graph(b.key + ": " + k + " is " + v + ", the snapshot has " + stored->second);
+    refuse_graph(b.key + ": " + k + " is " + v + ", the snapshot has " + stored->second +
+                 (kind && kind->is_overridable(k) ? " (resume with the override '" + k + "' to change it)" : ""));
   }
   for (const auto& [k, v] : a.params)
     if (std::none_of(b.params.begin(), b.params.end(), [&](const auto& p) { return p.first == k; }))
@@ -120,7 +137,7 @@ std::uint64_t snapshot_id(const SnapshotMeta& m) {
   return h | 1;  // never 0, which stands for "no id" (files of format 1)
 }
 
-void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r) {
+std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r) {
   const auto& m = s.meta;
   // The stored description first, node by node, so a refusal names what differs; then the fingerprint,
   // which also covers the edges.
@@ -130,13 +147,26 @@ void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, cons
   const bool details = std::all_of(m.graph.begin(), m.graph.end(), [](const auto& n) { return !n.segment.empty(); });
   std::vector<Params> saved(details ? m.graph.size() : 0);
   std::vector<std::string> changed;
+  for (const std::string& name : r.overrides) {  // a name no node can override is a mistake, refused first
+    const bool known = std::any_of(g.nodes().begin(), g.nodes().end(), [&](const GraphNode& n) {
+      const KindInfo* kind = find_kind(n.kind);
+      if (!kind) return false;
+      for (const ParamSchema& p : kind->params)
+        if (p.overridable && (name == p.name || name == n.key + "." + std::string(p.name))) return true;
+      return false;
+    });
+    if (!known)
+      throw ConfigError("override '" + name + "': no node of this pipeline has an overridable parameter of that name (" +
+                        "PARAM or KEY.PARAM; overridable: mix's weights)");
+  }
+  Overrides overrides{r.overrides};
   for (std::size_t i = 0; i < m.graph.size(); ++i) {
     const auto& a = m.graph[i];
     const auto& b = g.nodes()[i];
     if (a.key != b.key || a.kind != b.kind || a.element_type != b.element_type)
       refuse_graph("node " + std::to_string(i) + " is " + a.key + " (" + a.kind + ", " + a.element_type +
                    ") in the snapshot and " + b.key + " (" + b.kind + ", " + b.element_type + ") here");
-    if (details) compare_node(a, b, saved[i], changed);
+    if (details) compare_node(a, b, saved[i], changed, overrides);
   }
   const std::uint64_t expected = details ? g.fingerprint_with(saved) : g.fingerprint();
   if (m.fingerprint != expected)
@@ -172,6 +202,11 @@ void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, cons
     const auto node = records.find(st.key);
     if (kind && kind->check_state && node != records.end()) kind->check_state(st, *node->second);
   }
+  std::string history;
+  if (const auto it = m.user_metadata.find(kOverridesKey); it != m.user_metadata.end()) history = it->second;
+  for (const auto& change : overrides.applied)
+    history += (history.empty() ? "" : "; ") + change + " at element " + std::to_string(m.elements_delivered);
+  return history;
 }
 
 void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out) {

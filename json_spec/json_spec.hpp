@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "dpipe/kit/on_error.hpp"
 #include "dpipe/kit/spec.hpp"
 #include "ops.hpp"
 #include "dpipe/engine.hpp"  // the runs of the spec element types are libdpipe's (detail/prebuilt_types.hpp)
@@ -48,19 +49,24 @@ void append_spec_element_json(std::string& out, const T& v, bool bytes) {
 /// as `{"op": "map", "fn": "external", "id": N, "out": TYPE}` (`out`: an element type name, "integer",
 /// "batch of string", …; absent: the input's type; filter and flat_map take no `out`). The provider builds
 /// the node itself, so its callables' types stay in its own translation unit.
+/// How a node running an external function is made: its name, whether its input's strings are bytes
+/// (records), and its error policy.
+struct ExternalNode {
+  std::string name;
+  bool input_bytes = false;
+  OnDataError on_error = OnDataError::fail;
+};
+
 class ExternalFunctions {
  public:
   virtual ~ExternalFunctions() = default;
-  /// `input | map(function id)`, named `name`; `input_bytes`: the input's strings are bytes (records).
-  virtual SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const std::string& name,
-                           bool input_bytes) const = 0;
-  virtual SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const std::string& name,
-                              bool input_bytes) const = 0;
+  /// `input | map(function id)`; `out`: the element type it returns (empty: the input's).
+  virtual SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const ExternalNode& node) const = 0;
+  virtual SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const ExternalNode& node) const = 0;
   /// A source: the function is called once per instance and returns an iterable of `out` elements.
   virtual SpecPipeline generator(std::int64_t id, const std::string& out, const std::string& name) const = 0;
   /// The function returns an iterable of the input's element type.
-  virtual SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const std::string& name,
-                                bool input_bytes) const = 0;
+  virtual SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const ExternalNode& node) const = 0;
 };
 
 struct SpecOptions {

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "builtins.hpp"
+#include "dpipe/field_function.hpp"
 #include "dpipe/kinds.hpp"
 
 namespace dpipe {
@@ -230,17 +231,20 @@ class JsonNode {
   void set_input_bytes(bool b) { input_bytes_ = b; }
 
   template <class Apply>
-  SpecPipeline map_function(Apply apply) {
+  SpecPipeline map_function(Apply apply, OnDataError on_error = OnDataError::fail) {
     const std::string fn = function();
+    const std::optional<FieldInto> on = field_into();
     if (fn == "external") {
+      if (on) fail(kPythonField);
       std::string out;
       param("out", out);
-      return external().map(input(), external_id(), out, name(), input_bytes_);
+      return external().map(input(), external_id(), out, {name(), input_bytes_, on_error});
     }
     if (fn == "affine") {
       builtins::Affine f;
       param("mul", f.mul);
       param("add", f.add);
+      if (on) return apply(records(), field_map<SpecInt>(f, on->field, on->into));
       return apply(integers("affine"), f);
     }
     if (fn == "stack") {
@@ -248,6 +252,7 @@ class JsonNode {
       param("dtype", f.dtype);
       if (!builtins::Stack::known(f.dtype))
         fail("dtype must be one of int64, int32, uint32, int16, uint16, uint8, got '" + f.dtype + "'");
+      if (on) fail("stack makes an array of a whole batch; field= is not for it");
       if (!input().holds<std::vector<std::vector<SpecInt>>>())
         fail("stack takes batches of rows of integers (token windows | batch), but its input yields " + input().type_name() + "s");
       return apply(input().get<std::vector<std::vector<SpecInt>>>(), f);
@@ -267,32 +272,46 @@ class JsonNode {
       if (index < 0) fail("index must not be negative, got " + std::to_string(index));
       pass = builtins::Passthrough::throw_at(index);
     }
+    if (pass && on) return apply(records(), field_map<Value>(*pass, on->field, on->into));
     if (pass) return input().apply([&](const auto& p) { return apply(p, *pass); });
     internal_error("has no builder for its function '" + fn + "'");
   }
   template <class Apply>
-  SpecPipeline filter_function(Apply apply) {
+  SpecPipeline filter_function(Apply apply, OnDataError on_error = OnDataError::fail) {
     const std::string fn = function();
-    if (fn == "external") return external().filter(input(), external_id(), name(), input_bytes_);
+    const std::optional<FieldInto> on = field_into();
+    if (fn == "external") {
+      if (on) fail(kPythonField);
+      return external().filter(input(), external_id(), {name(), input_bytes_, on_error});
+    }
     if (fn != "mod_eq") internal_error("has no builder for its function '" + fn + "'");
     builtins::ModEq f;
     required("mod", f.mod);
     required("eq", f.eq);
     if (f.mod <= 0) fail("mod must be positive, got " + std::to_string(f.mod));
     if (f.eq < 0 || f.eq >= f.mod) fail("eq must be in [0, mod), got " + std::to_string(f.eq));
+    if (on) return apply(records(), field_filter<SpecInt>(f, on->field));
     return apply(integers("mod_eq"), f);
   }
   template <class Apply>
-  SpecPipeline flat_map_function(Apply apply) {
+  SpecPipeline flat_map_function(Apply apply, OnDataError on_error = OnDataError::fail) {
     const std::string fn = function();
-    if (fn == "external") return external().flat_map(input(), external_id(), name(), input_bytes_);
+    const std::optional<FieldInto> on = field_into();
+    if (fn == "external") {
+      if (on) fail(kPythonField);
+      return external().flat_map(input(), external_id(), {name(), input_bytes_, on_error});
+    }
     if (fn == "replicate") {
       builtins::Replicate f;
       required("times", f.times);
       if (f.times < 0) fail("times must not be negative");
+      if (on) return apply(records(), field_flat_map<Value>(f, on->field, on->into));
       return input().apply([&](const auto& p) { return apply(p, f); });
     }
-    if (fn == "range") return apply(integers("range"), builtins::Iota{});
+    if (fn == "range") {
+      if (on) return apply(records(), field_flat_map<SpecInt>(builtins::Iota{}, on->field, on->into));
+      return apply(integers("range"), builtins::Iota{});
+    }
     internal_error("has no builder for its function '" + fn + "'");
   }
   template <class Apply>
@@ -365,6 +384,31 @@ class JsonNode {
   };
 
   /// The input as integers, for a builtin that takes only integers.
+  static constexpr const char* kPythonField =
+      "field= on a Python callable is applied by the Python front end (dpipe.map(fn, field=...)), not by the spec";
+  /// `field` and `into` (the op's schema declares them; absent `into`: `field`); none when `field` is absent.
+  /// A Python callable's field is read by the Python front end, which wraps the callable.
+  struct FieldInto {
+    std::string field, into;
+  };
+  std::optional<FieldInto> field_into() {
+    if (!find_param(params_, "field")) return std::nullopt;
+    FieldInto f;
+    param("field", f.field);
+    if (find_param(params_, "into")) param("into", f.into);
+    if (f.field.empty()) {
+      if (!f.into.empty()) fail("into names the field the result goes into; it needs field, the field the function reads");
+      return std::nullopt;
+    }
+    if (f.into.empty()) f.into = f.field;
+    return f;
+  }
+  /// The input, whose elements must be records (field=).
+  Pipeline<Value> records() const {
+    if (!input().holds<Value>())
+      fail("field= reads a field of records (parse_json's), but its input yields " + input().type_name() + "s");
+    return input().get<Value>();
+  }
   Pipeline<SpecInt> integers(const std::string& fn) const {
     if (!input().holds<SpecInt>()) fail(fn + " takes integers, but its input yields " + input().type_name() + "s");
     return input().get<SpecInt>();

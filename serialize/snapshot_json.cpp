@@ -151,8 +151,9 @@ std::string Snapshot::to_json() const {
       }
     }
     Json record = {{"key", text(s.key)}, {"kind", text(s.kind)}, {"instance", s.instance}, {"mode", to_string(s.mode)}};
-    // A kind may say in words what its record means (XKind::summary); a record it cannot read says why.
-    if (const KindInfo* kind = find_kind(s.kind); kind && kind->summary) {
+    // A kind may say in words what its record means (XKind::summary); a record it cannot read says why. A
+    // stateless record (a map without a skip policy) has nothing to say.
+    if (const KindInfo* kind = find_kind(s.kind); kind && kind->summary && s.mode != StateMode::stateless) {
       const auto node = std::find_if(meta.graph.begin(), meta.graph.end(), [&](const auto& n) { return n.key == s.key; });
       try {
         record["summary"] = text(kind->summary(s, node != meta.graph.end() ? *node : GraphNodeRecord{}));

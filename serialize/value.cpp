@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "dpipe/detail/text_json.hpp"
 #include "dpipe/fields.hpp"
@@ -278,3 +280,38 @@ void append_value_json(std::string& out, const Value& v) {
 }
 
 }  // namespace dpipe
+
+namespace dpipe::detail {
+
+namespace {
+const char* kind_text(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::none: return "None";
+    case Value::Kind::boolean: return "a bool";
+    case Value::Kind::integer: return "an integer";
+    case Value::Kind::real: return "a float";
+    case Value::Kind::string: return "a string";
+    case Value::Kind::bytes: return "bytes";
+    case Value::Kind::list: return "a list";
+    case Value::Kind::tuple: return "a tuple";
+    case Value::Kind::dict: return "a dict";
+    case Value::Kind::array: return "an array";
+  }
+  return "a value";
+}
+}  // namespace
+
+const Value& record_field(const Value& record, const std::string& field) {
+  if (!is_record(record))
+    throw std::runtime_error(std::string("field '") + field + "': the element is " + kind_text(record) +
+                             ", not a record (a dict with string keys)");
+  const Value* f = find_field(record, field);
+  if (!f) throw std::runtime_error("the record has no field '" + field + "'");
+  return *f;
+}
+
+void field_type_error(const std::string& field, const Value& v, const char* wanted) {
+  throw std::runtime_error("field '" + field + "' holds " + kind_text(v) + ", the function takes " + wanted);
+}
+
+}  // namespace dpipe::detail

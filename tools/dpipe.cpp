@@ -62,6 +62,7 @@ struct RunArgs {
   bool allow_changed_data = false;
   std::optional<std::uint64_t> step;
   std::uint64_t max_replay = dpipe::ResumeOptions{}.max_replay;
+  std::vector<std::string> overrides;
 };
 
 struct BenchArgs {
@@ -170,6 +171,12 @@ void build_cli(Cli& c) {
                     "refuse a snapshot that asks a generator to replay more than N elements (default 2^30)")
       ->type_name("N")
       ->check(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
+  c.run->add_option("--override", r.overrides,
+                    "let this resume change the semantic parameter PARAM (KEY.PARAM: of one node), which the spec "
+                    "gives anew: mix's weights; recorded in the snapshots as dpipe.overrides")
+      ->type_name("PARAM")
+      ->take_all()
+      ->allow_extra_args(false);
   c.run->add_flag("--allow-changed-data", r.allow_changed_data,
                   "accept data files whose modification time changed since the snapshot (same path and size)");
   c.run->add_flag("--rescale", r.rescale, "allow resuming a set taken on another layout (redistributes its state)")
@@ -484,7 +491,12 @@ int cmd_run(const RunArgs& a) {
   dpipe::Engine engine({.threads = a.common.threads});
   const RunStart from{.snapshot_file = a.resume,
                       .set_dir = a.resume_dir,
-                      .how = {.rescale = a.rescale, .allow_changed_data = a.allow_changed_data, .max_replay = a.max_replay}};
+                      .how = {.rescale = a.rescale,
+                              .allow_changed_data = a.allow_changed_data,
+                              .max_replay = a.max_replay,
+                              .overrides = a.overrides}};
+  if (!a.overrides.empty() && !from.resumes())
+    throw dpipe::ConfigError("--override changes a parameter of a resumed run: give --resume or --resume-dir");
   const auto t_restore = Clock::now();
   const auto run = start_run(spec, engine, options, from);
   const double restore_ms = from.resumes() ? seconds_since(t_restore) * 1e3 : 0;

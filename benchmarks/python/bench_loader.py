@@ -13,8 +13,12 @@ is noisy; absolute rates drift). Run by hand, on an idle machine, from a build t
 4. A Python callable in map: cost per element against a plain Python loop calling the same function,
    the mapped elements taken in batches of 256 (on the engine's thread, and with inline_workers in the
    consumer's thread) and one by one; and 2 workers against 1 on a function that releases the GIL
-   (numpy work)."""
+   (numpy work).
+5. The LLM example (examples/llm_pretrain: parse_json → tokenize → mix → pack(1024) → padded_batch(8),
+   2 workers) consumed in Python as dicts of numpy arrays, against the C++ Run of the same spec."""
 
+import importlib.util
+import pathlib
 import statistics
 import sys
 import tempfile
@@ -131,6 +135,23 @@ def main():
     one = rate(lambda: consume(dpipe.Loader(work, workers=1, threads=2)), k, repeats=2)
     two = rate(lambda: consume(dpipe.Loader(work, workers=2, threads=2)), k, repeats=2)
     figures.append(("map(numpy fn), 2 workers / 1 worker", two / one, ">= 1.5"))
+
+    # 5. The LLM example's pipeline, on its generated corpora.
+    spec = importlib.util.spec_from_file_location(
+        "llm_pretrain", pathlib.Path(__file__).resolve().parents[2] / "examples" / "llm_pretrain" / "llm_pretrain.py")
+    llm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llm)
+    with tempfile.TemporaryDirectory() as d:
+        work = pathlib.Path(d)
+        llm.prepare(work)
+        p = llm.pipeline(work)
+        batches = sum(1 for _ in dpipe.Loader(p, workers=2, seed=7))
+        built = dpipe._dpipe.build(p.to_json(), {})
+        opts = dpipe._dpipe.LoopOptions()
+        opts.seed, opts.workers = 7, 2
+        py_rate = rate(lambda: consume(dpipe.Loader(p, workers=2, seed=7)), batches)
+        cpp_rate = rate(lambda: dpipe._dpipe.drain(built, opts), batches)
+        figures.append((f"llm_pretrain ({batches} padded batches), Python dicts / C++ Run", py_rate / cpp_rate, ">= 0.8"))
 
     for label, value, goal in figures:
         shown = "n/a" if value is None else f"{value:.3f}"

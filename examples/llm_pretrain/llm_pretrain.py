@@ -8,6 +8,13 @@ ranks, which run to the end of the epoch. Every document's tokens must arrive ex
 document id and position.
 
     python3 examples/llm_pretrain/llm_pretrain.py [WORK_DIR]
+
+The same under torchrun (gloo; rank and world size come from torch.distributed), one process per rank:
+
+    python3 examples/llm_pretrain/llm_pretrain.py --phase prepare WORK_DIR
+    torchrun --nproc_per_node 2 examples/llm_pretrain/llm_pretrain.py --phase save WORK_DIR
+    torchrun --nproc_per_node 3 examples/llm_pretrain/llm_pretrain.py --phase resume WORK_DIR
+    python3 examples/llm_pretrain/llm_pretrain.py --phase check WORK_DIR
 """
 import collections
 import json
@@ -101,14 +108,82 @@ def count(batch, seen):
                 seen[(docs[seg - 1], pos)] += 1
 
 
-def main():
-    work = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="dpipe-llm-pretrain-py-"))
-    work.mkdir(parents=True, exist_ok=True)
-    prepare(work)
+def expected_tokens(work):
+    """Every document's token count, read through the same nodes, by document id."""
     expected = {}
     for name in ("prose.jsonl", "code.jsonl"):
         for d in dpipe.Loader(documents(work, name)):
             expected[d["doc"]] = len(d["tokens"])
+    return expected
+
+
+def token_keys(batch):
+    """(document id, position) of every real token of a batch, as an array of two columns."""
+    keys = []
+    for row in range(batch["tokens"].shape[0]):
+        segments, positions = batch["segment_ids"][row], batch["positions"][row]
+        real = segments > 0
+        docs = np.asarray(batch["doc"][row], dtype=np.int64)
+        keys.append(np.stack([docs[segments[real] - 1], positions[real]], axis=1))
+    return np.concatenate(keys) if keys else np.zeros((0, 2), np.int64)
+
+
+def torchrun_phase(phase, work):
+    """One rank under torchrun. `save`: take 3 batches (a training step on each) and torch.save the loader's
+    state; `resume`: rescale every saved state to this world size, load this rank's and run to the end of the
+    epoch. Each rank writes the (document, position) of every token it was given."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(rank)
+    model = TinyCausalLM()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    loader = dpipe.Loader(pipeline(work), workers=2, seed=7)  # the layout from torch.distributed
+    seen, losses = [], []
+    if phase == "save":
+        it = iter(loader)
+        for _ in range(3):
+            batch = next(it)
+            seen.append(token_keys(batch))
+            losses.append(train_step(model, opt, batch))
+        torch.save(loader.state_dict(), work / f"loader-rank{rank}.pt")
+    else:
+        old = [torch.load(f) for f in sorted(work.glob("loader-rank*.pt"))]
+        loader.load_state_dict(dpipe.rescale(old, world_size=world, workers=2)[rank])
+        for i, batch in enumerate(loader):
+            seen.append(token_keys(batch))
+            if i < 3:
+                losses.append(train_step(model, opt, batch))
+    np.save(work / f"seen-{phase}-rank{rank}.npy", np.concatenate(seen) if seen else np.zeros((0, 2), np.int64))
+    total = torch.tensor([sum(len(s) for s in seen)])
+    dist.all_reduce(total)
+    if rank == 0:
+        print(f"{phase}: {world} ranks x 2 workers, {int(total)} tokens, causal LM loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+    dist.destroy_process_group()
+
+
+def check(work):
+    """Every token the torchrun phases wrote, against every document's tokens: each exactly once."""
+    expected = expected_tokens(work)
+    seen = np.concatenate([np.load(f) for f in sorted(work.glob("seen-*-rank*.npy"))])
+    keys, counts = np.unique(seen[:, 0] * 1_000_000 + seen[:, 1], return_counts=True)
+    assert (counts == 1).all(), f"{int((counts > 1).sum())} tokens delivered more than once"
+    want = np.array(sorted(d * 1_000_000 + pos for d, n in expected.items() for pos in range(n)), dtype=np.int64)
+    assert np.array_equal(keys, want), f"{len(set(want.tolist()) - set(keys.tolist()))} tokens lost"
+    print(f"under torchrun, 2 ranks -> 3 ranks: every token of {len(expected)} documents exactly once ({len(want)} tokens)")
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--phase":
+        phase, work = sys.argv[2], pathlib.Path(sys.argv[3])
+        if phase == "prepare":
+            work.mkdir(parents=True, exist_ok=True)
+            return prepare(work)
+        return check(work) if phase == "check" else torchrun_phase(phase, work)
+    work = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="dpipe-llm-pretrain-py-"))
+    work.mkdir(parents=True, exist_ok=True)
+    prepare(work)
+    expected = expected_tokens(work)
 
     torch.manual_seed(0)
     model = TinyCausalLM()

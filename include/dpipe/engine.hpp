@@ -51,6 +51,12 @@ struct ResumeOptions {
   /// asking for more is refused before anything runs, rather than replaying for hours. Raise it for a
   /// generator that legitimately ran that far.
   std::uint64_t max_replay = std::uint64_t{1} << 30;
+  /// Semantic parameters this resume may change, each "PARAM" (every node declaring it overridable: mix's
+  /// "weights") or "KEY.PARAM" (one node: "mix@1.weights"). The pipeline is built with the new values;
+  /// the state restores as saved (every buffered element kept) and what follows uses them. Each change
+  /// is recorded in the snapshots of the run under the metadata key "dpipe.overrides". A name that no
+  /// node of the pipeline can override is refused.
+  std::vector<std::string> overrides{};
 };
 
 struct EngineOptions {
@@ -75,8 +81,12 @@ SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std
 /// The id of a snapshot: a digest of what it is (pipeline, seed, epoch, layout, position, step), so two
 /// snapshots of one run at one element are the same bytes.
 std::uint64_t snapshot_id(const SnapshotMeta& m);
-/// Refuses a snapshot that does not belong to this graph, seed, epoch and layout.
-void check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r);
+/// Refuses a snapshot that does not belong to this graph, seed, epoch and layout. Returns the history of
+/// overridden parameters (ResumeOptions::overrides) the run's snapshots record: the snapshot's, then this
+/// resume's ("mix@1.weights: 0.7 0.3 → 0.5 0.5 at element 1200"), separated by "; ".
+std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r);
+/// The metadata key under which snapshots record the parameters resumes overrode.
+inline constexpr const char* kOverridesKey = "dpipe.overrides";
 Layout resolve_layout(const RunOptions& o);
 /// Walks an iterator tree for node_stats().
 void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out);
@@ -267,6 +277,7 @@ class Run {
   std::exception_ptr failed_;
   RestoreReport report_;
   std::vector<std::string> warnings_;
+  std::string overrides_;  // the parameters resumes overrode (detail::check_snapshot), for the snapshots
 };
 
 // The members that build, save and restore a run's iterators, defined outside the class so that an
@@ -297,7 +308,7 @@ Run<T>::Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> execu
 template <class T>
 void Run<T>::restore(const Snapshot& s, const ResumeOptions& resume) {
   const auto t0 = std::chrono::steady_clock::now();
-  detail::check_snapshot(s, *graph_, options_, layout_, resume);
+  overrides_ = detail::check_snapshot(s, *graph_, options_, layout_, resume);
   const StateIndex index(s.states);
   const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
   StateReader r(run);
@@ -322,6 +333,7 @@ Snapshot Run<T>::take_snapshot(std::map<std::string, std::string> user_metadata,
   Snapshot s;
   s.meta = detail::make_meta(*graph_, options_, layout_, delivered_);
   s.meta.user_metadata = std::move(user_metadata);
+  if (!overrides_.empty()) s.meta.user_metadata.emplace(detail::kOverridesKey, overrides_);
   s.meta.step = step;
   s.meta.id = detail::snapshot_id(s.meta);
   StateSink sink(s.states, &spare_states_);

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "dpipe/kit/schema.hpp"
 #include "dpipe/value.hpp"
 
 namespace dpipe {
@@ -73,5 +74,24 @@ inline Value int64_array(std::span<const std::int64_t> items) {
 /// Reads a 1-D integer array (any signed or unsigned item size, little-endian) or a list of integers
 /// into `out` (replacing its contents); false when `v` is neither.
 bool read_int64s(const Value& v, std::vector<std::int64_t>& out);
+
+/// The `field` and `into` parameters of map, filter and flat_map (dpipe/field_function.hpp).
+inline constexpr ParamSchema kFieldParam = {
+    .name = "field", .type = ParamType::text,
+    .doc = "records: the field the function reads (absent: the whole element)", .fallback = "null"};
+inline constexpr ParamSchema kIntoParam = {
+    .name = "into", .type = ParamType::text,
+    .doc = "records: the field the function's result goes into (absent: `field`)", .fallback = "null"};
+
+namespace detail {
+/// The field `field` of `record`; std::runtime_error (an error of the element) when `record` is not a
+/// record or lacks it.
+const Value& record_field(const Value& record, const std::string& field);
+inline Value& record_field(Value& record, const std::string& field) {
+  return const_cast<Value&>(record_field(std::as_const(record), field));
+}
+/// std::runtime_error: the field holds `v`, the function takes `wanted` ("an integer").
+[[noreturn]] void field_type_error(const std::string& field, const Value& v, const char* wanted);
+}  // namespace detail
 
 }  // namespace dpipe

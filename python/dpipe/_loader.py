@@ -39,18 +39,20 @@ class LoaderBase:
     """An iterable over a pipeline's elements for this rank.
 
     Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-           allow_changed_data=False, equal_steps=False, inline_workers=False)
+           allow_changed_data=False, equal_steps=False, inline_workers=False, override=())
 
     `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
     rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
     variables. `workers`: the pipeline's worker instances on this rank; `threads`: engine threads (0: one
     per core); `inline_workers`: run the workers in the consumer's thread, inside next() (no hand-off
     between threads: the fastest for a pipeline of Python callables with one worker, but nothing
-    overlaps with the training step). iter(loader) continues from a state loaded since the last iteration, else starts the
+    overlaps with the training step); `override`: semantic parameters a loaded state may differ in, the
+    pipeline giving the new values (mix's "weights", or "KEY.weights" for one node; recorded in later
+    states' metadata as dpipe.overrides). iter(loader) continues from a state loaded since the last iteration, else starts the
     pipeline from its beginning (of epoch `loader.epoch`)."""
 
     def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-                 allow_changed_data=False, equal_steps=False, inline_workers=False):
+                 allow_changed_data=False, equal_steps=False, inline_workers=False, override=()):
         spec_seed = None
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
@@ -70,6 +72,7 @@ class LoaderBase:
         options.inline_workers = bool(inline_workers)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)
+        self._overrides = [override] if isinstance(override, str) else [str(o) for o in override]
         self._equal_steps = bool(equal_steps)
         if self._equal_steps:
             dist = sys.modules.get("torch.distributed")
@@ -132,7 +135,7 @@ class LoaderBase:
 
     # ---- iteration ----
     def _start(self, state):
-        return _dpipe.start(self._built, self._options, state, self._allow_changed_data)
+        return _dpipe.start(self._built, self._options, state, self._allow_changed_data, self._overrides)
 
     def __iter__(self):
         _refuse_torch_workers()

@@ -15,9 +15,6 @@ _ids = itertools.count(1)
 # kinds a snapshot can hold (None, bool, int, float, str, bytes, tuple, list, dict, numpy arrays).
 _OUT_TYPES = {int: "integer", str: "string", bytes: "string", object: "value"}
 # The ops whose Python callable may work on one field of a record (torch's input_col / output_col).
-_FIELD_OPS = ("map", "filter", "flat_map")
-
-
 def _on_field(op, fn, field, into):
     """A callable of `op` that reads field `field` of a record (a dict) and, for map and flat_map, writes
     its result into field `into` (default: the same) of a copy of the record. Its qualified name carries
@@ -140,9 +137,6 @@ def _signature(entry):
     external = _external(entry)
     if external and any(q["name"] == "out" for q in external["params"]):
         params.append(P("out", P.KEYWORD_ONLY, default=None))
-    if entry["op"] in _FIELD_OPS:
-        params.append(P("field", P.KEYWORD_ONLY, default=None))
-        params.append(P("into", P.KEYWORD_ONLY, default=None))
     if has_fn:
         params.append(P("fn_params", P.VAR_KEYWORD))
     # Python wants positional parameters before keyword-only ones; a required keyword-only one may follow
@@ -226,17 +220,16 @@ def _node_function(op):
             raise TypeError(f"{op}() takes its other inputs positionally or as with_=, not both")
         fn_params = given.pop("fn_params", {})
         field, into = given.pop("field", None), given.pop("into", None)
-        if field is not None or into is not None:
-            if not callable(given.get("fn")):
-                raise TypeError(f"{op}(): field= and into= work with a Python callable (a builtin function takes "
-                                "whole elements)")
-            if field is None:
-                raise TypeError(f"{op}(): into= needs field=, the field the callable reads")
-            if op == "filter" and into is not None:
-                raise TypeError("filter(): into= is for map and flat_map (a filter writes no field)")
+        if into is not None and field is None:
+            raise TypeError(f"{op}(): into= needs field=, the field the function reads")
+        if field is not None and callable(given.get("fn")):  # the callable is wrapped here
             given["fn"] = _on_field(op, given["fn"], field, into)
             if op == "map":
                 given["out"] = object
+        elif field is not None:  # a builtin function: the spec reads the field
+            given["field"] = field
+            if into is not None:
+                given["into"] = into
         params.update(given)
         if inputs or with_ is not None:
             params["with"] = list(inputs) if inputs else with_

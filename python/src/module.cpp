@@ -143,8 +143,11 @@ using PyHandle = std::shared_ptr<const PyRef>;
 /// nests it); the consumer's translator makes the original the Python NodeError's __cause__.
 class PythonCallError : public std::runtime_error {
  public:
-  PythonCallError(const std::string& what, PyHandle exception) : std::runtime_error(what), exception(std::move(exception)) {}
+  PythonCallError(const std::string& what, PyHandle exception, bool interrupts)
+      : std::runtime_error(what), exception(std::move(exception)), interrupts(interrupts) {}
   PyHandle exception;
+  /// Not an Exception (KeyboardInterrupt, SystemExit): no error policy drops the element it was raised on.
+  bool interrupts;
 };
 
 /// Under the GIL, in a catch of error_already_set: the exception as a PythonCallError ("ValueError: …").
@@ -153,7 +156,8 @@ class PythonCallError : public std::runtime_error {
   std::string what = py::str(py::type::handle_of(value).attr("__name__"));
   const std::string text = py::str(value);
   if (!text.empty()) what += ": " + text;
-  throw PythonCallError(what, std::make_shared<const PyRef>(value));
+  const bool interrupts = !PyErr_GivenExceptionMatches(value.ptr(), PyExc_Exception);
+  throw PythonCallError(what, std::make_shared<const PyRef>(value), interrupts);
 }
 
 // Python → the element types of specs; a mismatch is an error naming the callable and what it returned.
@@ -315,6 +319,11 @@ struct PyCallable {
   }
   Params describe() const { return {{"fn", "python"}, {"callable", label}}; }
   GilHeld chunk_scope() const { return GilHeld(); }
+  /// on_error = skip drops an element the callable raised an Exception on, never KeyboardInterrupt or SystemExit.
+  bool skips(const std::exception& e) const {
+    const auto* call = dynamic_cast<const PythonCallError*>(&e);
+    return !call || !call->interrupts;
+  }
 };
 
 // A map over a Python callable is a "map" node like dpipe::map makes (the same kind, parameters, keys and
@@ -363,46 +372,69 @@ template <class Out>
 class PyMapDef;
 
 template <class Out>
-class PyMapIter final : public Stateless<Out> {
+class PyMapIter final : public HookedIf<Out> {
  public:
   // The input is instantiated after this node, as dpipe::map's is, so both number their nodes alike.
-  PyMapIter(BuildContext& ctx, const PyMapDef<Out>& def) : Stateless<Out>(ctx, "map"), input_(def.make_input(ctx)), label_(def.label()) {}
+  PyMapIter(BuildContext& ctx, const PyMapDef<Out>& def)
+      : HookedIf<Out>(def.on_error() == OnDataError::skip, ctx, "map"), input_(def.make_input(ctx)),
+        callable_(def.callable()), skips_(def.on_error() == OnDataError::skip) {}
 
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
-    const std::size_t n = input_->pull(max);
-    std::size_t i = 0;
-    const GilHeld gil;  // once per chunk, never while pulling the input
-    try {
-      for (; i < n; ++i) out.push_back(in_python([&] { return FromPython<Out>::get(input_->call(i), label_); }));
-    } catch (...) {
-      return this->fail_after(i);
+    for (;;) {
+      const std::size_t n = input_->pull(max);
+      if (n == 0) return 0;
+      std::size_t kept = 0;
+      const GilHeld gil;  // once per chunk, never while pulling the input
+      for (std::size_t i = 0; i < n; ++i) {
+        try {
+          out.push_back(in_python([&] { return FromPython<Out>::get(input_->call(i), callable_.label); }));
+          ++kept;
+        } catch (const std::exception& e) {
+          if (!skips_ || !skippable(callable_, e)) return this->fail_after(kept);
+          ++skipped_.skipped;
+        } catch (...) {
+          return this->fail_after(kept);
+        }
+      }
+      if (kept > 0) return kept;  // with skip, a chunk of skipped elements only pulls again
     }
-    return n;
   }
+  void save_state(StateWriter& w) const override {
+    if (skips_) w.write(skipped_);
+  }
+  void restore_state(StateReader& r) override {
+    if (skips_) r.read(skipped_);
+  }
+  std::uint64_t skipped_elements() const override { return skipped_.skipped; }
   std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
   std::unique_ptr<PyMapInput> input_;
-  std::string label_;
+  PyCallable callable_;
+  bool skips_;
+  SkipCountState skipped_;
 };
 
 template <class Out>
 class PyMapDef final : public NodeDef<Out> {
  public:
-  PyMapDef(std::shared_ptr<const NodeDefBase> input, MakeMapInput make, PyCallable fn, const std::string& name)
-      : NodeDef<Out>("map", name, fn.describe(), {input}), input_(std::move(input)), make_(make), fn_(std::move(fn)) {}
+  PyMapDef(std::shared_ptr<const NodeDefBase> input, MakeMapInput make, PyCallable fn, const ExternalNode& node)
+      : NodeDef<Out>("map", node.name, describe_fn(fn, node.on_error), {input}), input_(std::move(input)), make_(make),
+        fn_(std::move(fn)), on_error_(node.on_error) {}
   std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
     return std::make_unique<PyMapIter<Out>>(ctx, *this);
   }
   std::unique_ptr<PyMapInput> make_input(BuildContext& ctx) const { return make_(*input_, ctx, fn_); }
-  const std::string& label() const { return fn_.label; }
+  const PyCallable& callable() const { return fn_; }
+  OnDataError on_error() const { return on_error_; }
 
  private:
   std::shared_ptr<const NodeDefBase> input_;
   MakeMapInput make_;
   PyCallable fn_;
+  OnDataError on_error_;
 };
 
 template <class In>
@@ -494,9 +526,8 @@ class PythonFunctions final : public ExternalFunctions {
                                     .input_tuple = tuple_inputs.count(id) > 0});
     }
   }
-  SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const std::string& name,
-                   bool input_bytes) const override {
-    const PyCallable f = at(id, input_bytes);
+  SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const ExternalNode& node) const override {
+    const PyCallable f = at(id, node.input_bytes);
     struct Input {
       std::shared_ptr<const NodeDefBase> def;
       MakeMapInput make;
@@ -506,13 +537,13 @@ class PythonFunctions final : public ExternalFunctions {
       return Input{p.def(), &make_map_input<In>, SpecElement<In>::name()};
     });
     return with_element_type(out.empty() ? in.type_name : out, [&]<class Out>() -> SpecPipeline {
-      return make_pipeline<PyMapDef<Out>>(in.def, in.make, f, name);
+      return make_pipeline<PyMapDef<Out>>(in.def, in.make, f, node);
     }, SpecElementTypes{});
   }
-  SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const std::string& name, bool input_bytes) const override {
-    const PyCallable f = at(id, input_bytes);
+  SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const ExternalNode& node) const override {
+    const PyCallable f = at(id, node.input_bytes);
     return input.visit([&]<class In>(const Pipeline<In>& p) -> SpecPipeline {
-      return p | dpipe::filter(PyFilter<In>{f}, FilterOptions{.name = name});
+      return p | dpipe::filter(PyFilter<In>{f}, FilterOptions{.on_error = node.on_error, .name = node.name});
     });
   }
   SpecPipeline generator(std::int64_t id, const std::string& out, const std::string& name) const override {
@@ -521,10 +552,10 @@ class PythonFunctions final : public ExternalFunctions {
       return dpipe::generator(PyGeneratorFactory<T>{f}, GeneratorOptions{.name = name});
     }, SpecElementTypes{});
   }
-  SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const std::string& name, bool input_bytes) const override {
-    const PyCallable f = at(id, input_bytes);
+  SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const ExternalNode& node) const override {
+    const PyCallable f = at(id, node.input_bytes);
     return input.visit([&]<class In>(const Pipeline<In>& p) -> SpecPipeline {
-      return p | dpipe::flat_map(PyFlatMap<In>{f}, FlatMapOptions{.name = name});
+      return p | dpipe::flat_map(PyFlatMap<In>{f}, FlatMapOptions{.on_error = node.on_error, .name = node.name});
     });
   }
 
@@ -677,10 +708,10 @@ RunOptions run_options(const LoopOptions& o) {
 }
 
 std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optional<std::string> state,
-                            bool allow_changed_data) {
+                            bool allow_changed_data, std::vector<std::string> overrides) {
   auto engine = std::make_shared<Engine>(EngineOptions{.threads = o.threads});
   const RunOptions ro = run_options(o);
-  ResumeOptions rz{.allow_changed_data = allow_changed_data};
+  ResumeOptions rz{.allow_changed_data = allow_changed_data, .overrides = std::move(overrides)};
   const Convert convert{.bytes = b.spec.bytes, .tuple_row = b.tuple_rows};
   std::optional<Snapshot> snap;
   if (state) snap = Snapshot::from_bytes(*state);
@@ -788,7 +819,8 @@ PYBIND11_MODULE(_dpipe, m) {
         return py::make_tuple(x.rank, x.world_size, x.num_workers);
       });
   m.def("start", &start, py::arg("spec"), py::arg("options"), py::arg("state") = py::none(),
-        py::arg("allow_changed_data") = false, "Starts the pipeline, or resumes it from snapshot bytes.");
+        py::arg("allow_changed_data") = false, py::arg("overrides") = std::vector<std::string>{},
+        "Starts the pipeline, or resumes it from snapshot bytes.");
   m.def("drain", &drain, py::arg("spec"), py::arg("options"), "Runs to the end in C++; returns the element count.");
   m.def("rescale", &rescale, py::arg("ranks"), py::arg("world_size"), py::arg("workers"));
   m.def("describe", [](const std::string& bytes) { return describe(dpipe::Snapshot::from_bytes(bytes)); }, py::arg("snapshot"));

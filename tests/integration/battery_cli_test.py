@@ -184,6 +184,13 @@ SPECS = {
     "mix_first_exhausted": [{"op": "mix", "weights": [1, 2], "stop": "first_exhausted",
                              "with": [DOCS, [{"op": "lines", "files": [JSONL], "logical_shards": 2},
                                              {"op": "parse_json", "fields": {"doc": "int64"}, "on_error": "skip"}]]}],
+    "fields_and_skips": [{"op": "mix", "with": [DOCS, [{"op": "lines", "files": [JSONL], "logical_shards": 3},
+                                                      {"op": "parse_json", "fields": {"text": "string"}, "on_error": "skip"}]]},
+                         {"op": "map", "fn": "affine", "mul": 2, "field": "doc", "into": "doc2", "on_error": "skip"},
+                         {"op": "filter", "fn": "mod_eq", "mod": 3, "eq": 1, "field": "doc"},
+                         {"op": "flat_map", "fn": "replicate", "times": 2, "field": "doc2", "into": "copy"},
+                         {"op": "map", "fn": "affine", "mul": 0, "add": 3, "field": "doc", "into": "n"},
+                         {"op": "flat_map", "fn": "range", "field": "n", "into": "k", "on_error": "skip"}],
     "mix_never_take": [{"op": "mix", "stop": "never", "with": [[R(9), {"op": "shuffle", "buffer": 4}], [R(105, start=100)]]},
                        {"op": "take", "count": 120}],
 }

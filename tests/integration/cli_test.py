@@ -372,6 +372,35 @@ def _():
     assert r.returncode != 0 and "shuffle_shards is true, the snapshot has false" in r.stderr, r.stderr
 
 
+@case("resume/mix_weights_change_only_when_overridden_and_the_change_is_recorded")
+def _():
+    def spec(weights):
+        return json.dumps({"pipeline": [{"op": "mix", "weights": weights, "with": [
+            [{"op": "range", "stop": 3000}, {"op": "sampler"}, {"op": "shuffle", "buffer": 10}],
+            [{"op": "range", "start": 10000, "stop": 13000}, {"op": "sampler", "shuffle": "none"}]]},
+            {"op": "prefetch", "depth": 8}]})
+    d = os.path.join(TMP, "mix-override")
+    head = lines(dpipe("run", spec([0.7, 0.3]), "--take", 30, "--snapshot-dir", d).stdout)
+    r = dpipe("run", spec([1, 0]), "--resume-dir", d, check=False)
+    assert r.returncode == 1 and "weights is 1, 0, the snapshot has 0.7, 0.3" in r.stderr, r.stderr
+    assert "(resume with the override 'weights' to change it)" in r.stderr, r.stderr
+    r = dpipe("run", spec([1, 0]), "--resume-dir", d, "--override", "wieghts", check=False)
+    assert r.returncode == 1 and "override 'wieghts': no node of this pipeline" in r.stderr, r.stderr
+    r = dpipe("run", spec([1, 0]), "--override", "weights", check=False)
+    assert r.returncode != 0 and "--override changes a parameter of a resumed run" in r.stderr, r.stderr
+    e = os.path.join(TMP, "mix-override-2")
+    rest = lines(dpipe("run", spec([1, 0]), "--resume-dir", d, "--override", "weights", "--take", 50,
+                       "--snapshot-dir", e).stdout)
+    rest += lines(dpipe("run", spec([1, 0]), "--resume-dir", e).stdout)  # the new weights need no override now
+    got = head + rest
+    assert len(got) == len(set(got)), "an element delivered twice"
+    assert sorted(x for x in got if x < 10000) == list(range(3000)), "input 0 not delivered exactly once"
+    assert 0 < sum(1 for x in got if x >= 10000) < 3000, "input 1 still drawn after its weight became 0"
+    shown = json.loads(dpipe("snapshot", "show", e).stdout)
+    history = shown["snapshots"][0]["metadata"]["dpipe.overrides"] if "snapshots" in shown else shown["metadata"]["dpipe.overrides"]
+    assert history == "mix@0.weights: 0.7, 0.3 → 1, 0 at element 30", history
+
+
 @case("usage_errors_exit_2")
 def _():
     for args in (["run"], ["run", SPEC, "--bogus"], ["run", SPEC, "--take", "-1"], ["frob"],

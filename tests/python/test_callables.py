@@ -75,6 +75,42 @@ def test_an_exception_reaches_the_consumer_after_the_elements_before_it():
     assert e.worker == 0 and "fragile" in e.node
 
 
+def test_on_error_skip_drops_what_a_callable_raises_on_and_keeps_the_count_in_the_state():
+    def not_fourths(x):
+        if x % 4 == 0:
+            raise ValueError("a multiple of four")
+        return x
+
+    p = (dpipe.range(0, 300) | dpipe.sharding_filter() | dpipe.map(not_fourths, on_error="skip")
+         | dpipe.filter(lambda x: 1 / (x % 5) > 0, on_error="skip")  # ZeroDivisionError on multiples of 5
+         | dpipe.flat_map(lambda x: [x, -x] if x % 7 else [][0], on_error="skip"))  # IndexError on multiples of 7
+    want = [y for x in range(300) if x % 4 and x % 5 and x % 7 for y in (x, -x)]
+    whole = list(dpipe.Loader(p, workers=2))  # the two workers' elements interleaved
+    assert sorted(whole) == sorted(want)
+    loader = dpipe.Loader(p, workers=2)
+    it = iter(loader)
+    head = [next(it) for _ in range(31)]
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    rest = dpipe.Loader(p, workers=2)
+    rest.load_state_dict(state)
+    assert head + list(rest) == whole
+    by_kind = {}
+    for key, n in rest.skipped().items():
+        kind = key.split("@")[0]
+        by_kind[kind] = by_kind.get(kind, 0) + n
+    assert by_kind == {"map": sum(1 for x in range(300) if x % 4 == 0),
+                       "filter": sum(1 for x in range(300) if x % 4 and x % 5 == 0),
+                       "flat_map": sum(1 for x in range(300) if x % 4 and x % 5 and x % 7 == 0)}
+    # Skip never swallows an interruption: KeyboardInterrupt raised in a callable stops the loop.
+    def interrupted(x):
+        if x == 3:
+            raise KeyboardInterrupt
+        return x
+    with pytest.raises((KeyboardInterrupt, dpipe.NodeError)) as err:
+        list(dpipe.Loader(dpipe.range(0, 10) | dpipe.map(interrupted, on_error="skip"), inline_workers=True))
+    assert isinstance(err.value, KeyboardInterrupt) or isinstance(err.value.__cause__, KeyboardInterrupt)
+
+
 def test_resume_through_a_python_map_is_exact():
     p = dpipe.range(0, 500) | dpipe.shuffle(buffer=50) | dpipe.sharding_filter() | dpipe.map(double) \
         | dpipe.batch(size=7)

@@ -124,10 +124,26 @@ def test_callables_work_on_one_field_of_a_record(corpus):
                 want.append((r["doc"], len(r["text"]), w))
     assert [(g["doc"], g["chars"], g["word"]) for g in got] == want
     assert all(isinstance(g["tokens"], np.ndarray) for g in got)  # the other fields pass through
-    with pytest.raises(TypeError, match="work with a Python callable"):
-        dpipe.map("identity", field="text")
-    with pytest.raises(TypeError, match="into= is for map and flat_map"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'into'"):
         dpipe.filter(len, field="text", into="x")
+    with pytest.raises(TypeError, match="into= needs field="):
+        dpipe.map(len, into="x")
+
+
+def test_builtin_functions_work_on_one_field_through_the_spec(corpus):
+    records = docs_pipeline(corpus)
+    p = (records | dpipe.map("affine", mul=2, add=1, field="doc", into="odd")
+         | dpipe.filter("mod_eq", mod=3, eq=0, field="doc")
+         | dpipe.flat_map("range", field="doc", into="k") | dpipe.filter("mod_eq", mod=50, eq=49, field="k"))
+    assert next(n for n in p.spec()["pipeline"] if n["op"] == "map") == {"op": "map", "fn": "affine", "mul": 2, "add": 1, "field": "doc", "into": "odd"}
+    got = [(r["doc"], r["odd"], r["k"]) for r in dpipe.Loader(p)]
+    want = [(r["doc"], 2 * r["doc"] + 1, k) for r in dpipe.Loader(records) if r["doc"] % 3 == 0
+            for k in range(r["doc"]) if k % 50 == 49]
+    assert got == want and len(want) > 10
+    with pytest.raises(dpipe.ConfigError, match="field= reads a field of records"):
+        dpipe.Loader(dpipe.range(0, 3) | dpipe.map("affine", field="x"))
+    with pytest.raises(dpipe.NodeError, match="field 'text' holds a string, the function takes an integer"):
+        list(dpipe.Loader(records | dpipe.map("affine", field="text")))
 
 
 def test_a_callable_on_another_field_is_another_pipeline(corpus):

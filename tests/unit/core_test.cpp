@@ -197,7 +197,7 @@ TEST(Kinds, EachKindsSchemaDeclaresItsParametersStateAndRole) {
   EXPECT_EQ(find_kind("take")->state_fields, (std::vector<std::string>{"taken"}));
   EXPECT_EQ(find_kind("shuffle")->state_fields, (std::vector<std::string>{"buffer", "rng", "input_done"}));
   EXPECT_EQ(find_kind("mux")->state_fields, (std::vector<std::string>{"pending", "live"}));
-  EXPECT_TRUE(find_kind("map")->state_fields.empty());
+  EXPECT_EQ(find_kind("map")->state_fields, (std::vector<std::string>{"skipped"}));  // with on_error = skip
   // Graph roles are declared on the kinds, and read from their parameters by the kinds themselves.
   EXPECT_EQ(find_kind("merge")->segment, SegmentRole::ends_workers);
   EXPECT_EQ(find_kind("dispatch")->segment, SegmentRole::starts_workers);

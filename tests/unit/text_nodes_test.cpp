@@ -1,16 +1,19 @@
 // The LLM data nodes: parse_json, pack, padded_batch and mix from C++ (tokenize against the SentencePiece
 // reference is tests/python/test_llm.py; every op resumes at every breakpoint in battery_cli), the
-// structured elements' JSON, skip counts kept in state, and pack's exactly-once rescale.
+// structured elements' JSON, skip counts kept in state, user functions' error policy and field functions,
+// and pack's exactly-once rescale.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "dpipe/dpipe.hpp"
+#include "dpipe/field_function.hpp"
 #include "../test_util.hpp"
 
 namespace dpipe {
@@ -398,6 +401,61 @@ TEST(Mix, FirstExhaustedEndsAtTheFirstEndedDrawAndNeverRestartsInputsAsNewEpochs
                                           "must not all be 0");
 }
 
+TEST(Mix, WeightsChangeAtResumeOnlyWhenOverriddenKeepingEveryBufferedElement) {
+  auto make = [](std::vector<double> w) {
+    return mix(std::vector<Pipeline<I64>>{range(0, 300) | sampler({.shuffle = SamplerShuffle::global}) | shuffle({.buffer = 16}),
+                                          range(1000, 1300) | sampler({.shuffle = SamplerShuffle::none})},
+               {.weights = std::move(w)});
+  };
+  Engine e;
+  std::vector<I64> head;
+  std::vector<Snapshot> snaps;
+  for (int r = 0; r < 2; ++r) {
+    auto run = e.start(make({0.7, 0.3}), options(1, 7, r, 2));
+    for (I64 x : drain(run, 40)) head.push_back(x);
+    snaps.push_back(Snapshot::from_bytes(run.snapshot().to_bytes()));
+  }
+  // New weights without the override: refused, naming the parameter and the way to change it.
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(make({1, 0}), snaps[0], options(1, 7, 0, 2)); },
+                                            "(resume with the override 'weights' to change it)");
+  testing::expect_throw_with<ConfigError>(
+      [&] { e.resume(make({1, 0}), snaps[0], options(1, 7, 0, 2), {.overrides = {"weight"}}); },
+      "override 'weight': no node of this pipeline has an overridable parameter");
+  // Overridden on a rescale to 3 ranks: input 1 gets weight 0. The elements produced before the snapshot
+  // (in flight in the worker queues: state) still come, each once; from there on only input 0 is drawn,
+  // so all of it arrives, those in the shuffle buffers included, and input 1 stops short. The change is
+  // recorded in the new snapshots.
+  const SnapshotSet set(std::move(snaps));
+  std::vector<I64> all = head;
+  for (int r = 0; r < 3; ++r) {
+    auto run = e.resume(make({1, 0}), set, options(1, 7, r, 3), {.rescale = true, .overrides = {"mix@0.weights"}});
+    if (r == 0) {
+      for (I64 x : drain(run, 2)) all.push_back(x);
+      const auto& meta = run.snapshot().meta.user_metadata;
+      ASSERT_TRUE(meta.count("dpipe.overrides"));
+      const std::string& history = meta.at("dpipe.overrides");
+      EXPECT_EQ(history.rfind("mix@0.weights: 0.7, 0.3 → 1, 0 at element ", 0), 0u) << history;
+    }
+    for (I64 x : drain(run)) all.push_back(x);
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "an element delivered twice";
+  const auto first_of_input1 = std::lower_bound(all.begin(), all.end(), I64{1000});
+  std::vector<I64> want(300);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(std::vector<I64>(all.begin(), first_of_input1), want);
+  const auto from_input1 = all.end() - first_of_input1;
+  EXPECT_GT(from_input1, 0);
+  EXPECT_LT(from_input1, 300) << "input 1 drawn after the override made its weight 0";
+  // Without the override a run with the old weights delivers all of input 1: the override changed the draws.
+  std::vector<I64> unchanged = head;
+  for (int r = 0; r < 3; ++r) {
+    auto run = e.resume(make({0.7, 0.3}), set, options(1, 7, r, 3), {.rescale = true});
+    for (I64 x : drain(run)) unchanged.push_back(x);
+  }
+  EXPECT_EQ(unchanged.size(), 600u);
+}
+
 TEST(MixRescale, EveryElementOfEveryInputExactlyOnceAcrossRandomLayouts) {
   testing::property_trials(12, [&](std::mt19937_64& g) {
     auto pick = [&](int n) { return testing::draw(g, n); };
@@ -414,6 +472,108 @@ TEST(MixRescale, EveryElementOfEveryInputExactlyOnceAcrossRandomLayouts) {
     std::sort(got.begin(), got.end());
     ASSERT_EQ(got, want) << "layouts " << layouts;
   });
+}
+
+/// The skip counts of the runs' nodes of `kind`, summed.
+template <class Runs>
+std::uint64_t skipped_by(Runs& runs, const std::string& kind) {
+  std::uint64_t n = 0;
+  for (auto& run : runs)
+    for (const auto& s : run.node_stats())
+      if (s.kind == kind) n += s.skipped;
+  return n;
+}
+
+TEST(UserFunctions, OnErrorSkipDropsWhatTheFunctionThrowsOnAndKeepsTheCountAcrossRescale) {
+  // map throws on multiples of 3, filter on multiples of 7, flat_map on multiples of 11 (of the input x).
+  const I64 n = 400;
+  auto p = range(0, n) | sampler({.shuffle = SamplerShuffle::global}) |
+           map([](I64 x) { return x % 3 == 0 ? throw std::runtime_error("third") : x * 10; }, {.on_error = OnDataError::skip}) |
+           filter([](I64 y) { return y % 70 == 0 ? throw std::invalid_argument("seventh") : true; }, {.on_error = OnDataError::skip}) |
+           flat_map([](I64 y) { return y % 110 == 0 ? throw std::runtime_error("eleventh") : std::vector<I64>{y, -y}; },
+                    {.on_error = OnDataError::skip});
+  std::vector<I64> want;
+  std::uint64_t thirds = 0, sevenths = 0, elevenths = 0;
+  for (I64 x = 0; x < n; ++x) {
+    if (x % 3 == 0) ++thirds;
+    else if (x % 7 == 0) ++sevenths;
+    else if (x % 11 == 0) ++elevenths;
+    else want.insert(want.end(), {x * 10, -x * 10});
+  }
+  // 2 ranks × 2 workers, stopped mid-stream; rescaled to 3 ranks × 1 worker and drained.
+  Engine e;
+  std::vector<I64> got;
+  std::vector<Snapshot> snaps;
+  std::vector<dpipe::Run<I64>> first;
+  for (int r = 0; r < 2; ++r) {
+    first.push_back(e.start(p, RunOptions{.seed = 3, .layout = Layout{r, 2, 2}, .collect_stats = true}));
+    for (I64 x : drain(first.back(), 41)) got.push_back(x);
+    snaps.push_back(Snapshot::from_bytes(first.back().snapshot().to_bytes()));
+  }
+  EXPECT_GT(skipped_by(first, "map"), 0u) << "the snapshot is taken with counts to keep";
+  const SnapshotSet set(std::move(snaps));
+  std::vector<dpipe::Run<I64>> runs;
+  for (int r = 0; r < 3; ++r) {
+    runs.push_back(e.resume(p, set, RunOptions{.seed = 3, .layout = Layout{r, 3, 1}, .collect_stats = true}, {.rescale = true}));
+    for (I64 x : drain(runs.back())) got.push_back(x);
+  }
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(skipped_by(runs, "map"), thirds);
+  EXPECT_EQ(skipped_by(runs, "filter"), sevenths);
+  EXPECT_EQ(skipped_by(runs, "flat_map"), elevenths);
+}
+
+TEST(UserFunctions, FailIsTheDefaultAndSkipNeverDropsAnEngineError) {
+  auto failing = range(0, 10) | map([](I64 x) { return x == 4 ? throw std::runtime_error("four") : x; });
+  Engine e;
+  auto run = e.start(failing, options());
+  EXPECT_EQ(drain(run, 4), (std::vector<I64>{0, 1, 2, 3}));  // the elements before the failing one come first
+  testing::expect_throw_with<NodeError>([&] { run.next(); }, "four");
+  // A map without a skip policy saves no state: its record is stateless, as before on_error existed.
+  auto plain = range(0, 10) | map([](I64 x) { return x; });
+  auto r2 = e.start(plain, options());
+  r2.next();
+  for (const NodeState& st : r2.snapshot().states)
+    if (st.kind == "map") EXPECT_EQ(st.mode, StateMode::stateless);
+  auto refusing = range(0, 10) | map([](I64 x) { return x == 2 ? throw ConfigError("not the element's fault") : x; },
+                                     {.on_error = OnDataError::skip});
+  auto r3 = e.start(refusing, options());
+  EXPECT_EQ(drain(r3, 2), (std::vector<I64>{0, 1}));
+  testing::expect_throw_with<ConfigError>([&] { r3.next(); }, "not the element's fault");
+}
+
+TEST(FieldFunctions, MapFilterAndFlatMapReadOneFieldAndWriteAnother) {
+  auto p = range(0, 6) | map([](I64 id) { return document(id, id % 3); }) |
+           map(field_map<I64>([](I64 d) { return d * 100; }, "doc", "hundreds")) |
+           filter(field_filter<I64>([](I64 d) { return d % 2 == 0; }, "doc")) |
+           flat_map(field_flat_map<Value>([](const Value& t) { return std::vector<Value>{t, Value::string("x")}; }, "tokens"));
+  Engine e;
+  auto run = e.start(p, options());
+  std::vector<std::string> got;
+  for (const Value& v : drain(run)) got.push_back(json_of(v));
+  EXPECT_EQ(got, (std::vector<std::string>{
+                     R"({"doc": 0, "tokens": [], "hundreds": 0})", R"({"doc": 0, "tokens": "x", "hundreds": 0})",
+                     R"({"doc": 2, "tokens": [2000, 2001], "hundreds": 200})", R"({"doc": 2, "tokens": "x", "hundreds": 200})",
+                     R"({"doc": 4, "tokens": [4000], "hundreds": 400})", R"({"doc": 4, "tokens": "x", "hundreds": 400})"}));
+  // A record without the field, or with another type in it, is the element's error: it fails naming the
+  // field, or is skipped and counted.
+  auto missing = range(0, 3) | map([](I64 id) { return document(id, 1); }) |
+                 map(field_map<I64>([](I64 d) { return d; }, "score"));
+  auto r2 = e.start(missing, options());
+  testing::expect_throw_with<NodeError>([&] { r2.next(); }, "the record has no field 'score'");
+  auto wrong = range(0, 3) | map([](I64 id) { return document(id, 1); }) |
+               map(field_map<I64>([](I64 d) { return d; }, "tokens"), {.on_error = OnDataError::skip});
+  auto r3 = e.start(wrong, RunOptions{.seed = 1, .collect_stats = true});
+  EXPECT_FALSE(r3.next());
+  std::vector<dpipe::Run<Value>> runs;
+  runs.push_back(std::move(r3));
+  EXPECT_EQ(skipped_by(runs, "map"), 3u);
+  auto r4 = e.start(range(0, 3) | map([](I64 id) { return document(id, 1); }) |
+                        map(field_map<I64>([](I64 d) { return d; }, "tokens")),
+                    options());
+  testing::expect_throw_with<NodeError>([&] { r4.next(); }, "field 'tokens' holds an array, the function takes an integer");
 }
 
 }  // namespace

@@ -193,6 +193,8 @@ template <class T>
 class Hooked;
 template <class T>
 class Replayed;
+template <class T>
+class HookedIf;
 
 namespace detail {
 struct ModeKey {  // only the three mode bases below can construct an Iter
@@ -204,6 +206,8 @@ struct ModeKey {  // only the three mode bases below can construct an Iter
   friend class dpipe::Hooked;
   template <class T>
   friend class dpipe::Replayed;
+  template <class T>
+  friend class dpipe::HookedIf;
 };
 }  // namespace detail
 
@@ -436,6 +440,16 @@ class Hooked : public Iter<T> {
  protected:
   Hooked(BuildContext& ctx, std::string kind, std::string key = {})
       : Iter<T>(detail::ModeKey{}, StateMode::hook, ctx, std::move(kind), std::move(key)) {}
+};
+
+/// A node whose state exists under some options only (map with on_error = skip keeps a skip count):
+/// Hooked when `hooked`, else Stateless, so the plain node's snapshot is any stateless node's. Its
+/// save_state/restore_state write nothing when stateless.
+template <class T>
+class HookedIf : public Iter<T> {
+ protected:
+  HookedIf(bool hooked, BuildContext& ctx, std::string kind)
+      : Iter<T>(detail::ModeKey{}, hooked ? StateMode::hook : StateMode::stateless, ctx, std::move(kind)) {}
 };
 
 /// What a Replayed node saves: how many elements it yielded, and a digest of them that proves a replay

@@ -64,6 +64,11 @@ struct KindInfo {
     const ParamSchema* p = find_param(params, param);
     return p && p->tuning;
   }
+  /// Semantic parameters a resume may change when asked to by name (ResumeOptions::overrides).
+  bool is_overridable(std::string_view param) const {
+    const ParamSchema* p = find_param(params, param);
+    return p && p->overridable;
+  }
   const ParamSchema* param(std::string_view param_name) const { return find_param(params, param_name); }
 };
 

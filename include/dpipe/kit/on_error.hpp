@@ -1,14 +1,15 @@
 #pragma once
 /// The error policy of nodes that read data or run a function on each element (records, parse_json,
-/// tokenize): `fail` stops the run with an error naming the node and the element, `skip` drops the
-/// element and counts it. A node that skips keeps its count in its state, so a resumed run goes on
-/// counting; the counts show in Run::node_stats() (`skipped`), `dpipe run --stats` and Python's stats.
+/// tokenize, map, filter, flat_map): `fail` stops the run with an error naming the node and the element,
+/// `skip` drops the element and counts it. A node that skips keeps its count in its state, so a resumed
+/// run goes on counting; the counts show in Run::node_stats() (`skipped`), `dpipe run --stats` and Python's stats.
 #include <cstdint>
+#include <exception>
 #include <string>
-
 #include <utility>
 #include <vector>
 
+#include "dpipe/error.hpp"
 #include "dpipe/kit/node.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/schema.hpp"
@@ -24,7 +25,24 @@ inline constexpr ParamSchema kOnErrorParam = {
     .name = "on_error", .type = ParamType::choice,
     .doc = "a bad element: fail the run naming it, or skip it and count it", .fallback = "\"fail\"", .choices = "fail|skip"};
 
+/// The `on_error` parameter of a node running a user function (map, filter, flat_map).
+inline constexpr ParamSchema kOnErrorFunctionParam = {
+    .name = "on_error", .type = ParamType::choice,
+    .doc = "an element the function throws on: fail the run naming it, or skip it and count it",
+    .fallback = "\"fail\"", .choices = "fail|skip"};
+
 inline std::string on_error_text(OnDataError e) { return e == OnDataError::skip ? "skip" : "fail"; }
+
+/// Whether on_error = skip may drop the element a user function threw `e` on: any exception of the
+/// function's own, but none of dpipe's (dpipe::Error: a pipeline's failure or refusal is never the
+/// element's fault). A function object may narrow it with `bool skips(const std::exception&) const`
+/// (a Python callable: not KeyboardInterrupt or SystemExit). Anything not a std::exception fails the run.
+template <class Fn>
+bool skippable(const Fn& fn, const std::exception& e) {
+  if (dynamic_cast<const Error*>(&e)) return false;
+  if constexpr (requires { { fn.skips(e) } -> std::convertible_to<bool>; }) return fn.skips(e);
+  return true;
+}
 
 /// The state of a node whose only state is what it skipped.
 struct SkipCountState {

@@ -90,6 +90,9 @@ struct ParamSchema {
   bool positional = false;
   /// Changes no element (a queue depth, a window of work in flight): a resume may change it.
   bool tuning = false;
+  /// A semantic parameter a resume may change when asked to by name (ResumeOptions::overrides, the tool's
+  /// --override, Python's override=): mix's weights. The state restores as it was; what follows differs.
+  bool overridable = false;
   /// The keys it is written as in the fingerprint (dpipe/graph.hpp), separated by ' ', when they are not
   /// its name: a list of files as "file*" (file0, file1, …), a list of values as "size digest".
   std::string_view fingerprint{};

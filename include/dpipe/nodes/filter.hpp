@@ -1,5 +1,6 @@
 #pragma once
-/// Keeps the elements for which a pure predicate holds. In: T → Out: T. State: none.
+/// Keeps the elements for which a pure predicate holds. In: T → Out: T. State: none; with on_error =
+/// skip, how many elements it dropped because the predicate threw on them (kit/on_error.hpp).
 #include <algorithm>
 #include <string>
 
@@ -10,6 +11,8 @@
 namespace dpipe {
 
 struct FilterOptions {
+  /// An element the predicate throws on: fail the run (after the elements kept before it), or skip it.
+  OnDataError on_error = OnDataError::fail;
   std::string name{};
 };
 
@@ -17,21 +20,25 @@ template <class T, class Pred>
 class FilterDef final : public NodeDef<T> {
  public:
   FilterDef(std::shared_ptr<const NodeDef<T>> in, Pred pred, FilterOptions o)
-      : NodeDef<T>("filter", o.name, describe_fn(pred), {in}), input_(std::move(in)), pred_(std::move(pred)) {}
+      : NodeDef<T>("filter", o.name, describe_fn(pred, o.on_error), {in}), input_(std::move(in)),
+        pred_(std::move(pred)), on_error_(o.on_error) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const NodeDef<T>& input() const { return *input_; }
   const Pred& pred() const { return pred_; }
+  OnDataError on_error() const { return on_error_; }
 
  private:
   std::shared_ptr<const NodeDef<T>> input_;
   Pred pred_;
+  OnDataError on_error_;
 };
 
 template <class T, class Pred>
-class FilterIter final : public Stateless<T> {
+class FilterIter final : public HookedIf<T> {
  public:
   FilterIter(BuildContext& ctx, const FilterDef<T, Pred>& def)
-      : Stateless<T>(ctx, "filter"), input_(def.input().instantiate(ctx)), pred_(def.pred()) {}
+      : HookedIf<T>(def.on_error() == OnDataError::skip, ctx, "filter"), input_(def.input().instantiate(ctx)),
+        pred_(def.pred()), skips_(def.on_error() == OnDataError::skip) {}
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
@@ -44,7 +51,7 @@ class FilterIter final : public Stateless<T> {
       [[maybe_unused]] const auto scope = chunk_scope(pred_);
       try {
         for (; i < n; ++i)
-          if (static_cast<bool>(pred_(p[i]))) {
+          if (holds(p[i])) {
             if (kept != i) p[kept] = std::move(p[i]);
             ++kept;
           }
@@ -56,12 +63,33 @@ class FilterIter final : public Stateless<T> {
     }
     return out.size() - before;
   }
+  void save_state(StateWriter& w) const override {
+    if (skips_) w.write(skipped_);
+  }
+  void restore_state(StateReader& r) override {
+    if (skips_) r.read(skipped_);
+  }
+  std::uint64_t skipped_elements() const override { return skipped_.skipped; }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
+  /// Whether the predicate holds; with on_error = skip, an element it throws on is counted and dropped.
+  bool holds(const T& x) {
+    if (!skips_) return static_cast<bool>(pred_(x));
+    try {
+      return static_cast<bool>(pred_(x));
+    } catch (const std::exception& e) {
+      if (!skippable(pred_, e)) throw;
+      ++skipped_.skipped;
+      return false;
+    }
+  }
+
   std::unique_ptr<Iter<T>> input_;
   Pred pred_;
+  bool skips_;
+  SkipCountState skipped_;
 };
 
 template <class T, class Pred>
@@ -83,15 +111,22 @@ struct FilterKind {
       "Keeps the elements for which a pure predicate holds.";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the predicate: a builtin function's name, or a Python callable", .positional = true},
+      kFieldParam,
+      kOnErrorFunctionParam,
   };
-  using State = void;
-  /// Rescale: a filter keeps no state, so every new instance gets the same (empty) record.
-  static RescaleRule rescale() { return RescaleRule::replicated(); }
-  /// `{"op": "filter", "fn": NAME, ...the predicate's parameters}`: a predicate the front end provides.
+  /// Only with on_error = skip (otherwise the node is stateless).
+  using State = SkipCountState;
+  /// Rescale: a stateless filter's (empty) record is replicated; a skipping filter's counts are summed.
+  static RescaleRule rescale() { return rescale::summed_skip_count(); }
+  /// `snapshot show`: elements skipped.
+  static std::string summary(const NodeState& record, const GraphNodeRecord&) { return skip_count_summary(record, "elements"); }
+  /// `{"op": "filter", "fn": NAME, ...the predicate's parameters, "field": F, "on_error": "skip"}`: a predicate
+  /// the front end provides.
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     FilterOptions o{.name = s.name()};
-    return s.filter_function([&](const auto& p, auto fn) { return p | filter(std::move(fn), o); });
+    s.choice("on_error", o.on_error, {{"fail", OnDataError::fail}, {"skip", OnDataError::skip}});
+    return s.filter_function([&](const auto& p, auto fn) { return p | filter(std::move(fn), o); }, o.on_error);
   }
 };
 

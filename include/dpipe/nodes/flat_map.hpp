@@ -1,30 +1,37 @@
 #pragma once
 /// Replaces each element by the elements of the range fn returns (a vector, say), in order.
 /// In: T → Out: the range's value type. State: the outputs of the current input not yet yielded; for an
-/// `Expansion` (outputs made one at a time, builtins::Iota's), the remainder of the expansion instead.
+/// `Expansion` (outputs made one at a time, builtins::Iota's), the remainder of the expansion instead; with
+/// on_error = skip, also how many inputs it dropped because the function threw on them.
 #include <algorithm>
 #include <deque>
 #include <iterator>
+#include <limits>
 #include <ranges>
 #include <string>
 
+#include "dpipe/kit/on_error.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/kit/rescale.hpp"
 
 namespace dpipe {
 
-/// A flat_map's saved state: the outputs of the current input not yet yielded. `Elems` is std::vector<Out>
-/// in the node, ElementBlobs in its rescale rule.
-template <class Elems>
+/// A flat_map's saved state: the outputs of the current input not yet yielded, and with on_error = skip
+/// (`kCounts`) the inputs skipped. `Elems` is std::vector<Out> in the node, ElementBlobs in its rescale rule.
+template <class Elems, bool kCounts = false>
 struct FlatMapState {
   Elems pending{};
+  std::uint64_t skipped = 0;
   template <class A>
   void fields(A& a) {
     a("pending", pending);
+    if constexpr (kCounts) a("skipped", skipped);
   }
 };
 
 struct FlatMapOptions {
+  /// An input the function throws on: fail the run (after the outputs before it), or skip it.
+  OnDataError on_error = OnDataError::fail;
   std::string name{};
 };
 
@@ -43,12 +50,14 @@ concept Expansion = Snapshottable<R> && requires(R r, const R& c) {
 /// A streaming flat_map's saved state: the remainders of its unfinished expansions, in order (one in a
 /// node; more after a rescale pooled several old instances'). `Rests` is std::vector<R> in the node,
 /// ElementBlobs in its rescale rule.
-template <class Rests>
+template <class Rests, bool kCounts = false>
 struct FlatMapRestState {
   Rests rests{};
+  std::uint64_t skipped = 0;
   template <class A>
   void fields(A& a) {
     a("rests", rests);
+    if constexpr (kCounts) a("skipped", skipped);
   }
 };
 
@@ -71,14 +80,17 @@ class FlatMapDef final : public NodeDef<flat_map_result_t<In, Fn>> {
  public:
   using Out = flat_map_result_t<In, Fn>;
   FlatMapDef(std::shared_ptr<const NodeDef<In>> in, Fn fn, FlatMapOptions o)
-      : NodeDef<Out>("flat_map", o.name, describe_fn(fn), {in}), input_(std::move(in)), fn_(std::move(fn)) {}
+      : NodeDef<Out>("flat_map", o.name, describe_fn(fn, o.on_error), {in}), input_(std::move(in)),
+        fn_(std::move(fn)), on_error_(o.on_error) {}
   std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override;
   const NodeDef<In>& input() const { return *input_; }
   const Fn& fn() const { return fn_; }
+  OnDataError on_error() const { return on_error_; }
 
  private:
   std::shared_ptr<const NodeDef<In>> input_;
   Fn fn_;
+  OnDataError on_error_;
 };
 
 template <class In, class Fn>
@@ -86,7 +98,8 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
  public:
   using Out = flat_map_result_t<In, Fn>;
   FlatMapIter(BuildContext& ctx, const FlatMapDef<In, Fn>& def)
-      : Hooked<Out>(ctx, "flat_map"), input_(def.input().instantiate(ctx)), fn_(def.fn()) {}
+      : Hooked<Out>(ctx, "flat_map"), input_(def.input().instantiate(ctx)), fn_(def.fn()),
+        skips_(def.on_error() == OnDataError::skip) {}
 
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
@@ -102,6 +115,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
     } else {
       w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
     }
+    if (skips_) w.write(skipped_);
   }
   void restore_state(StateReader& r) override {
     if constexpr (kStreams) {
@@ -114,7 +128,9 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       pending_ = std::move(st.pending);
       next_ = 0;
     }
+    if (skips_) r.read(skipped_);
   }
+  std::uint64_t skipped_elements() const override { return skipped_.skipped; }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
@@ -142,6 +158,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
         for (auto&& y : fn_(std::move(scratch_[0]))) pending_.push_back(std::forward<decltype(y)>(y));
       } catch (...) {
         pending_.clear();
+        if (skipped_this()) continue;
         return this->fail_after(n);
       }
     }
@@ -168,14 +185,31 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       try {
         rests_.push_back(fn_(std::move(scratch_[0])));
       } catch (...) {
+        if (skipped_this()) continue;
         return this->fail_after(n);
       }
     }
     return n;
   }
 
+  /// In a catch block: whether on_error = skip drops the input the function threw on (and counts it).
+  bool skipped_this() {
+    if (!skips_) return false;
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      if (!skippable(fn_, e)) return false;
+    } catch (...) {
+      return false;
+    }
+    ++skipped_.skipped;
+    return true;
+  }
+
   std::unique_ptr<Iter<In>> input_;
   Fn fn_;
+  bool skips_;
+  SkipCountState skipped_;
   std::vector<Out> pending_;
   std::size_t next_ = 0;
   std::vector<In> scratch_;
@@ -202,35 +236,52 @@ struct FlatMapKind {
       "saves `rests` instead of `pending`).";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable", .positional = true},
+      kFieldParam,
+      kIntoParam,
+      kOnErrorFunctionParam,
   };
-  using State = FlatMapState<ElementBlobs>;
+  /// `skipped` only with on_error = skip.
+  using State = FlatMapState<ElementBlobs, true>;
 
   /// Rescale: the pending outputs of every old instance are pooled and dealt (rescale::deal) to the new ones;
-  /// for a streaming flat_map, the remainders of its expansions, each whole.
+  /// for a streaming flat_map, the remainders of its expansions, each whole. Skip counts are summed into the
+  /// first new instance.
   static RescaleRule rescale() {
     return RescaleRule::dealt([](const RescaleInput& in) {
-      using R = FlatMapRestState<ElementBlobs>;
-      if (in.has_field(rescale::field_name(&R::rests))) {
-        in.check_fields<R>();
-        const auto dealt = in.deal(&R::rests);
-        return in.write_slots([&](std::size_t j) { return R{.rests = dealt[j]}; });
-      }
-      using S = FlatMapState<ElementBlobs>;
-      in.check_fields<S>();
-      const auto dealt = in.deal(&S::pending);
-      return in.write_slots([&](std::size_t j) {
-        S s;
-        s.pending = dealt[j];
-        return s;
-      });
+      const bool streams = in.has_field(rescale::field_name(&FlatMapRestState<ElementBlobs>::rests));
+      const bool counts = in.has_field(rescale::field_name(&SkipCountState::skipped));
+      const auto dealt = [&]<class S>(S, auto member) {
+        in.check_fields<S>();
+        const auto parts = in.deal(member);
+        std::uint64_t total = 0;
+        if (counts) {
+          const auto skipped = in.numbers(&S::skipped);
+          for (std::size_t i = 0; i < skipped.size(); ++i) {
+            if (skipped[i] > std::numeric_limits<std::uint64_t>::max() - total) in.refuse("the skip counts overflow");
+            total += skipped[i];
+          }
+        }
+        return in.write_slots([&](std::size_t j) {
+          S s;
+          s.*member = parts[j];
+          s.skipped = j == 0 ? total : 0;
+          return s;
+        });
+      };
+      if (streams)
+        return counts ? dealt(FlatMapRestState<ElementBlobs, true>{}, &FlatMapRestState<ElementBlobs, true>::rests)
+                      : dealt(FlatMapRestState<ElementBlobs>{}, &FlatMapRestState<ElementBlobs>::rests);
+      return counts ? dealt(FlatMapState<ElementBlobs, true>{}, &FlatMapState<ElementBlobs, true>::pending)
+                    : dealt(FlatMapState<ElementBlobs>{}, &FlatMapState<ElementBlobs>::pending);
     });
   }
-
-  /// `{"op": "flat_map", "fn": NAME, ...the function's parameters}`: a function the front end provides.
+  /// `{"op": "flat_map", "fn": NAME, ...the function's parameters, "field": F, "into": G, "on_error": "skip"}`: a
+  /// function the front end provides.
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     FlatMapOptions o{.name = s.name()};
-    return s.flat_map_function([&](const auto& p, auto fn) { return p | flat_map(std::move(fn), o); });
+    s.choice("on_error", o.on_error, {{"fail", OnDataError::fail}, {"skip", OnDataError::skip}});
+    return s.flat_map_function([&](const auto& p, auto fn) { return p | flat_map(std::move(fn), o); }, o.on_error);
   }
 };
 

@@ -1,16 +1,21 @@
 #pragma once
 /// Applies a pure function to every element. In: T → Out: fn(T). State: none (the function must not
-/// keep state between calls; use `generator` for that).
+/// keep state between calls; use `generator` for that); with on_error = skip, how many elements it
+/// dropped because the function threw on them (kit/on_error.hpp).
 #include <string>
 #include <type_traits>
 
+#include "dpipe/fields.hpp"
 #include "dpipe/pipeline.hpp"
+#include "dpipe/kit/on_error.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
 
 struct MapOptions {
+  /// An element the function throws on: fail the run (after the elements before it), or skip it.
+  OnDataError on_error = OnDataError::fail;
   std::string name{};
 };
 
@@ -19,6 +24,15 @@ template <class Fn>
 Params describe_fn(const Fn& fn) {
   if constexpr (requires { { fn.describe() } -> std::convertible_to<Params>; }) return fn.describe();
   else return {};
+}
+
+/// The fingerprint parameters of a node running `fn` under `policy` (skip is named; fail, the default, is not,
+/// so fingerprints of earlier pipelines stay as they were).
+template <class Fn>
+Params describe_fn(const Fn& fn, OnDataError policy) {
+  Params p = describe_fn(fn);
+  if (policy == OnDataError::skip) p.push_back({"on_error", "skip"});
+  return p;
 }
 
 /// A function object may also hold a resource over a chunk of calls (a Python callable holds the GIL):
@@ -38,25 +52,30 @@ class MapDef final : public NodeDef<map_result_t<In, Fn>> {
  public:
   using Out = map_result_t<In, Fn>;
   MapDef(std::shared_ptr<const NodeDef<In>> in, Fn fn, MapOptions o)
-      : NodeDef<Out>("map", o.name, describe_fn(fn), {in}), input_(std::move(in)), fn_(std::move(fn)) {}
+      : NodeDef<Out>("map", o.name, describe_fn(fn, o.on_error), {in}), input_(std::move(in)), fn_(std::move(fn)),
+        on_error_(o.on_error) {}
   std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override;
   const NodeDef<In>& input() const { return *input_; }
   const Fn& fn() const { return fn_; }
+  OnDataError on_error() const { return on_error_; }
 
  private:
   std::shared_ptr<const NodeDef<In>> input_;
   Fn fn_;
+  OnDataError on_error_;
 };
 
 template <class In, class Fn>
-class MapIter final : public Stateless<map_result_t<In, Fn>> {
+class MapIter final : public HookedIf<map_result_t<In, Fn>> {
  public:
   using Out = map_result_t<In, Fn>;
   MapIter(BuildContext& ctx, const MapDef<In, Fn>& def)
-      : Stateless<Out>(ctx, "map"), input_(def.input().instantiate(ctx)), fn_(def.fn()) {}
+      : HookedIf<Out>(def.on_error() == OnDataError::skip, ctx, "map"), input_(def.input().instantiate(ctx)),
+        fn_(def.fn()), skips_(def.on_error() == OnDataError::skip) {}
 
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    if (skips_) return pull_skipping(out, max);
     if constexpr (std::is_same_v<In, Out>) {  // transform in place: no second buffer
       const std::size_t before = out.size();
       const std::size_t n = input_->pull(out, max);
@@ -83,12 +102,63 @@ class MapIter final : public Stateless<map_result_t<In, Fn>> {
       return n;
     }
   }
+  void save_state(StateWriter& w) const override {
+    if (skips_) w.write(skipped_);
+  }
+  void restore_state(StateReader& r) override {
+    if (skips_) r.read(skipped_);
+  }
+  std::uint64_t skipped_elements() const override { return skipped_.skipped; }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
+  static constexpr bool kInPlace = std::is_same_v<In, Out>;
+
+  /// on_error = skip: an element the function throws on is dropped and counted; a chunk of such elements
+  /// only is dropped whole and the input pulled again (0 stays the end of the stream).
+  std::size_t pull_skipping(std::vector<Out>& out, std::size_t max) {
+    for (;;) {
+      const std::size_t before = out.size();
+      std::size_t n;
+      In* p;
+      if constexpr (kInPlace) {
+        n = input_->pull(out, max);
+        p = out.data() + before;
+      } else {
+        scratch_.clear();
+        n = input_->pull(scratch_, max);
+        p = scratch_.data();
+      }
+      if (n == 0) return 0;
+      std::size_t kept = 0;
+      [[maybe_unused]] const auto scope = chunk_scope(fn_);
+      for (std::size_t i = 0; i < n; ++i) {
+        try {
+          if constexpr (kInPlace) p[kept] = fn_(std::move(p[i]));  // slot `kept` is done with
+          else out.push_back(fn_(std::move(p[i])));
+          ++kept;
+        } catch (const std::exception& e) {
+          if (!skippable(fn_, e)) return fail_skipping(out, before, kept);
+          ++skipped_.skipped;
+        } catch (...) {
+          return fail_skipping(out, before, kept);
+        }
+      }
+      if constexpr (kInPlace) out.resize(before + kept);
+      if (kept > 0) return kept;
+    }
+  }
+  /// In a catch block: delivers the `kept` results before the failing element, then fails.
+  std::size_t fail_skipping(std::vector<Out>& out, std::size_t before, std::size_t kept) {
+    out.resize(before + kept);
+    return this->fail_after(kept);
+  }
+
   std::unique_ptr<Iter<In>> input_;
   Fn fn_;  // a copy per worker
+  bool skips_;
+  SkipCountState skipped_;
   std::vector<In> scratch_;
 };
 
@@ -111,15 +181,23 @@ struct MapKind {
       "Applies a pure function to every element.";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable", .positional = true},
+      kFieldParam,
+      kIntoParam,
+      kOnErrorFunctionParam,
   };
-  using State = void;
-  /// Rescale: a map keeps no state, so every new instance gets the same (empty) record.
-  static RescaleRule rescale() { return RescaleRule::replicated(); }
-  /// `{"op": "map", "fn": NAME, ...the function's parameters}`: a function the front end provides.
+  /// Only with on_error = skip (otherwise the node is stateless).
+  using State = SkipCountState;
+  /// Rescale: a stateless map's (empty) record is replicated; a skipping map's counts are summed.
+  static RescaleRule rescale() { return rescale::summed_skip_count(); }
+  /// `snapshot show`: elements skipped.
+  static std::string summary(const NodeState& record, const GraphNodeRecord&) { return skip_count_summary(record, "elements"); }
+  /// `{"op": "map", "fn": NAME, ...the function's parameters, "field": F, "into": G, "on_error": "skip"}`: a
+  /// function the front end provides.
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     MapOptions o{.name = s.name()};
-    return s.map_function([&](const auto& p, auto fn) { return p | map(std::move(fn), o); });
+    s.choice("on_error", o.on_error, {{"fail", OnDataError::fail}, {"skip", OnDataError::skip}});
+    return s.map_function([&](const auto& p, auto fn) { return p | map(std::move(fn), o); }, o.on_error);
   }
 };
 

@@ -72,8 +72,11 @@ class MergeIter final : public Hooked<T> {
   /// Builds one chain of `segment` per worker of the layout; `key` empty takes the graph's next key.
   MergeIter(BuildContext& ctx, const NodeDef<T>& segment, std::string key = {})
       : Hooked<T>(ctx, "merge", std::move(key)), executor_(ctx.executor), inline_(ctx.inline_workers) {
-    std::size_t capacity = LaneDepth<T>::kDefaultCapacity;
-    if (segment.kind() == kPrefetchKind) capacity = prefetch_depth(segment);
+    std::size_t capacity = LaneDepth<T>::kDefaultCapacity, chunk = LaneDepth<T>::kChunk;
+    if (segment.kind() == kPrefetchKind) {  // its depth bounds what a worker holds ahead, chunks included
+      capacity = prefetch_depth(segment);
+      chunk = std::min(chunk, std::max<std::size_t>(capacity, 1));
+    }
     const std::size_t first_key = ctx.cursor;
     std::size_t end_key = first_key;
     for (int w = 0; w < ctx.layout.num_workers; ++w) {
@@ -83,8 +86,8 @@ class MergeIter final : public Hooked<T> {
       c.cursor = first_key;
       auto chain = segment.instantiate(c);
       end_key = c.cursor;
-      lanes_.push_back(std::make_unique<detail::AsyncLane<T>>(std::move(chain), ctx.executor, capacity,
-                                                              LaneDepth<T>::kChunk, ctx.inline_workers));
+      lanes_.push_back(std::make_unique<detail::AsyncLane<T>>(std::move(chain), ctx.executor, capacity, chunk,
+                                                              ctx.inline_workers));
     }
     ctx.cursor = end_key;
     finished_.assign(lanes_.size(), false);

@@ -171,7 +171,7 @@ struct MixKind {
   static constexpr std::string_view doc =
       "A weighted, deterministic interleave of several pipelines (a source; stop at the first or last exhausted, or never).";
   static constexpr ParamSchema params[] = {
-      {.name = "weights", .type = ParamType::numbers, .doc = "one weight per input, not negative, not all 0 (absent: equal)", .fallback = "null"},
+      {.name = "weights", .type = ParamType::numbers, .doc = "one weight per input, not negative, not all 0 (absent: equal); a resume may change them with the override 'weights'", .fallback = "null", .overridable = true},
       {.name = "stop", .type = ParamType::choice, .doc = "end when a drawn input ends, when all have ended, or never (inputs restart as new epochs)",
        .fallback = "\"all_exhausted\"", .choices = "first_exhausted|all_exhausted|never"},
       {.name = "with", .type = ParamType::pipelines, .doc = "the pipelines mixed (Python: positional)"},
