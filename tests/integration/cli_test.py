@@ -396,9 +396,9 @@ def _():
     assert len(got) == len(set(got)), "an element delivered twice"
     assert sorted(x for x in got if x < 10000) == list(range(3000)), "input 0 not delivered exactly once"
     assert 0 < sum(1 for x in got if x >= 10000) < 3000, "input 1 still drawn after its weight became 0"
-    shown = json.loads(dpipe("snapshot", "show", e).stdout)
-    history = shown["snapshots"][0]["metadata"]["dpipe.overrides"] if "snapshots" in shown else shown["metadata"]["dpipe.overrides"]
-    assert history == "mix@0.weights: 0.7, 0.3 → 1, 0 at element 30", history
+    shown = json.loads(dpipe("snapshot", "show", rank_file(e, 0, 1)).stdout)
+    history = shown["user_metadata"]["dpipe.overrides"]
+    assert history == "mix@1.weights: 0.7, 0.3 → 1, 0 at element 30", history
 
 
 @case("usage_errors_exit_2")

@@ -405,7 +405,8 @@ TEST(Mix, WeightsChangeAtResumeOnlyWhenOverriddenKeepingEveryBufferedElement) {
   auto make = [](std::vector<double> w) {
     return mix(std::vector<Pipeline<I64>>{range(0, 300) | sampler({.shuffle = SamplerShuffle::global}) | shuffle({.buffer = 16}),
                                           range(1000, 1300) | sampler({.shuffle = SamplerShuffle::none})},
-               {.weights = std::move(w)});
+               {.weights = std::move(w)}) |
+           prefetch({.depth = 4});  // a few elements in flight at a snapshot, not the whole stream
   };
   Engine e;
   std::vector<I64> head;
@@ -428,13 +429,13 @@ TEST(Mix, WeightsChangeAtResumeOnlyWhenOverriddenKeepingEveryBufferedElement) {
   const SnapshotSet set(std::move(snaps));
   std::vector<I64> all = head;
   for (int r = 0; r < 3; ++r) {
-    auto run = e.resume(make({1, 0}), set, options(1, 7, r, 3), {.rescale = true, .overrides = {"mix@0.weights"}});
+    auto run = e.resume(make({1, 0}), set, options(1, 7, r, 3), {.rescale = true, .overrides = {"mix@1.weights"}});
     if (r == 0) {
       for (I64 x : drain(run, 2)) all.push_back(x);
       const auto& meta = run.snapshot().meta.user_metadata;
       ASSERT_TRUE(meta.count("dpipe.overrides"));
       const std::string& history = meta.at("dpipe.overrides");
-      EXPECT_EQ(history.rfind("mix@0.weights: 0.7, 0.3 → 1, 0 at element ", 0), 0u) << history;
+      EXPECT_EQ(history.rfind("mix@1.weights: 0.7, 0.3 → 1, 0 at element ", 0), 0u) << history;
     }
     for (I64 x : drain(run)) all.push_back(x);
   }
