@@ -204,8 +204,13 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
   }
   std::string history;
   if (const auto it = m.user_metadata.find(kOverridesKey); it != m.user_metadata.end()) history = it->second;
-  for (const auto& change : overrides.applied)
-    history += (history.empty() ? "" : "; ") + change + " at element " + std::to_string(m.elements_delivered);
+  // Where the change took effect: the user's step, else this rank's element, or the rescale the snapshot
+  // came from (a rescaled rank starts its count at 0).
+  std::string where = "at element " + std::to_string(m.elements_delivered);
+  if (const auto it = m.user_metadata.find("rescaled_from"); it != m.user_metadata.end() && m.elements_delivered == 0)
+    where = "at the rescale from " + it->second;
+  if (m.step) where = "at step " + std::to_string(*m.step);
+  for (const auto& change : overrides.applied) history += (history.empty() ? "" : "; ") + change + " " + where;
   return history;
 }
 

@@ -45,10 +45,6 @@ void append_spec_element_json(std::string& out, const T& v, bool bytes) {
   }
 }
 
-/// Functions a front end provides besides the builtins (the Python package's callables), named in a spec
-/// as `{"op": "map", "fn": "external", "id": N, "out": TYPE}` (`out`: an element type name, "integer",
-/// "batch of string", …; absent: the input's type; filter and flat_map take no `out`). The provider builds
-/// the node itself, so its callables' types stay in its own translation unit.
 /// How a node running an external function is made: its name, whether its input's strings are bytes
 /// (records), and its error policy.
 struct ExternalNode {
@@ -57,6 +53,10 @@ struct ExternalNode {
   OnDataError on_error = OnDataError::fail;
 };
 
+/// Functions a front end provides besides the builtins (the Python package's callables), named in a spec
+/// as `{"op": "map", "fn": "external", "id": N, "out": TYPE}` (`out`: an element type name, "integer",
+/// "batch of string", …; absent: the input's type; filter and flat_map take no `out`). The provider builds
+/// the node itself, so its callables' types stay in its own translation unit.
 class ExternalFunctions {
  public:
   virtual ~ExternalFunctions() = default;

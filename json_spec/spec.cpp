@@ -34,6 +34,16 @@ bool fits_int64(const json& v) {
 
 std::string list_type_name(const std::string& t) { return t == "string" ? "strings" : t + "s"; }
 
+/// A value as an error message shows it: a list or an object by its kind and size (never printed
+/// whole: one may nest 100,000 deep), anything else as JSON, cut at 80 characters.
+std::string shown(const json& v) {
+  if (v.is_array()) return "a list of " + std::to_string(v.size());
+  if (v.is_object()) return "an object of " + std::to_string(v.size()) + " keys";
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 class JsonNode;
 // The external functions of the spec being parsed on this thread (set by parse_spec for its nested
 // chains too).
@@ -496,7 +506,7 @@ class JsonNode {
     if (!x.is_object() || x.empty()) fail("parameter '" + key + "' must be a non-empty object of field name → type name");
     v.clear();
     for (auto it = x.begin(); it != x.end(); ++it) {
-      if (!it->is_string()) fail("'" + key + "': the type of field '" + it.key() + "' must be a string, got " + it->dump());
+      if (!it->is_string()) fail("'" + key + "': the type of field '" + it.key() + "' must be a string, got " + shown(*it));
       v.emplace_back(it.key(), it->get<std::string>());
     }
   }
@@ -504,7 +514,7 @@ class JsonNode {
     if (!x.is_array()) fail("parameter '" + key + "' must be a list of numbers");
     v.clear();
     for (const auto& e : x) {
-      if (!e.is_number()) fail("'" + key + "' must hold only numbers, found " + e.dump());
+      if (!e.is_number()) fail("'" + key + "' must hold only numbers, found " + shown(e));
       v.push_back(e.get<double>());
     }
   }
@@ -515,11 +525,11 @@ class JsonNode {
     v.clear();
     for (const auto& e : x) {
       if constexpr (std::is_same_v<T, std::string>) {
-        if (!e.is_string()) fail("'" + key + "' must hold only " + what + ", found " + e.dump());
+        if (!e.is_string()) fail("'" + key + "' must hold only " + what + ", found " + shown(e));
         v.push_back(e.get<std::string>());
       } else {
-        if (!e.is_number_integer()) fail("'" + key + "' must hold only " + what + ", found " + e.dump());
-        if (!fits_int64(e)) fail("'" + key + "' holds " + e.dump() + ", which does not fit in a 64-bit signed integer");
+        if (!e.is_number_integer()) fail("'" + key + "' must hold only " + what + ", found " + shown(e));
+        if (!fits_int64(e)) fail("'" + key + "' holds " + shown(e) + ", which does not fit in a 64-bit signed integer");
         v.push_back(e.get<std::int64_t>());
       }
     }

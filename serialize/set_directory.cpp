@@ -10,11 +10,13 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/crc32c.hpp"
@@ -544,6 +546,28 @@ namespace {
 /// `counter` sees every name listed. When a file was removed, a manifest naming another set than
 /// `set` is removed at once, before the removals are made durable (one that names the removed file may
 /// have been written since this rank's first removal of it).
+/// Whether `name` is a temporary a killed writer left for a rank file of rank R of `world` that this write
+/// replaced (`.rank-R-of-W.….dpipe-tmp.PID.HEX`, PID gone), whatever step or set the file was for: a killed
+/// write of step 5 is not left behind by the complete write of step 6.
+bool stale_rank_temporary(std::string_view name, int world, const std::vector<std::string>& written_by_rank) {
+  int rank = -1, of = -1, used = 0;
+  const std::string text(name.substr(0, 64));
+  if (std::sscanf(text.c_str(), ".rank-%d-of-%d.%n", &rank, &of, &used) != 2 || used == 0 || of != world || rank < 0 ||
+      static_cast<std::size_t>(rank) >= written_by_rank.size() || written_by_rank[static_cast<std::size_t>(rank)].empty())
+    return false;
+  constexpr std::string_view kMark = ".dpipe-tmp.";
+  const auto at = name.rfind(kMark);
+  if (at == std::string_view::npos) return false;
+  const std::string rest(name.substr(at + kMark.size()));
+  char* end = nullptr;
+  errno = 0;
+  const long pid = std::strtol(rest.c_str(), &end, 10);
+  if (errno != 0 || end == rest.c_str() || *end != '.' || pid <= 0 || pid == static_cast<long>(::getpid())) return false;
+  const char* hex = end + 1;
+  if (*hex == '\0' || std::strspn(hex, "0123456789abcdef") != std::strlen(hex)) return false;
+  return detail::process_is_gone(pid);
+}
+
 void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank,
                         SetFileCounter& counter, const SetIdentity& set) {
   DIR* d = ::opendir(dir.c_str());
@@ -560,6 +584,11 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
     counter.see(name);
+    if (name.starts_with(".") && name.substr(1).starts_with(prefix) && stale_rank_temporary(name, world, written_by_rank)) {
+      ::unlinkat(::dirfd(d), e->d_name, 0);  // a race with another cleaner is harmless
+      errno = 0;
+      continue;
+    }
     if (!name.starts_with(prefix)) continue;
     const auto f = SnapshotSet::parse_file_name(name);
     if (!f || f->world_size != world || static_cast<std::size_t>(f->rank) >= written_by_rank.size()) continue;

@@ -83,7 +83,8 @@ SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std
 std::uint64_t snapshot_id(const SnapshotMeta& m);
 /// Refuses a snapshot that does not belong to this graph, seed, epoch and layout. Returns the history of
 /// overridden parameters (ResumeOptions::overrides) the run's snapshots record: the snapshot's, then this
-/// resume's ("mix@1.weights: 0.7 0.3 → 0.5 0.5 at element 1200"), separated by "; ".
+/// resume's ("mix@1.weights: 0.7, 0.3 → 0.5, 0.5 at element 1200", "… at step 300", "… at the rescale
+/// from 2 ranks x 2 workers"), separated by "; ".
 std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r);
 /// The metadata key under which snapshots record the parameters resumes overrode.
 inline constexpr const char* kOverridesKey = "dpipe.overrides";

@@ -100,27 +100,63 @@ struct FieldFilter {
   }
 };
 
-/// flat_map: record → one copy of it per output of fn(record[field]), the output in `into`. fn's result is
-/// collected (an Expansion too), so a record's outputs are held whole until they are yielded.
+/// A field flat_map's streamed expansion: the record, the field its outputs go into, and what remains of
+/// the function's own Expansion (builtins::Iota's). Made one output at a time, saved as those three, so
+/// `range` on a field of 2^40 holds one record, never its outputs.
+template <class Rest>
+struct FieldExpansion {
+  using value_type = Value;
+  Value record;
+  std::string into;
+  Rest rest;
+  bool empty() const { return rest.empty(); }
+  Value front() const {
+    Value out = record;
+    set_field(out, into, detail::field_value(rest.front()));
+    return out;
+  }
+  void pop_front() { rest.pop_front(); }
+};
+
+template <class Rest>
+struct Codec<FieldExpansion<Rest>> {
+  static constexpr std::size_t kMinBytes = Codec<Value>::kMinBytes + Codec<std::string>::kMinBytes + Codec<Rest>::kMinBytes;
+  static void encode(ByteWriter& w, const FieldExpansion<Rest>& v) {
+    Codec<Value>::encode(w, v.record);
+    Codec<std::string>::encode(w, v.into);
+    Codec<Rest>::encode(w, v.rest);
+  }
+  static FieldExpansion<Rest> decode(ByteReader& r) {
+    FieldExpansion<Rest> v;
+    v.record = Codec<Value>::decode(r);
+    v.into = Codec<std::string>::decode(r);
+    v.rest = Codec<Rest>::decode(r);
+    return v;
+  }
+  static std::string tag() { return "tup<value,str," + Codec<Rest>::tag() + ">"; }
+};
+
+/// flat_map: record → one copy of it per output of fn(record[field]), the output in `into`. A result that
+/// is an Expansion stays one (FieldExpansion: streamed and saved as a remainder); any other is collected.
 template <class Arg, class Fn>
 struct FieldFlatMap {
   Fn fn;
   std::string field, into;
-  std::vector<Value> operator()(Value record) const {
+  auto operator()(Value record) const {
     Value& f = detail::record_field(record, field);
-    auto&& result = detail::call_on_field<Arg>(fn, f, field, into == field);
-    std::vector<Value> out;
-    const auto emit = [&](auto&& y) {
-      Value copy = record;
-      set_field(copy, into, detail::field_value(std::forward<decltype(y)>(y)));
-      out.push_back(std::move(copy));
-    };
-    if constexpr (Expansion<std::decay_t<decltype(result)>>) {
-      for (auto rest = result; !rest.empty(); rest.pop_front()) emit(rest.front());
+    auto result = detail::call_on_field<Arg>(fn, f, field, into == field);
+    using Result = decltype(result);
+    if constexpr (Expansion<Result>) {
+      return FieldExpansion<Result>{std::move(record), into, std::move(result)};
     } else {
-      for (auto&& y : result) emit(std::forward<decltype(y)>(y));
+      std::vector<Value> out;
+      for (auto&& y : result) {
+        Value copy = record;
+        set_field(copy, into, detail::field_value(std::forward<decltype(y)>(y)));
+        out.push_back(std::move(copy));
+      }
+      return out;
     }
-    return out;
   }
   bool skips(const std::exception& e) const { return skippable(fn, e); }
   Params describe() const { return detail::describe_field_fn(fn, field, into); }

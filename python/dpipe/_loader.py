@@ -128,8 +128,9 @@ class LoaderBase:
         return list(loop.warnings)
 
     def skipped(self):
-        """Elements dropped as bad by nodes with on_error="skip" (parse_json, tokenize, records), by node
-        key: a dict of counts, kept across state_dict() / load_state_dict(). Empty before iteration."""
+        """Elements dropped as bad by nodes with on_error="skip" (parse_json, tokenize, records, map, filter,
+        flat_map), by node key: a dict of counts, kept across state_dict() / load_state_dict(). Empty
+        before iteration."""
         loop = self._restored or self._loop
         return dict(loop.skipped()) if loop is not None else {}
 
@@ -212,6 +213,10 @@ def _snapshot_bytes(state):
 def rescale(state_dicts, world_size, workers):
     """Every rank's state dict of one step → the state dicts of a layout of `world_size` ranks ×
     `workers` workers (like `dpipe snapshot rescale`); rank r of the new layout loads element r."""
+    for name, value in (("world_size", world_size), ("workers", workers)):
+        # Checked here: pybind11's own refusal of an out-of-range int prints every argument, the states' bytes too.
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31:
+            raise _dpipe.ConfigError(f"rescale: {name} must be an integer from 1 to 2^31 - 1, got {value!r}")
     blobs = [_snapshot_bytes(s) for s in state_dicts]
     # Elements equal_steps carried are dealt round-robin to the new ranks, in old rank order.
     carried = list(itertools.chain.from_iterable(s.get(CARRY_KEY, ()) for s in state_dicts))

@@ -14,7 +14,6 @@ _ids = itertools.count(1)
 # `out=` of map: Python types, or the spec's element type names. object (or "value"): any value of the
 # kinds a snapshot can hold (None, bool, int, float, str, bytes, tuple, list, dict, numpy arrays).
 _OUT_TYPES = {int: "integer", str: "string", bytes: "string", object: "value"}
-# The ops whose Python callable may work on one field of a record (torch's input_col / output_col).
 def _on_field(op, fn, field, into):
     """A callable of `op` that reads field `field` of a record (a dict) and, for map and flat_map, writes
     its result into field `into` (default: the same) of a copy of the record. Its qualified name carries

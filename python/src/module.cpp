@@ -163,8 +163,12 @@ class PythonCallError : public std::runtime_error {
 // Python → the element types of specs; a mismatch is an error naming the callable and what it returned.
 template <class T>
 struct FromPython;
+/// A callable returned a value of the wrong type: the pipeline's mistake, never skipped as the element's.
+struct ResultTypeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 [[noreturn]] void wrong_type(const py::handle& v, const std::string& want, const std::string& label) {
-  throw std::runtime_error("the Python callable " + label + " returned " +
+  throw ResultTypeError("the Python callable " + label + " returned " +
                            std::string(py::str(py::type::handle_of(v).attr("__name__"))) + ", expected " + want);
 }
 template <>
@@ -319,8 +323,10 @@ struct PyCallable {
   }
   Params describe() const { return {{"fn", "python"}, {"callable", label}}; }
   GilHeld chunk_scope() const { return GilHeld(); }
-  /// on_error = skip drops an element the callable raised an Exception on, never KeyboardInterrupt or SystemExit.
+  /// on_error = skip drops an element the callable raised an Exception on, never KeyboardInterrupt or
+  /// SystemExit, nor one it returned a value of the wrong type for.
   bool skips(const std::exception& e) const {
+    if (dynamic_cast<const ResultTypeError*>(&e)) return false;
     const auto* call = dynamic_cast<const PythonCallError*>(&e);
     return !call || !call->interrupts;
   }

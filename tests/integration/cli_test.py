@@ -219,6 +219,13 @@ def _():
         assert r.returncode == 1 and "64-bit" in r.stderr, (r.returncode, r.stdout, r.stderr)
     r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 9223372036854775808}]}), check=False)
     assert r.returncode == 1 and "64-bit" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    # A value nested 70,000 lists deep (140 KB) is named by its kind in a short line, never printed whole.
+    deep_spec = os.path.join(TMP, "deep_values.json")  # a file: one argument may not hold 140 KB
+    with open(deep_spec, "w") as f:
+        f.write('{"pipeline": [{"op": "from_vector", "values": [' + "[" * 70000 + "1" + "]" * 70000 + ']}]}')
+    r = dpipe("run", deep_spec, check=False)
+    assert r.returncode == 1 and "must hold only integers, found a list of 1" in r.stderr, (r.returncode, r.stderr[:300])
+    assert len(r.stderr) < 300, len(r.stderr)
     r = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 9223372036854775807}]}), "--take", 2)
     assert lines(r.stdout) == [0, 1]
     r = dpipe("run", '{"pipeline": [{"op": "range", "stop": 9999999e9999}]}', check=False)  # beyond a double
@@ -461,6 +468,18 @@ def _():
     open(stale, "w").write("half")
     dpipe("run", small, "--take", 2, "--snapshot-out", snap)
     assert not os.path.exists(stale), "a dead writer's temporary was left"
+    # In a set the names carry the step: a rank's next write removes its killed writes of any step, and
+    # only its own (another rank's, or a live writer's, stay).
+    sets = os.path.join(TMP, "stale-set")
+    os.makedirs(sets, exist_ok=True)
+    mine = os.path.join(sets, f".rank-0-of-2.w1.s5.0123456789abcdef.dpipe.dpipe-tmp.{child.pid}.00ff")
+    other_rank = os.path.join(sets, f".rank-1-of-2.w1.s5.0123456789abcdef.dpipe.dpipe-tmp.{child.pid}.00ff")
+    live = os.path.join(sets, f".rank-0-of-2.w1.s5.0123456789abcdef.dpipe.dpipe-tmp.{os.getpid()}.00ff")
+    for f in (mine, other_rank, live):
+        open(f, "w").write("half")
+    dpipe("run", small, "--rank", 0, "--world-size", 2, "--take", 2, "--step", 6, "--snapshot-dir", sets)
+    assert not os.path.exists(mine), "rank 0's killed write of step 5 was left by its write of step 6"
+    assert os.path.exists(other_rank) and os.path.exists(live)
 
 
 @case("ops_lists_every_op_with_its_schema")

@@ -98,6 +98,19 @@ def test_rescale_delivers_every_element_once_and_the_same_streams_every_time():
     assert head2 == head and tails2 == tails
 
 
+def test_rescale_refuses_a_bad_layout_in_one_short_line():
+    loader = dpipe.Loader(dpipe.range(0, 100) | dpipe.sharding_filter(), workers=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    for world_size, workers in ((1, 2**31), (0, 1), (2, True), (1.5, 1)):
+        with pytest.raises(dpipe.ConfigError) as err:
+            dpipe.rescale([state], world_size, workers)
+        assert len(str(err.value)) < 200 and "must be an integer from 1 to 2^31 - 1" in str(err.value)
+    with pytest.raises(dpipe.SnapshotError, match="5000 workers"):
+        dpipe.rescale([state], 1, 5000)  # above the engine's most workers: refused by the engine, named
+
+
 def test_rescale_deals_elements_equal_steps_carried_to_the_new_ranks():
     states = []
     for rank, carried in ((0, [100]), (1, [101, 102])):

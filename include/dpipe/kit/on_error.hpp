@@ -5,6 +5,7 @@
 /// run goes on counting; the counts show in Run::node_stats() (`skipped`), `dpipe run --stats` and Python's stats.
 #include <cstdint>
 #include <exception>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,11 +36,12 @@ inline std::string on_error_text(OnDataError e) { return e == OnDataError::skip 
 
 /// Whether on_error = skip may drop the element a user function threw `e` on: any exception of the
 /// function's own, but none of dpipe's (dpipe::Error: a pipeline's failure or refusal is never the
-/// element's fault). A function object may narrow it with `bool skips(const std::exception&) const`
-/// (a Python callable: not KeyboardInterrupt or SystemExit). Anything not a std::exception fails the run.
+/// element's fault) and no std::bad_alloc (memory running out is not either). A function object may
+/// narrow it with `bool skips(const std::exception&) const` (a Python callable: not KeyboardInterrupt or
+/// SystemExit, nor a result of the wrong type). Anything not a std::exception fails the run.
 template <class Fn>
 bool skippable(const Fn& fn, const std::exception& e) {
-  if (dynamic_cast<const Error*>(&e)) return false;
+  if (dynamic_cast<const Error*>(&e) || dynamic_cast<const std::bad_alloc*>(&e)) return false;
   if constexpr (requires { { fn.skips(e) } -> std::convertible_to<bool>; }) return fn.skips(e);
   return true;
 }
