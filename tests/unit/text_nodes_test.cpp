@@ -545,7 +545,8 @@ TEST(UserFunctions, FailIsTheDefaultAndSkipNeverDropsAnEngineError) {
     }
   EXPECT_EQ(maps, 1);
   // …and its fingerprint is that of the same map before on_error existed: no parameter added.
-  for (const auto& n : Graph::build(*plain.def()).nodes())
+  const Graph graph = Graph::build(*plain.def());
+  for (const auto& n : graph.nodes())
     if (n.kind == "map") EXPECT_TRUE(n.params.empty()) << n.params.size() << " parameters";
   auto refusing = range(0, 10) | map([](I64 x) { return x == 2 ? throw ConfigError("not the element's fault") : x; },
                                      {.on_error = OnDataError::skip});
