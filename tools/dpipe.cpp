@@ -216,7 +216,10 @@ void build_cli(Cli& c) {
   c.rescale->add_option("DIR", s.dir, "the snapshot set to read")->type_name("")->required();
   c.rescale->add_option("--world-size", s.world_size, "the new number of ranks")->type_name("W")->required()->check(decimal(1, 1'000'000));
   c.rescale->add_option("--workers", s.workers, "the new number of workers per rank")->type_name("K")->required()->check(decimal(1, 4096));
-  c.rescale->add_option("--out", s.out, "the directory to write the new set into (absent or empty)")->type_name("DIR")->required();
+  c.rescale->add_option("--out", s.out, "the directory to write the new set into (absent or empty)")
+      ->type_name("DIR")
+      ->required()
+      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("must name a directory, got ''") : std::string(); }, ""));
 }
 
 // ---------------------------------------------------------------------------------------------------

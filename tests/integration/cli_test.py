@@ -410,6 +410,8 @@ def _():
 
 @case("usage_errors_exit_2")
 def _():
+    r = dpipe("snapshot", "rescale", TMP, "--world-size", 2, "--workers", 1, "--out", "", check=False)
+    assert r.returncode == 2 and "--out: must name a directory, got ''" in r.stderr, (r.returncode, r.stderr)
     for args in (["run"], ["run", SPEC, "--bogus"], ["run", SPEC, "--take", "-1"], ["frob"],
                  ["run", SPEC, "--rank", 1], ["run", SPEC, "--step", "-1"], ["run", SPEC, "--step", "0x10"],
                  ["run", SPEC, "--step", ""], ["run", SPEC, "--max-replay", "-1"],
