@@ -18,12 +18,14 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "dpipe/atomic_file.hpp"
+#include "dpipe/detail/text_json.hpp"
 #include "dpipe/dpipe.hpp"
 #include "dpipe/regular_file.hpp"
 #include "json_spec.hpp"
@@ -653,6 +655,44 @@ std::string describe(const std::exception& e) {
   return msg;
 }
 
+/// `text` as one printable line: control characters as \n, \r, \t or \xNN, and bytes that are not UTF-8
+/// as \xNN, so an error keeps its promised one line whatever a snapshot's strings or a file name hold.
+std::string one_line(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto escape = [&](unsigned char c) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+  };
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) {
+      escape(c);
+      ++i;
+      continue;
+    }
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, then continuation bytes (no overlong or surrogate
+    // forms: detail::is_utf8 decides, on the sequence alone).
+    const std::size_t n = c >= 0xf0 ? (c <= 0xf4 ? 4 : 0) : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    if (n != 0 && i + n <= text.size() && dpipe::detail::is_utf8(text.substr(i, n))) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      escape(c);
+      ++i;
+    }
+  }
+  return out;
+}
+
 constexpr const char* kUsageHint = "Run 'dpipe --help' or 'dpipe COMMAND --help' for the commands and their options.\n";
 
 }  // namespace
@@ -692,10 +732,10 @@ int main(int argc, char** argv) {
       throw dpipe::Error(std::string("cannot write standard output: ") + std::strerror(errno));
     return rc;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "dpipe: %s\n%s", e.what(), kUsageHint);
+    std::fprintf(stderr, "dpipe: %s\n%s", one_line(e.what()).c_str(), kUsageHint);
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dpipe: error: %s\n", describe(e).c_str());
+    std::fprintf(stderr, "dpipe: error: %s\n", one_line(describe(e)).c_str());
     return 1;
   }
 }

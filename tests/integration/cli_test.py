@@ -408,6 +408,17 @@ def _():
     assert history == "mix@1.weights: 0.7, 0.3 → 1, 0 at element 30", history
 
 
+@case("errors_stay_one_printable_line")
+def _():
+    # A file name with a newline, a tab and a byte that is not UTF-8 is escaped in the one error line.
+    bad = os.path.join(TMP, "no\nsuch\tfile").encode() + b"\xff"
+    r = subprocess.run([DPIPE, "run", json.dumps({"pipeline": [{"op": "range", "stop": 3}]}), "--resume", bad],
+                       capture_output=True, timeout=60)
+    err = r.stderr.decode("utf-8")  # valid UTF-8: the stray byte is written as \xff
+    assert r.returncode == 1 and len(err.strip().splitlines()) == 1, err
+    assert "no\\nsuch\\tfile\\xff" in err, err
+
+
 @case("usage_errors_exit_2")
 def _():
     r = dpipe("snapshot", "rescale", TMP, "--world-size", 2, "--workers", 1, "--out", "", check=False)
