@@ -396,11 +396,8 @@ class PyMapIter final : public HookedIf<Out> {
         try {
           out.push_back(in_python([&] { return FromPython<Out>::get(input_->call(i), callable_.label); }));
           ++kept;
-        } catch (const std::exception& e) {
-          if (!skips_ || !skippable(callable_, e)) return this->fail_after(kept);
-          ++skipped_.skipped;
         } catch (...) {
-          return this->fail_after(kept);
+          if (!skip_current_exception(callable_, skips_, skipped_)) return this->fail_after(kept);
         }
       }
       if (kept > 0) return kept;  // with skip, a chunk of skipped elements only pulls again

@@ -55,6 +55,22 @@ struct SkipCountState {
   }
 };
 
+/// In a catch block of a node running a user function: whether the exception being handled is one its
+/// skip policy drops (`skips` on, and skippable), counted in `state` when it is. The caller fails otherwise.
+template <class Fn>
+bool skip_current_exception(const Fn& fn, bool skips, SkipCountState& state) {
+  if (!skips) return false;
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    if (!skippable(fn, e)) return false;
+  } catch (...) {
+    return false;
+  }
+  ++state.skipped;
+  return true;
+}
+
 namespace rescale {
 /// The rule of a state that is only a skip count: the counts are summed into the first new slot, so the
 /// total stays right (nodes/text/parse_json.cpp).

@@ -79,9 +79,8 @@ class FilterIter final : public HookedIf<T> {
     if (!skips_) return static_cast<bool>(pred_(x));
     try {
       return static_cast<bool>(pred_(x));
-    } catch (const std::exception& e) {
-      if (!skippable(pred_, e)) throw;
-      ++skipped_.skipped;
+    } catch (...) {
+      if (!skip_current_exception(pred_, true, skipped_)) throw;
       return false;
     }
   }

@@ -158,7 +158,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
         for (auto&& y : fn_(std::move(scratch_[0]))) pending_.push_back(std::forward<decltype(y)>(y));
       } catch (...) {
         pending_.clear();
-        if (skipped_this()) continue;
+        if (skip_current_exception(fn_, skips_, skipped_)) continue;
         return this->fail_after(n);
       }
     }
@@ -185,25 +185,11 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       try {
         rests_.push_back(fn_(std::move(scratch_[0])));
       } catch (...) {
-        if (skipped_this()) continue;
+        if (skip_current_exception(fn_, skips_, skipped_)) continue;
         return this->fail_after(n);
       }
     }
     return n;
-  }
-
-  /// In a catch block: whether on_error = skip drops the input the function threw on (and counts it).
-  bool skipped_this() {
-    if (!skips_) return false;
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      if (!skippable(fn_, e)) return false;
-    } catch (...) {
-      return false;
-    }
-    ++skipped_.skipped;
-    return true;
   }
 
   std::unique_ptr<Iter<In>> input_;

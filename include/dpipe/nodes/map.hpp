@@ -138,21 +138,16 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
           if constexpr (kInPlace) p[kept] = fn_(std::move(p[i]));  // slot `kept` is done with
           else out.push_back(fn_(std::move(p[i])));
           ++kept;
-        } catch (const std::exception& e) {
-          if (!skippable(fn_, e)) return fail_skipping(out, before, kept);
-          ++skipped_.skipped;
         } catch (...) {
-          return fail_skipping(out, before, kept);
+          if (!skip_current_exception(fn_, true, skipped_)) {
+            out.resize(before + kept);  // the results before the failing element are delivered first
+            return this->fail_after(kept);
+          }
         }
       }
       if constexpr (kInPlace) out.resize(before + kept);
       if (kept > 0) return kept;
     }
-  }
-  /// In a catch block: delivers the `kept` results before the failing element, then fails.
-  std::size_t fail_skipping(std::vector<Out>& out, std::size_t before, std::size_t kept) {
-    out.resize(before + kept);
-    return this->fail_after(kept);
   }
 
   std::unique_ptr<Iter<In>> input_;
