@@ -161,6 +161,26 @@ void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
       });
 }
 
+/// parse_json reading `line_blocks` (lines parsed where they lie in the block) / a getline + simdjson loop
+/// over the same file: the way to read a JSON-lines corpus at speed.
+void BM_ParseJsonOnBlocksVsSimdjsonLoop(benchmark::State& state) {
+  const auto& lines = json_lines();
+  const std::int64_t bytes = file_bytes(lines);
+  const std::string file = written(lines, "docs3.jsonl");
+  const auto p = dpipe::line_blocks({file}, {.shuffle_shards = false}) |
+                 dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
+  dpipe::Engine e({.threads = 1});
+  paired(
+      state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
+      [&] {
+        std::ifstream f(file);
+        std::string l;
+        DocExtractor extract;
+        while (std::getline(f, l)) extract(l);
+        benchmark::DoNotOptimize(extract.docs.data());
+      });
+}
+
 /// The node alone: parse_json after `lines` / the same simdjson loop run by the consumer on the lines'
 /// stream (both read the file through `lines`, whose own cost against getline is data_bench's).
 void BM_ParseJsonVsLoopOverLines(benchmark::State& state) {
@@ -292,6 +312,7 @@ void BM_TokenizeTwoWorkersVsOne(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_ParseJsonVsSimdjsonLoop)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
+BENCHMARK(BM_ParseJsonOnBlocksVsSimdjsonLoop)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_ParseJsonVsLoopOverLines)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_MixVsConcat)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);
 BENCHMARK(BM_PackVsHandWritten)->Unit(benchmark::kMillisecond)->UseManualTime()->Repetitions(3);

@@ -3,7 +3,9 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <limits>
 
 namespace dpipe {
@@ -96,11 +98,13 @@ bool as_double(simdjson::dom::element e, double& out) {
 }
 }  // namespace
 
-std::string JsonLineParser::parse(std::string_view line, Value& out) {
+std::string JsonLineParser::parse(std::string_view line, Value& out, std::size_t readable_after) {
   using simdjson::dom::element_type;
   Impl& m = *impl_;
   simdjson::dom::element doc;
-  if (const auto err = m.parser.parse(line.data(), line.size()).get(doc); err)
+  // simdjson reads up to SIMDJSON_PADDING bytes past the end: in place when they are there, else a copy.
+  const bool in_place = readable_after >= simdjson::SIMDJSON_PADDING;
+  if (const auto err = m.parser.parse(line.data(), line.size(), !in_place).get(doc); err)
     return std::string("not JSON (") + simdjson::error_message(err) + ")";
   simdjson::dom::object obj;
   if (doc.get_object().get(obj)) return std::string("a JSON ") + json_type_name(doc.type()) + ", not an object";
@@ -180,6 +184,34 @@ std::string JsonLineParser::parse(std::string_view line, Value& out) {
 }
 
 }  // namespace detail
+
+RescaleRule ParseJsonKind::rescale() {
+  return RescaleRule::dealt([](const RescaleInput& in) {
+    using S = ParseJsonState<ElementBlobs>;
+    const bool blocks = in.has_field("rest");
+    in.check_fields<S>(S{.reads_blocks = blocks});
+    const auto counts = in.numbers(&S::skipped);
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      if (counts[i] > std::numeric_limits<std::uint64_t>::max() - total) in.refuse("the skip counts overflow");
+      total += counts[i];
+    }
+    std::optional<rescale::DealtParts> rest;
+    if (blocks) rest = in.deal_fields({"rest"});
+    return in.write_slots([&](std::size_t j) {
+      return S{.skipped = j == 0 ? total : 0, .rest = rest ? (*rest)[j] : ElementBlobs{}, .reads_blocks = blocks};
+    });
+  });
+}
+
+std::string ParseJsonKind::summary(const NodeState& record, const GraphNodeRecord&) {
+  const bool blocks = std::any_of(record.fields.begin(), record.fields.end(), [](const Field& f) { return f.name == "rest"; });
+  ParseJsonState<ElementBlobs> st{.reads_blocks = blocks};
+  StateReader r(record);
+  r.read(st);
+  return std::to_string(st.skipped) + " bad lines skipped" +
+         (st.reads_blocks ? ", " + std::to_string(st.rest.size()) + " lines of a block not parsed yet" : "");
+}
 
 namespace rescale {
 RescaleRule summed_skip_count() {

@@ -143,10 +143,19 @@ class LoaderBase:
         loop, self._restored = self._restored, None
         if loop is None:
             loop = self._start(None)
+        self._retire(self._loop, "a later iter(loader) took its place")
         self._loop = loop
         if self._equal_steps:
             return self._equal_step_elements(loop)
         return loop
+
+    @staticmethod
+    def _retire(loop, why):
+        """A loader serves one iterator at a time, the one its state_dict() describes: an older one stops
+        now and raises on its next next(), instead of going on with a stream no state describes."""
+        if loop is not None:
+            loop.invalidate("this dpipe iterator was invalidated: " + why + " (a Loader serves one "
+                            "iterator at a time, the one state_dict() describes)")
 
     def _equal_step_elements(self, loop):
         """Every rank yields the same number of elements: before each, the ranks agree (an all-reduce of
@@ -197,7 +206,10 @@ class LoaderBase:
         differs."""
         data = _snapshot_bytes(state)
         self._options.epoch = int(_dpipe.describe(data)["epoch"])
-        self._restored = self._start(data)
+        restored = self._start(data)
+        self._retire(self._restored, "load_state_dict() replaced it before it was iterated")
+        self._retire(self._loop, "load_state_dict() loaded another position")
+        self._loop, self._restored = None, restored
         self._carry = collections.deque(state.get(CARRY_KEY, ()))
 
 

@@ -609,6 +609,22 @@ class Loop {
   virtual Layout layout() const = 0;
   /// Elements each node dropped as bad (on_error = skip), by node key, summed over this rank's instances.
   virtual std::map<std::string, std::uint64_t> skipped() = 0;
+  /// Ends this loop for good (a later iter(loader) took its place): the run stops now, its threads
+  /// joined, and every later call raises RuntimeError(`why`).
+  void invalidate(std::string why) {
+    if (!invalid_.empty()) return;
+    invalid_ = std::move(why);
+    stop();
+  }
+
+ protected:
+  virtual void stop() = 0;
+  void check_live() const {
+    if (!invalid_.empty()) throw std::runtime_error(invalid_);
+  }
+
+ private:
+  std::string invalid_;
 };
 
 template <class T>
@@ -625,6 +641,7 @@ class TypedLoop final : public Loop {
   /// Waits for the workers in slices, looking for signals between them: Ctrl-C raises KeyboardInterrupt
   /// before anything is taken, so the run goes on (and its state stays exact) if the caller continues.
   std::optional<py::object> next() override {
+    check_live();
     std::optional<T> x;
     {
       py::gil_scoped_release nogil;
@@ -639,6 +656,7 @@ class TypedLoop final : public Loop {
   }
   py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                      std::map<std::string, std::string> metadata) override {
+    check_live();
     std::optional<Snapshot> s;
     {
       py::gil_scoped_release nogil;
@@ -649,10 +667,20 @@ class TypedLoop final : public Loop {
     run_->recycle(std::move(*s));
     return out;
   }
-  std::uint64_t delivered() const override { return run_->delivered(); }
-  std::vector<std::string> warnings() const override { return run_->warnings(); }
-  Layout layout() const override { return run_->layout(); }
+  std::uint64_t delivered() const override {
+    check_live();
+    return run_->delivered();
+  }
+  std::vector<std::string> warnings() const override {
+    check_live();
+    return run_->warnings();
+  }
+  Layout layout() const override {
+    check_live();
+    return run_->layout();
+  }
   std::map<std::string, std::uint64_t> skipped() override {
+    check_live();
     std::map<std::string, std::uint64_t> out;
     std::vector<NodeStats> stats;
     {
@@ -662,6 +690,12 @@ class TypedLoop final : public Loop {
     for (const auto& n : stats)
       if (n.skipped) out[n.key] += n.skipped;
     return out;
+  }
+
+ protected:
+  void stop() override {
+    py::gil_scoped_release nogil;  // the workers may be waiting for the GIL in a Python callable
+    run_.reset();
   }
 
  private:
@@ -817,6 +851,8 @@ PYBIND11_MODULE(_dpipe, m) {
       .def_property_readonly("delivered", &Loop::delivered)
       .def_property_readonly("warnings", &Loop::warnings)
       .def("skipped", &Loop::skipped)
+      .def("invalidate", &Loop::invalidate, py::arg("why"),
+           "Stops the run; every later call raises RuntimeError(why).")
       .def_property_readonly("layout", [](const Loop& l) {
         const auto x = l.layout();
         return py::make_tuple(x.rank, x.world_size, x.num_workers);

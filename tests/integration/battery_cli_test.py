@@ -167,6 +167,8 @@ SPECS = {
     "parse_json_skip": [{"op": "lines", "files": [JSONL], "logical_shards": 4, "epochs": 2},
                         {"op": "parse_json", "fields": {"doc": "int64", "text": "string", "score": "float32",
                                                         "ids": "int64[]", "tag": "string?"}, "on_error": "skip"}],
+    "parse_json_on_line_blocks": [{"op": "line_blocks", "files": [JSONL], "logical_shards": 3, "block_bytes": 300},
+                                  {"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "skip"}],
     "tokenize": TOKENIZED,
     "tokenize_plain_text": [{"op": "lines", "files": TEXT, "logical_shards": 3},
                             {"op": "tokenize", "model": MODEL, "eos": True}],

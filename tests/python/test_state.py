@@ -54,6 +54,26 @@ def test_a_fresh_iter_restarts_and_a_loaded_state_continues():
     assert list(loader) == list(range(2, 10))
 
 
+def test_a_new_iterator_invalidates_the_old_one_and_the_state_describes_the_new():
+    loader = dpipe.Loader(dpipe.range(0, 10), seed=0)
+    it1 = iter(loader)
+    assert [next(it1) for _ in range(5)] == [0, 1, 2, 3, 4]
+    it2 = iter(loader)
+    with pytest.raises(RuntimeError, match="invalidated: a later iter"):
+        next(it1)
+    with pytest.raises(RuntimeError, match="invalidated"):
+        next(it1)  # for good
+    assert loader.state_dict()["delivered"] == 0
+    assert next(it2) == 0
+    state = loader.state_dict()
+    assert state["delivered"] == 1
+    # load_state_dict retires the iterator in use too: the next iter() continues the loaded state.
+    loader.load_state_dict(state)
+    with pytest.raises(RuntimeError, match="load_state_dict"):
+        next(it2)
+    assert list(loader) == list(range(1, 10))
+
+
 def test_a_state_of_another_pipeline_seed_or_layout_is_refused():
     loader = dpipe.Loader(CANONICAL, seed=5, rank=0, world_size=2)
     next(iter(loader))

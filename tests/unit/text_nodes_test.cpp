@@ -147,6 +147,94 @@ TEST(ParseJson, ABadLineFailsNamingItOrIsSkippedAndCountedInState) {
   EXPECT_EQ(skipped(run), 4u);
 }
 
+/// A JSON-lines file of `n` documents {"doc": i, "text": …} of 0–150 bytes of text, every 11th line bad
+/// (its doc a string), every 4th ending in "\r\n", the last without a newline.
+std::string json_corpus(const testing::TempDir& dir, int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    const std::string doc = i % 11 == 5 ? "\"x\"" : std::to_string(i);
+    text += R"({"doc": )" + doc + R"(, "text": ")" + std::string(static_cast<std::size_t>(i * 37 % 150), 'a' + char(i % 26)) + "\"}";
+    if (i + 1 < n) text += i % 4 == 0 ? "\r\n" : "\n";
+  }
+  const std::string path = dir.file("docs.jsonl");
+  testing::write_bytes(path, text);
+  return path;
+}
+
+/// The "rest" fields of parse_json's records in `snap`: the lines of blocks not parsed yet, all instances.
+std::size_t unparsed_lines(const Snapshot& snap) {
+  std::size_t n = 0, records = 0;
+  for (const auto& st : snap.states)
+    if (st.kind == "parse_json")
+      for (const auto& f : st.fields)
+        if (f.name == "rest") n += f.elements.size(), ++records;
+  EXPECT_GT(records, 0u) << "no parse_json record with a rest field";
+  return n;
+}
+
+TEST(ParseJson, OnBlocksGivesWhatItGivesOnLinesAndResumesMidBlockExactly) {
+  testing::TempDir dir;
+  const std::string file = json_corpus(dir, 3000);
+  const std::vector<JsonField> fields = {JsonField::parse("doc", "int64"), JsonField::parse("text", "string")};
+  const ParseJsonOptions skip{.fields = fields, .on_error = OnDataError::skip};
+  Engine e;
+  auto on_lines = e.start(lines({file}, {.shuffle_shards = false}) | parse_json(skip), options());
+  std::vector<std::string> want;
+  for (const auto& r : drain(on_lines)) want.push_back(json_of(r));
+  ASSERT_EQ(want.size(), 3000u - 273u);  // 273 bad lines (i % 11 == 5) skipped
+
+  // Blocks of at most 300 bytes: most lines parsed in place, those near a block's end copied.
+  const auto p = line_blocks({file}, {.shuffle_shards = false, .block_bytes = 300}) | parse_json(skip);
+  auto whole = e.start(p, options());
+  std::vector<std::string> got;
+  for (const auto& r : drain(whole)) got.push_back(json_of(r));
+  EXPECT_EQ(got, want);
+  // Stopped after k records, the node holds the rest of its block (blocks of ~50 lines; a prefetch of 4
+  // bounds how far the worker runs ahead); resumed, the stream goes on exactly.
+  const auto q = line_blocks({file}, {.shuffle_shards = false, .block_bytes = 4000}) | parse_json(skip) | prefetch({.depth = 4});
+  std::vector<std::string> want2;  // two workers interleave the shards: another order than one
+  auto two_workers = e.start(q, options(2));
+  for (const auto& r : drain(two_workers)) want2.push_back(json_of(r));
+  ASSERT_EQ(want2.size(), want.size());
+  int mid_block = 0;
+  for (const std::size_t k : {1u, 2u, 17u, 100u, 1000u, 2000u, 2726u}) {
+    auto run = e.start(q, options(2));
+    std::vector<std::string> head;
+    for (const auto& r : drain(run, k)) head.push_back(json_of(r));
+    const Snapshot snap = Snapshot::from_bytes(run.reproducible_snapshot().to_bytes());
+    mid_block += unparsed_lines(snap) > 0;
+    auto resumed = e.resume(q, snap, options(2));
+    for (const auto& r : drain(resumed)) head.push_back(json_of(r));
+    EXPECT_EQ(head, want2) << "stopped after " << k;
+  }
+  EXPECT_GE(mid_block, 5) << "the snapshots should meet the node mid-block";
+
+  // A bad line under fail names the line, after the good ones before it.
+  auto failing = e.start(line_blocks({file}, {.shuffle_shards = false}) | parse_json({.fields = fields}), options());
+  EXPECT_EQ(drain(failing, 5).size(), 5u);
+  testing::expect_throw_with<NodeError>([&] { failing.next(); }, "line 6 read by this instance in this run: field 'doc'");
+}
+
+TEST(ParseJsonRescale, EveryGoodLineOfBlocksExactlyOnceAcrossRandomLayouts) {
+  testing::TempDir dir;
+  const std::string file = json_corpus(dir, 500);
+  testing::property_trials(10, [&](std::mt19937_64& g) {
+    auto pick = [&](int n) { return testing::draw(g, n); };
+    const auto p = line_blocks({file}, {.logical_shards = 1 + pick(8), .block_bytes = 200 + pick(2000)}) |
+                   parse_json({.fields = {JsonField::parse("doc", "int64")}, .on_error = OnDataError::skip}) |
+                   prefetch({.depth = 1 + pick(6)});  // the workers stay near the consumer: snapshots meet blocks half parsed
+    std::vector<I64> docs;
+    const std::string layouts = run_stages(p, pick, 1 + pick(3), 40, [&](const Value& r) {
+      docs.push_back(std::get<I64>(find_field(r, "doc")->data));
+    });
+    std::sort(docs.begin(), docs.end());
+    std::vector<I64> want;
+    for (I64 i = 0; i < 500; ++i)
+      if (i % 11 != 5) want.push_back(i);
+    ASSERT_EQ(docs, want) << "layouts " << layouts;
+  });
+}
+
 /// The rows' tokens, checked row by row: every row seq_len long, segment ids 1, 2, … then 0 padding,
 /// each token's position its place in its document (documents of `document`).
 std::vector<I64> unpacked(const std::vector<Value>& rows, std::size_t seq_len) {

@@ -1,7 +1,10 @@
 #pragma once
-/// Parses each element, a line of JSON text holding one object, into a structured element (a record,
+/// Parses each line of JSON text holding one object into a structured element (a record,
 /// dpipe/fields.hpp) of the fields named, each converted to its declared type (simdjson, in libdpipe).
-/// In: std::string → Out: Value. State: how many lines it skipped (on_error = skip).
+/// In: std::string (a line), TextBlock (`line_blocks`: many lines, parsed in place) or
+/// std::vector<std::string> (a batch of lines, as specs give `line_blocks`) → Out: Value, one per line.
+/// State: how many lines it skipped (on_error = skip); reading blocks, also the lines of the current
+/// block not parsed yet.
 ///
 /// Field types: int64, float32, float64, bool, string, bytes, int64[], float32[]; a trailing "?" makes a
 /// field optional (absent or null: None). A line that is not a JSON object, lacks a required field, or
@@ -19,6 +22,7 @@
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
 #include "dpipe/kit/unary.hpp"
+#include "dpipe/text_block.hpp"
 
 namespace dpipe {
 
@@ -48,8 +52,9 @@ class JsonLineParser {
   JsonLineParser(const JsonLineParser&) = delete;
   JsonLineParser& operator=(const JsonLineParser&) = delete;
   /// Parses `line` into `out` (a record of the fields, in the order declared); returns "" or why the line
-  /// is bad ("field 'doc': expected int64, got string").
-  std::string parse(std::string_view line, Value& out);
+  /// is bad ("field 'doc': expected int64, got string"). When `readable_after` bytes after the line may
+  /// be read (the rest of a block), the line is parsed where it is, without a copy.
+  std::string parse(std::string_view line, Value& out, std::size_t readable_after = 0);
 
  private:
   struct Impl;
@@ -57,9 +62,24 @@ class JsonLineParser {
 };
 }  // namespace detail
 
+/// parse_json's saved state. `Elems` is std::vector<std::string> in the node.
+template <class Elems>
+struct ParseJsonState {
+  std::uint64_t skipped = 0;
+  Elems rest{};               // reading blocks: the lines of the current block not parsed yet
+  bool reads_blocks = false;  // not saved: whether `rest` is a field (a parse_json of lines has none)
+  template <class A>
+  void fields(A& a) {
+    a("skipped", skipped);
+    if (reads_blocks) a("rest", rest);
+  }
+};
+
 template <class In>
 class ParseJsonIter final : public UnaryIter<In, Value> {
-  static_assert(std::is_same_v<In, std::string>, "parse_json reads strings (lines of JSON text)");
+  static constexpr bool kBlocks = std::is_same_v<In, TextBlock> || std::is_same_v<In, std::vector<std::string>>;
+  static_assert(kBlocks || std::is_same_v<In, std::string>,
+                "parse_json reads lines of JSON text: strings, text blocks (line_blocks) or batches of strings");
 
  public:
   template <class Def>
@@ -68,25 +88,90 @@ class ParseJsonIter final : public UnaryIter<In, Value> {
 
  protected:
   std::size_t pull_chunk(std::vector<Value>& out, std::size_t max) override {
-    const ConvertedChunk c = pull_converted(this->input(), lines_, out, max, on_error_, st_, seen_,
-                                            [&](const std::string& line, Value& v) { return parser_.parse(line, v); });
-    if (c.failure.empty()) return c.delivered;
+    std::string failure;
+    std::size_t delivered = 0;
+    if constexpr (kBlocks) {
+      delivered = pull_from_blocks(out, max, failure);
+    } else {
+      ConvertedChunk c = pull_converted(this->input(), pending_, out, max, on_error_, st_, seen_,
+                                        [&](const std::string& line, Value& v) { return parser_.parse(line, v); });
+      delivered = c.delivered;
+      failure = std::move(c.failure);
+    }
+    if (failure.empty()) return delivered;
     try {
-      throw std::runtime_error(c.failure);
+      throw std::runtime_error(failure);
     } catch (...) {
-      return this->fail_after(c.delivered);  // the lines before the bad one are delivered first
+      return this->fail_after(delivered);  // the lines before the bad one are delivered first
     }
   }
-  void save_state(StateWriter& w) const override { w.write(st_); }
-  void restore_state(StateReader& r) override { r.read(st_); }
+  void save_state(StateWriter& w) const override {
+    ParseJsonState<std::vector<std::string>> st{.skipped = st_.skipped, .reads_blocks = kBlocks};
+    if constexpr (kBlocks)
+      for (std::size_t i = next_; i < block_.size(); ++i) st.rest.emplace_back(block_[i]);
+    w.write(st);
+  }
+  void restore_state(StateReader& r) override {
+    ParseJsonState<std::vector<std::string>> st{.reads_blocks = kBlocks};
+    r.read(st);
+    st_.skipped = st.skipped;
+    if constexpr (kBlocks) {
+      for (const auto& line : st.rest)
+        if (line.find('\n') != std::string::npos) r.fail("field 'rest' holds a line with a newline");
+      if constexpr (std::is_same_v<In, TextBlock>)
+        block_ = TextBlock(st.rest);
+      else
+        block_ = std::move(st.rest);
+      next_ = 0;
+    }
+  }
   std::uint64_t skipped_elements() const override { return st_.skipped; }
 
  private:
+  /// Up to `max` records from the lines of the current block, then of the blocks after it (pulled one at
+  /// a time); a bad line under `fail` stops the chunk with `failure` set.
+  std::size_t pull_from_blocks(std::vector<Value>& out, std::size_t max, std::string& failure) {
+    std::size_t n = 0;
+    while (n < max) {
+      if (next_ == block_.size()) {
+        pending_.clear();
+        if (this->input().pull(pending_, 1) == 0) break;
+        block_ = std::move(pending_[0]);
+        next_ = 0;
+        continue;
+      }
+      const std::size_t i = next_++;
+      ++seen_;
+      Value v;
+      std::string why;
+      if constexpr (std::is_same_v<In, TextBlock>) {
+        // A line's bytes are followed by the rest of the block's text: parsed in place when that is enough.
+        const std::size_t stop = block_.ends()[i];
+        why = parser_.parse(block_[i], v, block_.text().size() - stop);
+      } else {
+        why = parser_.parse(block_[i], v);
+      }
+      if (why.empty()) {
+        out.push_back(std::move(v));
+        ++n;
+      } else if (on_error_ == OnDataError::skip) {
+        ++st_.skipped;
+      } else {
+        failure = "line " + std::to_string(seen_) + " read by this instance in this run: " + why +
+                  " (on_error = skip drops such lines)";
+        break;
+      }
+    }
+    return n;
+  }
+
   detail::JsonLineParser parser_;
   OnDataError on_error_;
   SkipCountState st_;
-  std::uint64_t seen_ = 0;  // lines this iterator read since it was built (for messages)
-  std::vector<In> lines_;
+  std::uint64_t seen_ = 0;   // lines this iterator read since it was built (for messages)
+  std::vector<In> pending_;  // what one pull of the input gave
+  In block_{};               // reading blocks: the current one, parsed up to next_
+  std::size_t next_ = 0;
 };
 
 struct ParseJsonKind;
@@ -107,13 +192,17 @@ struct ParseJsonKind {
       kOnErrorParam,
   };
   using Options = ParseJsonOptions;
-  using State = SkipCountState;
+  using State = ParseJsonState<ElementBlobs>;
+  /// The state's fields as a parse_json of blocks has them (one of lines has `skipped` only).
+  static State state_prototype() { return {.reads_blocks = true}; }
   static Params checked_params(const ParseJsonOptions& o);
-  /// Rescale: nothing but the skip count, which goes to the first new instance.
-  static RescaleRule rescale() { return rescale::summed_skip_count(); }
-  /// `snapshot show`: lines skipped.
-  static std::string summary(const NodeState& record, const GraphNodeRecord&) { return skip_count_summary(record, "lines"); }
-  /// `{"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "fail" | "skip"}`
+  /// Rescale: the skip count goes to the first new instance; the unparsed lines of blocks are pooled and
+  /// dealt (rescale::deal), as a shuffle's buffer.
+  static RescaleRule rescale();
+  /// `snapshot show`: lines skipped, and lines of a block not parsed yet.
+  static std::string summary(const NodeState& record, const GraphNodeRecord&);
+  /// `{"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "fail" | "skip"}`, after
+  /// `lines` or `line_blocks` (whose blocks specs give as lists of lines).
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     ParseJsonOptions o{.name = s.name()};
@@ -121,8 +210,10 @@ struct ParseJsonKind {
     s.required("fields", fields);
     for (auto& [field, type] : fields) o.fields.push_back(JsonField::parse(field, type));
     s.choice("on_error", o.on_error, {{"fail", OnDataError::fail}, {"skip", OnDataError::skip}});
+    if (s.input().template holds<std::vector<std::string>>())
+      return s.input().template get<std::vector<std::string>>() | parse_json(o);
     if (!s.input().template holds<std::string>())
-      throw ConfigError("parse_json reads lines of text, but its input yields " + s.input().type_name() + "s");
+      throw ConfigError("parse_json reads lines of text (lines, line_blocks), but its input yields " + s.input().type_name() + "s");
     return s.input().template get<std::string>() | parse_json(o);
   }
 };
