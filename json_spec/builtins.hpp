@@ -118,6 +118,15 @@ struct IotaRest {
   void pop_front() { ++next; }
 };
 
+/// flat_map: a list → its elements (flat_map's function when none is named).
+struct Flatten {
+  template <class T>
+  std::vector<T> operator()(const std::vector<T>& list) const {
+    return list;
+  }
+  Params describe() const { return {{"fn", "flatten"}}; }
+};
+
 /// flat_map: x → 0, 1, …, x−1 (nothing for x ≤ 0), streamed.
 struct Iota {
   IotaRest operator()(std::int64_t x) const { return {0, x > 0 ? x : 0}; }

@@ -104,6 +104,7 @@ constexpr FunctionSchema kFunctions[] = {
     {"throw_at", "map", "each element unchanged; the call at position `index` throws (tests)", kThrowAtParams},
     {"mod_eq", "filter", "keeps x with x mod `mod` == `eq` (floor modulo)", kModEqParams},
     {"replicate", "flat_map", "each element `times` times", kReplicateParams},
+    {"flatten", "flat_map", "a list → its elements, in order (flat_map's function when none is named; torch's flatmap())"},
     {"range", "flat_map", "an integer n → 0, 1, …, n−1, one at a time"},
     {"count", "generator", "0, 1, …, count−1", kCountParams},
     {"random_ints", "generator", "`count` integers drawn from [lo, hi) by the node's generator", kRandomIntsParams},
@@ -318,6 +319,11 @@ class JsonNode {
       if (on) return apply(records(), field_flat_map<Value>(f, on->field, on->into));
       return input().apply([&](const auto& p) { return apply(p, f); });
     }
+    if (fn == "flatten") {
+      if (on) fail("flatten reads the elements themselves (lists); field= is not for it");
+      return input().apply([&]<class T>(const Pipeline<T>& p) requires detail::is_vector_v<T> { return apply(p, builtins::Flatten{}); },
+                           "flat_map without a function flattens lists");
+    }
     if (fn == "range") {
       if (on) return apply(records(), field_flat_map<SpecInt>(builtins::Iota{}, on->field, on->into));
       return apply(integers("range"), builtins::Iota{});
@@ -437,7 +443,12 @@ class JsonNode {
   /// The parameter `fn`: the name of one of the op's builtin functions, whose parameters may then be read.
   std::string function() {
     std::string fn;
-    required("fn", fn);
+    if (const ParamSchema* p = find_param(params_, "fn"); p && !p->required()) {
+      fn = nlohmann::json::parse(p->fallback).get<std::string>();  // the op's own default function
+      param("fn", fn);
+    } else {
+      required("fn", fn);
+    }
     function_ = find_function(op_, fn);
     if (!function_ || (fn == "external" && !t_options.external)) {
       if (fn == "external") external();  // the refusal that says where external functions come from

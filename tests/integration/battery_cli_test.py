@@ -167,6 +167,8 @@ SPECS = {
     "parse_json_skip": [{"op": "lines", "files": [JSONL], "logical_shards": 4, "epochs": 2},
                         {"op": "parse_json", "fields": {"doc": "int64", "text": "string", "score": "float32",
                                                         "ids": "int64[]", "tag": "string?"}, "on_error": "skip"}],
+    "flat_map_flatten_default_shuffle": [R(40), {"op": "batch", "size": 3}, {"op": "flat_map"}, {"op": "shuffle"},
+                                         {"op": "take"}],
     "parse_json_on_line_blocks": [{"op": "line_blocks", "files": [JSONL], "logical_shards": 3, "block_bytes": 300},
                                   {"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "skip"}],
     "tokenize": TOKENIZED,

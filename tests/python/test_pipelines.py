@@ -172,6 +172,24 @@ def test_nodes_with_several_inputs_take_pipelines():
     assert list(dpipe.Loader(z)) == tool_elements(z.spec())
 
 
+def test_torch_style_defaults_take_none_shuffle_buffer_and_flatten():
+    # take(None): no limit (torch's header(None)); the spec has no take node then.
+    p = dpipe.range(0, 7) | dpipe.take(None)
+    assert list(dpipe.Loader(p)) == list(range(7))
+    assert list(dpipe.Loader(dpipe.range(0, 7) | dpipe.take(3))) == [0, 1, 2]
+    # shuffle() holds 10,000 elements, as torch's and the C++ default: 30 elements are one buffer.
+    s = dpipe.range(0, 30) | dpipe.shuffle()
+    got = list(dpipe.Loader(s, seed=4))
+    assert sorted(got) == list(range(30)) and got != list(range(30))
+    assert got == list(dpipe.Loader(dpipe.range(0, 30) | dpipe.shuffle(10000), seed=4))
+    # flat_map() without a function flattens lists (torch's flatmap()).
+    f = dpipe.range(0, 7) | dpipe.batch(3) | dpipe.flat_map()
+    assert list(dpipe.Loader(f)) == list(range(7))
+    assert list(dpipe.Loader(f)) == tool_elements(f.spec())
+    with pytest.raises(dpipe.ConfigError, match="flattens lists"):
+        dpipe.Loader(dpipe.range(0, 3) | dpipe.flat_map())
+
+
 def test_zip_rows_are_tuples_where_they_are_elements():
     z = dpipe.range(0, 3) | dpipe.zip(dpipe.range(10, 13))
     rows = list(dpipe.Loader(z))

@@ -221,8 +221,12 @@ TEST(Spec, RefusalsNameWhatIsKnown) {
   };
   EXPECT_NE(message(R"({"pipeline": [{"op": "nope"}]})").find("unknown op 'nope' (known: range, from_vector,"),
             std::string::npos);
+  EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "sise": 2}]})")
+                .find("missing parameter 'size' (it was given 'sise', which batch does not take; it takes size, drop_last, name)"),
+            std::string::npos);
+  // shuffle's buffer has a default (10,000): a misspelt one is an unknown parameter, not the default.
   EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "shuffle", "buffer_size": 2}]})")
-                .find("missing parameter 'buffer' (it was given 'buffer_size', which shuffle does not take; it takes buffer, name)"),
+                .find("unknown parameter 'buffer_size' (shuffle takes buffer, name)"),
             std::string::npos);
   EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "size": 2, "drop": true}]})")
                 .find("unknown parameter 'drop' (batch takes size, drop_last, name)"),
@@ -383,6 +387,13 @@ TEST(Options, BadValuesAreConfigErrorsNamingTheNode) {
   EXPECT_NE(message([] { (void)(range(0, 3) | sharding_filter({.num_shards = 2, .shard_id = 2})); }).find("shard_id 2"),
             std::string::npos);
   EXPECT_NE(message([] { (void)(range(0, 3) | take(-1)); }).find("count must not be negative"), std::string::npos);
+  {  // take(std::nullopt): no limit and no node
+    auto unlimited = range(0, 4) | take(std::nullopt);
+    EXPECT_EQ(unlimited.def()->kind(), "range");
+    Engine e;
+    auto run = e.start(unlimited, RunOptions{});
+    EXPECT_EQ(testing::drain(run).size(), 4u);
+  }
   EXPECT_NE(message([] { (void)(range(0, 3) | repeat(0)); }).find("times must be at least 1"), std::string::npos);
   EXPECT_NE(message([] { (void)(range(0, 3) | cycle({.count = -2})); }).find("count must not be negative"), std::string::npos);
   EXPECT_NE(message([] { (void)range(0, 3, {.step = 0}); }).find("step must not be 0"), std::string::npos);

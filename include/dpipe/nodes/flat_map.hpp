@@ -221,7 +221,9 @@ struct FlatMapKind {
       "Replaces each element by the elements of the range a function returns, in order (a streamed expansion "
       "saves `rests` instead of `pending`).";
   static constexpr ParamSchema params[] = {
-      {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable", .positional = true},
+      {.name = "fn", .type = ParamType::function,
+       .doc = "the function: a builtin function's name, or a Python callable (absent: flatten, each list → its elements)",
+       .fallback = "\"flatten\"", .positional = true},
       kFieldParam,
       kIntoParam,
       kOnErrorFunctionParam,

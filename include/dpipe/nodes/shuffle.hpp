@@ -138,7 +138,7 @@ struct ShuffleKind {
   static constexpr std::string_view doc =
       "A buffer of `buffer` elements; each output is a random element of the buffer, replaced by the next input.";
   static constexpr ParamSchema params[] = {
-      {.name = "buffer", .type = ParamType::integer, .doc = "elements held (positive)", .positional = true},
+      {.name = "buffer", .type = ParamType::integer, .doc = "elements held (positive)", .fallback = "10000", .positional = true},
   };
   using State = ShuffleState<ElementBlobs>;
   /// `snapshot show`: how full the buffer is.
@@ -179,7 +179,7 @@ struct ShuffleKind {
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     ShuffleOptions o{.name = s.name()};
-    s.required("buffer", o.buffer);
+    s.param("buffer", o.buffer);
     return s.input().apply([&](const auto& p) { return p | shuffle(o); });
   }
 };

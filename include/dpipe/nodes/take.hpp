@@ -1,6 +1,7 @@
 #pragma once
 /// The first `count` elements (torch's header); pulls no element past them. In: T → Out: T.
 /// State: how many were taken.
+#include <optional>
 #include <string>
 
 #include "dpipe/detail/prebuilt_types.hpp"
@@ -80,6 +81,11 @@ std::unique_ptr<Iter<T>> TakeDef<T>::instantiate(BuildContext& ctx) const {
   return std::make_unique<TakeIter<T>>(ctx, *this);
 }
 
+/// `take(std::nullopt)`: no limit, no node (torch's header(None)).
+inline auto take(std::nullopt_t, TakeOptions = {}) {
+  return make_closure([](const auto& p) { return p; });
+}
+
 inline auto take(std::int64_t count, TakeOptions o = {}) {
   return make_closure([count, o = std::move(o)](const auto& p) {
     using T = typename std::decay_t<decltype(p)>::element_type;
@@ -92,7 +98,8 @@ struct TakeKind {
   static constexpr std::string_view doc =
       "The first `count` elements; pulls no element past them.";
   static constexpr ParamSchema params[] = {
-      {.name = "count", .type = ParamType::integer, .doc = "how many elements pass (not negative)", .positional = true},
+      {.name = "count", .type = ParamType::integer, .doc = "how many elements pass (not negative; absent or null: every one)",
+       .fallback = "null", .positional = true},
   };
   using State = TakeState;
   /// `snapshot show`: how many taken of how many.
@@ -107,13 +114,14 @@ struct TakeKind {
   static void check_state(const NodeState& record, const GraphNodeRecord& node) {
     check_against_param<TakeState>(record, node, "count");
   }
-  /// `{"op": "take", "count": N}`
+  /// `{"op": "take", "count": N}`; without a count (or null), no node: every element passes.
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
-    std::int64_t count = 0;
+    std::optional<std::int64_t> count;
     TakeOptions o{.name = s.name()};
-    s.required("count", count);
-    return s.input().apply([&](const auto& p) { return p | take(count, o); });
+    s.param("count", count);
+    if (!count) return s.input();
+    return s.input().apply([&](const auto& p) { return p | take(*count, o); });
   }
 };
 
