@@ -312,7 +312,8 @@ def zip_rows(nodes, tuple_inputs):
         elif op == "batch":
             depth = None if depth is None else depth + 1
         elif op == "unbatch":
-            depth = depth - 1 if depth else None
+            level = node.get("level", 1)
+            depth = depth - level if depth and level != -1 and depth >= level else None
         elif op in ("map", "flat_map", "parallel_map") and (not external or "out" in node):
             depth = None
     return depth

@@ -169,6 +169,7 @@ SPECS = {
                                                         "ids": "int64[]", "tag": "string?"}, "on_error": "skip"}],
     "flat_map_flatten_default_shuffle": [R(40), {"op": "batch", "size": 3}, {"op": "flat_map"}, {"op": "shuffle"},
                                          {"op": "take"}],
+    "unbatch_every_level": [R(50), {"op": "batch", "size": 3}, {"op": "batch", "size": 2}, {"op": "unbatch", "level": -1}],
     "parse_json_on_line_blocks": [{"op": "line_blocks", "files": [JSONL], "logical_shards": 3, "block_bytes": 300},
                                   {"op": "parse_json", "fields": {"doc": "int64", "text": "string"}, "on_error": "skip"}],
     "tokenize": TOKENIZED,

@@ -190,6 +190,22 @@ def test_torch_style_defaults_take_none_shuffle_buffer_and_flatten():
         dpipe.Loader(dpipe.range(0, 3) | dpipe.flat_map())
 
 
+def test_unbatch_levels_as_torchs_unbatch_level():
+    nested = dpipe.range(0, 12) | dpipe.batch(3) | dpipe.batch(2)
+    assert list(dpipe.Loader(nested | dpipe.unbatch(level=2))) == list(range(12))
+    assert list(dpipe.Loader(nested | dpipe.unbatch(level=-1))) == list(range(12))
+    assert [plain(x) for x in dpipe.Loader(nested | dpipe.unbatch())] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert len(list(dpipe.Loader(nested | dpipe.unbatch(level=0)))) == 2
+    p = nested | dpipe.unbatch(level=-1)
+    assert list(dpipe.Loader(p)) == tool_elements(p.spec())
+    with pytest.raises(dpipe.ConfigError, match="level 3 needs 3 levels of batches, its input has 2"):
+        dpipe.Loader(nested | dpipe.unbatch(level=3))
+    with pytest.raises(dpipe.ConfigError, match="level must be -1"):
+        dpipe.Loader(nested | dpipe.unbatch(level=-2))
+    with pytest.raises(dpipe.ConfigError, match="unbatch takes batches"):
+        dpipe.Loader(dpipe.range(0, 3) | dpipe.unbatch(level=-1))
+
+
 def test_zip_rows_are_tuples_where_they_are_elements():
     z = dpipe.range(0, 3) | dpipe.zip(dpipe.range(10, 13))
     rows = list(dpipe.Loader(z))

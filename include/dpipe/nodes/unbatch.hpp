@@ -95,16 +95,32 @@ struct UnbatchKind {
   static constexpr std::string_view name = "unbatch";
   static constexpr std::string_view doc =
       "The elements of each batch, in order.";
-  static constexpr std::span<const ParamSchema> params{};
+  static constexpr ParamSchema params[] = {
+      {.name = "level", .type = ParamType::integer,
+       .doc = "levels of batches removed: 1, 2, … (one unbatch node each; a name goes to the first), -1 all, 0 none "
+              "(torch's unbatch_level)",
+       .fallback = "1"},
+  };
   using State = UnbatchState<ElementBlobs>;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
-  /// `{"op": "unbatch"}`
+  /// `{"op": "unbatch", "level": 1}`
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     UnbatchOptions o{.name = s.name()};
-    return s.input().apply(
-        [&]<class T>(const Pipeline<T>& p) requires detail::is_vector_v<T> { return p | unbatch(o); },
-        "unbatch takes batches");
+    std::int64_t level = 1;
+    s.param("level", level);
+    if (level < -1) throw ConfigError(node_label("unbatch", o.name) + ": level must be -1 (all), 0 or more, got " + std::to_string(level));
+    SpecPipeline p = s.input();
+    auto batches = [](const SpecPipeline& q) { return q.visit([]<class T>(const Pipeline<T>&) { return detail::is_vector_v<T>; }); };
+    for (std::int64_t k = 0; level == -1 ? batches(p) || k == 0 : k < level; ++k) {
+      if (!batches(p) && k > 0)
+        throw ConfigError(node_label("unbatch", o.name) + ": level " + std::to_string(level) + " needs " + std::to_string(level) +
+                          " levels of batches, its input has " + std::to_string(k));
+      p = p.apply([&]<class T>(const Pipeline<T>& q) requires detail::is_vector_v<T> { return q | unbatch(o); },
+                  "unbatch takes batches");
+      o.name.clear();  // keys of their own for the unbatch nodes after the first
+    }
+    return p;
   }
 };
 
