@@ -444,7 +444,9 @@ class JsonNode {
   std::string function() {
     std::string fn;
     if (const ParamSchema* p = find_param(params_, "fn"); p && !p->required()) {
-      fn = nlohmann::json::parse(p->fallback).get<std::string>();  // the op's own default function
+      const auto fallback = nlohmann::json::parse(p->fallback);  // the op's own default function
+      if (!fallback.is_string()) internal_error("declares a default fn that is not a function's name");
+      fn = fallback.get<std::string>();
       param("fn", fn);
     } else {
       required("fn", fn);

@@ -164,10 +164,14 @@ class LoaderBase:
         otherwise hang DDP's all-reduce."""
         import torch
         import torch.distributed as dist
+        if self._loop is not loop:  # retired before its first next(): raises, touching nothing
+            next(loop)
         self.undelivered = 0
         carry = self._carry
         flag = torch.zeros(1, dtype=torch.int64)
         while True:
+            if self._loop is not loop:  # retired (a later iter(), load_state_dict()): raises naming why
+                next(loop)
             if carry:  # left from the last pass: delivered first (popped when yielded, for state_dict)
                 x = carry[0]
             else:

@@ -313,7 +313,10 @@ def zip_rows(nodes, tuple_inputs):
             depth = None if depth is None else depth + 1
         elif op == "unbatch":
             level = node.get("level", 1)
-            depth = depth - level if depth and level != -1 and depth >= level else None
+            if level is None:
+                level = 1
+            if level != 0:  # level 0 adds no node
+                depth = depth - level if depth and level != -1 and depth >= level else None
         elif op in ("map", "flat_map", "parallel_map") and (not external or "out" in node):
             depth = None
     return depth

@@ -611,10 +611,12 @@ class Loop {
   virtual std::map<std::string, std::uint64_t> skipped() = 0;
   /// Ends this loop for good (a later iter(loader) took its place): the run stops now, its threads
   /// joined, and every later call raises RuntimeError(`why`).
+  /// A call in progress (from another thread, or a signal handler run inside next()) keeps the run until
+  /// it returns: the last call to end stops it.
   void invalidate(std::string why) {
     if (!invalid_.empty()) return;
     invalid_ = std::move(why);
-    stop();
+    if (calls_ == 0) stop();
   }
 
  protected:
@@ -622,9 +624,32 @@ class Loop {
   void check_live() const {
     if (!invalid_.empty()) throw std::runtime_error(invalid_);
   }
+  /// Held (with the GIL) for the length of a call that uses the run: checks the loop is live, and stops
+  /// the run at the end of the last call when the loop was invalidated meanwhile.
+  class Call {
+   public:
+    explicit Call(Loop& l) : l_(l) {
+      l_.check_live();
+      ++l_.calls_;
+    }
+    ~Call() {
+      if (--l_.calls_ == 0 && !l_.invalid_.empty()) {
+        try {
+          l_.stop();
+        } catch (...) {  // stopping a run that failed rethrows nothing the caller can act on
+        }
+      }
+    }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    Loop& l_;
+  };
 
  private:
   std::string invalid_;
+  int calls_ = 0;  // calls in progress (counted under the GIL)
 };
 
 template <class T>
@@ -641,13 +666,14 @@ class TypedLoop final : public Loop {
   /// Waits for the workers in slices, looking for signals between them: Ctrl-C raises KeyboardInterrupt
   /// before anything is taken, so the run goes on (and its state stays exact) if the caller continues.
   std::optional<py::object> next() override {
-    check_live();
+    const Call call(*this);
     std::optional<T> x;
     {
       py::gil_scoped_release nogil;
       while (!run_->wait_ready(kSignalCheck)) {
         py::gil_scoped_acquire gil;
         if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        check_live();  // a signal handler may have invalidated this loop
       }
       x = run_->next();
     }
@@ -656,7 +682,7 @@ class TypedLoop final : public Loop {
   }
   py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                      std::map<std::string, std::string> metadata) override {
-    check_live();
+    const Call call(*this);
     std::optional<Snapshot> s;
     {
       py::gil_scoped_release nogil;
@@ -680,7 +706,7 @@ class TypedLoop final : public Loop {
     return run_->layout();
   }
   std::map<std::string, std::uint64_t> skipped() override {
-    check_live();
+    const Call call(*this);
     std::map<std::string, std::uint64_t> out;
     std::vector<NodeStats> stats;
     {
@@ -694,6 +720,7 @@ class TypedLoop final : public Loop {
 
  protected:
   void stop() override {
+    if (!run_) return;
     py::gil_scoped_release nogil;  // the workers may be waiting for the GIL in a Python callable
     run_.reset();
   }

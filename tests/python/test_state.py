@@ -74,6 +74,34 @@ def test_a_new_iterator_invalidates_the_old_one_and_the_state_describes_the_new(
     assert list(loader) == list(range(1, 10))
 
 
+def test_a_retired_equal_steps_iterator_raises_and_takes_nothing_carried():
+    # One gloo process (equal_steps needs torch.distributed), in a child so no group outlives the test.
+    code = """
+import socket, sys, torch.distributed as dist, dpipe
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+loader = dpipe.Loader(dpipe.range(0, 10), seed=0, rank=0, world_size=1, equal_steps=True)
+it1 = iter(loader)
+assert next(it1) == 0
+state = loader.state_dict()
+state["carried"] = [100, 101]  # as a pass that ended early leaves it
+it2 = iter(loader)
+loader.load_state_dict(state)
+for it in (it1, it2):  # it2 was retired before its first next(): it must not take the carried elements
+    try:
+        next(it)
+        sys.exit("a retired iterator went on")
+    except RuntimeError as e:
+        assert "invalidated" in str(e), e
+assert list(loader)[:3] == [100, 101, 1], "the carried elements come first"
+print("ok")
+"""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
 def test_a_state_of_another_pipeline_seed_or_layout_is_refused():
     loader = dpipe.Loader(CANONICAL, seed=5, rank=0, world_size=2)
     next(iter(loader))

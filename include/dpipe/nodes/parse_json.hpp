@@ -115,13 +115,13 @@ class ParseJsonIter final : public UnaryIter<In, Value> {
     ParseJsonState<std::vector<std::string>> st{.reads_blocks = kBlocks};
     r.read(st);
     st_.skipped = st.skipped;
-    if constexpr (kBlocks) {
+    if constexpr (std::is_same_v<In, TextBlock>) {
       for (const auto& line : st.rest)
         if (line.find('\n') != std::string::npos) r.fail("field 'rest' holds a line with a newline");
-      if constexpr (std::is_same_v<In, TextBlock>)
-        block_ = TextBlock(st.rest);
-      else
-        block_ = std::move(st.rest);
+      block_ = TextBlock(st.rest);
+      next_ = 0;
+    } else if constexpr (kBlocks) {  // a batch of strings: any string, newlines included
+      block_ = std::move(st.rest);
       next_ = 0;
     }
   }
