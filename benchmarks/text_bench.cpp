@@ -143,15 +143,16 @@ struct DocExtractor {
   }
 };
 
-void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
+/// `source | parse_json` of the two fields / a getline + simdjson loop over the same file.
+template <class Source>
+void parse_json_vs_getline_loop(benchmark::State& state, const std::string& file_name, Source source) {
   const auto& lines = json_lines();
-  const std::int64_t bytes = file_bytes(lines);
-  const std::string file = written(lines, "docs.jsonl");
-  const auto p = dpipe::lines({file}, {.shuffle_shards = false}) |
+  const std::string file = written(lines, file_name);
+  const auto p = source(file) |
                  dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
   dpipe::Engine e({.threads = 1});
   paired(
-      state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
+      state, file_bytes(lines), [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
       [&] {
         std::ifstream f(file);
         std::string l;
@@ -161,24 +162,16 @@ void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
       });
 }
 
-/// parse_json reading `line_blocks` (lines parsed where they lie in the block) / a getline + simdjson loop
-/// over the same file: the way to read a JSON-lines corpus at speed.
+/// parse_json after `lines` (a string per line) / the getline + simdjson loop.
+void BM_ParseJsonVsSimdjsonLoop(benchmark::State& state) {
+  parse_json_vs_getline_loop(state, "docs.jsonl", [](const std::string& f) { return dpipe::lines({f}, {.shuffle_shards = false}); });
+}
+
+/// parse_json reading `line_blocks` (lines parsed where they lie in the block) / the getline + simdjson
+/// loop: the way to read a JSON-lines corpus at speed.
 void BM_ParseJsonOnBlocksVsSimdjsonLoop(benchmark::State& state) {
-  const auto& lines = json_lines();
-  const std::int64_t bytes = file_bytes(lines);
-  const std::string file = written(lines, "docs3.jsonl");
-  const auto p = dpipe::line_blocks({file}, {.shuffle_shards = false}) |
-                 dpipe::parse_json({.fields = {dpipe::JsonField::parse("doc", "int64"), dpipe::JsonField::parse("text", "string")}});
-  dpipe::Engine e({.threads = 1});
-  paired(
-      state, bytes, [&] { benchmark::DoNotOptimize(drain(e, p, one_worker())); },
-      [&] {
-        std::ifstream f(file);
-        std::string l;
-        DocExtractor extract;
-        while (std::getline(f, l)) extract(l);
-        benchmark::DoNotOptimize(extract.docs.data());
-      });
+  parse_json_vs_getline_loop(state, "docs3.jsonl",
+                             [](const std::string& f) { return dpipe::line_blocks({f}, {.shuffle_shards = false}); });
 }
 
 /// The node alone: parse_json after `lines` / the same simdjson loop run by the consumer on the lines'
