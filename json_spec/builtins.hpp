@@ -121,7 +121,7 @@ struct IotaRest {
 /// flat_map: a list → its elements (flat_map's function when none is named).
 struct Flatten {
   template <class T>
-  std::vector<T> operator()(const std::vector<T>& list) const {
+  std::vector<T> operator()(std::vector<T> list) const {  // flat_map hands its input over: moved, not copied
     return list;
   }
   Params describe() const { return {{"fn", "flatten"}}; }

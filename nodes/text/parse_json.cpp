@@ -185,17 +185,25 @@ std::string JsonLineParser::parse(std::string_view line, Value& out, std::size_t
 
 }  // namespace detail
 
+namespace {
+/// The sum of the old records' skip counts (field `skipped`), refused when it overflows.
+std::uint64_t total_skipped(const RescaleInput& in) {
+  const auto counts = in.numbers(&SkipCountState::skipped);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > std::numeric_limits<std::uint64_t>::max() - total) in.refuse("the skip counts overflow");
+    total += counts[i];
+  }
+  return total;
+}
+}  // namespace
+
 RescaleRule ParseJsonKind::rescale() {
   return RescaleRule::dealt([](const RescaleInput& in) {
     using S = ParseJsonState<ElementBlobs>;
     const bool blocks = in.has_field("rest");
     in.check_fields<S>(S{.reads_blocks = blocks});
-    const auto counts = in.numbers(&S::skipped);
-    std::uint64_t total = 0;
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      if (counts[i] > std::numeric_limits<std::uint64_t>::max() - total) in.refuse("the skip counts overflow");
-      total += counts[i];
-    }
+    const std::uint64_t total = total_skipped(in);
     std::optional<rescale::DealtParts> rest;
     if (blocks) rest = in.deal_fields({"rest"});
     return in.write_slots([&](std::size_t j) {
@@ -217,12 +225,7 @@ namespace rescale {
 RescaleRule summed_skip_count() {
   return RescaleRule::dealt([](const RescaleInput& in) {
     in.check_fields<SkipCountState>();
-    const auto counts = in.numbers(&SkipCountState::skipped);
-    std::uint64_t total = 0;
-    for (std::size_t i = 0; i < counts.size(); ++i) {
-      if (counts[i] > std::numeric_limits<std::uint64_t>::max() - total) in.refuse("the skip counts overflow");
-      total += counts[i];
-    }
+    const std::uint64_t total = total_skipped(in);
     return in.write_slots([&](std::size_t j) { return SkipCountState{.skipped = j == 0 ? total : 0}; });
   });
 }

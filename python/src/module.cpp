@@ -609,10 +609,9 @@ class Loop {
   virtual Layout layout() const = 0;
   /// Elements each node dropped as bad (on_error = skip), by node key, summed over this rank's instances.
   virtual std::map<std::string, std::uint64_t> skipped() = 0;
-  /// Ends this loop for good (a later iter(loader) took its place): the run stops now, its threads
-  /// joined, and every later call raises RuntimeError(`why`).
-  /// A call in progress (from another thread, or a signal handler run inside next()) keeps the run until
-  /// it returns: the last call to end stops it.
+  /// Ends this loop for good (a later iter(loader) took its place): every later call raises
+  /// RuntimeError(`why`), and the run stops (its threads joined) now, or, when calls are in progress (on
+  /// another thread, or a signal handler run inside next()), as the last of them returns.
   void invalidate(std::string why) {
     if (!invalid_.empty()) return;
     invalid_ = std::move(why);

@@ -24,11 +24,6 @@ using I64 = std::int64_t;
 using testing::drain;
 using testing::options;
 
-std::vector<I64> ints(const Value& v) {
-  std::vector<I64> out;
-  EXPECT_TRUE(read_int64s(v, out)) << "not an integer array";
-  return out;
-}
 /// Column `name` of a record: a 1-D or 2-D int64 array, flattened.
 std::vector<I64> column(const Value& row, const char* name) {
   const Value* f = find_field(row, name);
@@ -634,8 +629,11 @@ TEST(UserFunctions, FailIsTheDefaultAndSkipNeverDropsAnEngineError) {
   EXPECT_EQ(maps, 1);
   // …and its fingerprint is that of the same map before on_error existed: no parameter added.
   const Graph graph = Graph::build(*plain.def());
-  for (const auto& n : graph.nodes())
-    if (n.kind == "map") EXPECT_TRUE(n.params.empty()) << n.params.size() << " parameters";
+  for (const auto& n : graph.nodes()) {
+    if (n.kind == "map") {
+      EXPECT_TRUE(n.params.empty()) << n.params.size() << " parameters";
+    }
+  }
   auto refusing = range(0, 10) | map([](I64 x) { return x == 2 ? throw ConfigError("not the element's fault") : x; },
                                      {.on_error = OnDataError::skip});
   auto r3 = e.start(refusing, options());
