@@ -214,6 +214,19 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
   return history;
 }
 
+KeyScheme key_scheme_of(const SnapshotMeta& m, const NodeDefBase& output) {
+  const auto keys_match = [&](const Graph& g) {
+    if (g.nodes().size() != m.graph.size()) return false;
+    for (std::size_t i = 0; i < m.graph.size(); ++i)
+      if (g.nodes()[i].key != m.graph[i].key) return false;
+    return true;
+  };
+  // A graph the stable scheme matches, or one that matches neither (check_snapshot refuses it naming
+  // the first node that differs, in today's keys), is keyed the stable way.
+  if (m.graph.empty() || keys_match(Graph::build(output, KeyScheme::stable))) return KeyScheme::stable;
+  return keys_match(Graph::build(output, KeyScheme::pre_order)) ? KeyScheme::pre_order : KeyScheme::stable;
+}
+
 void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out) {
   NodeStats st;
   st.key = it.key();

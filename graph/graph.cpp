@@ -7,7 +7,9 @@
 #include <boost/graph/graphviz.hpp>
 #include <boost/graph/topological_sort.hpp>
 
+#include <cstdio>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -32,7 +34,6 @@ void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<con
   n.name = def.name();
   n.element_type = def.element_type_tag();
   n.params = def.params();
-  n.key = def.name().empty() ? def.kind() + "@" + std::to_string(index) : def.name();
   defs.push_back(&def);
   for (const auto& in : def.inputs()) {
     if (!in) throw ConfigError(node_label(def.kind(), def.name()) + ": an input is missing");
@@ -40,6 +41,51 @@ void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<con
     nodes[index].inputs.push_back(child);
     walk(*in, nodes, defs, depth + 1);
   }
+}
+
+/// Keys that depend only on what lies upstream of a node (docs/snapshot-format.md, "Node keys"): a
+/// named node's key is its name; an unnamed one's is its kind and a digest of its kind, element type
+/// and inputs' digests (a named input contributes its name only). Parameters are left out: a changed
+/// parameter is refused by name on resume, not as another node. Nodes added downstream or in another
+/// branch leave a digest as it was. Equal digests (subgraphs of one shape, such as the two sides of
+/// `zip(range | shuffle, range | shuffle)`) are numbered in pre-order: the first keeps the plain key,
+/// then `.2`, `.3`.
+void assign_stable_keys(std::vector<GraphNode>& nodes) {
+  std::vector<std::uint64_t> digest(nodes.size());
+  for (std::size_t i = nodes.size(); i-- > 0;) {  // inputs come after their consumer in pre-order
+    const GraphNode& n = nodes[i];
+    std::uint64_t h = fnv1a("dpipe-key-v1");
+    auto add = [&h](std::string_view s) { h = mix64(mix64(h ^ fnv1a(s)) ^ s.size()); };
+    if (!n.name.empty()) {
+      add("name");
+      add(n.name);
+    } else {
+      add(n.kind);
+      add(n.element_type);
+      for (std::size_t in : n.inputs) h = mix64(h ^ digest[in]);
+      h = mix64(h ^ n.inputs.size());
+    }
+    digest[i] = h;
+  }
+  std::map<std::string, std::size_t> seen;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    GraphNode& n = nodes[i];
+    if (!n.name.empty()) {
+      n.key = n.name;
+      continue;
+    }
+    char hex[9];
+    std::snprintf(hex, sizeof hex, "%08llx", static_cast<unsigned long long>(digest[i] >> 32));
+    const std::string base = n.kind + "@" + hex;
+    const std::size_t count = ++seen[base];
+    n.key = count == 1 ? base : base + "." + std::to_string(count);
+  }
+}
+
+/// The keys of format versions 1 to 3: the name, or the kind and the node's pre-order index.
+void assign_pre_order_keys(std::vector<GraphNode>& nodes) {
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    nodes[i].key = nodes[i].name.empty() ? nodes[i].kind + "@" + std::to_string(i) : nodes[i].name;
 }
 
 /// Checks where the segment boundaries stand (DESIGN §4): at most one merge; dispatch only in the
@@ -177,9 +223,12 @@ std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes) {
 
 }  // namespace
 
-Graph Graph::build(const NodeDefBase& output) {
+Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
   Graph g;
+  g.key_scheme_ = scheme;
   walk(output, g.nodes_, g.defs_, 0);
+  if (scheme == KeyScheme::stable) assign_stable_keys(g.nodes_);
+  else assign_pre_order_keys(g.nodes_);
 
   std::set<std::string> names;
   for (const auto& n : g.nodes_) {

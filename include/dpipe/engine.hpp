@@ -52,7 +52,7 @@ struct ResumeOptions {
   /// generator that legitimately ran that far.
   std::uint64_t max_replay = std::uint64_t{1} << 30;
   /// Semantic parameters this resume may change, each "PARAM" (every node declaring it overridable: mix's
-  /// "weights") or "KEY.PARAM" (one node: "mix@1.weights"). The pipeline is built with the new values;
+  /// "weights") or "KEY.PARAM" (one node by key, best its name: "mixer.weights"). The pipeline is built with the new values;
   /// the state restores as saved (every buffered element kept) and what follows uses them. Each change
   /// is recorded in the snapshots of the run under the metadata key "dpipe.overrides". A name that no
   /// node of the pipeline can override is refused.
@@ -83,9 +83,13 @@ SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std
 std::uint64_t snapshot_id(const SnapshotMeta& m);
 /// Refuses a snapshot that does not belong to this graph, seed, epoch and layout. Returns the history of
 /// overridden parameters (ResumeOptions::overrides) the run's snapshots record: the snapshot's, then this
-/// resume's ("mix@1.weights: 0.7, 0.3 → 0.5, 0.5 at element 1200", "… at step 300", "… at the rescale
+/// resume's ("mixer.weights: 0.7, 0.3 → 0.5, 0.5 at element 1200", "… at step 300", "… at the rescale
 /// from 2 ranks x 2 workers"), separated by "; ".
 std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r);
+/// The key scheme a snapshot's nodes were keyed with: pre_order when its keys are this pipeline's in
+/// that scheme (a snapshot of format 1 to 3, or of a run resumed from one), else stable. A run resumed
+/// from a snapshot keeps its scheme, so its random streams and later snapshots continue it exactly.
+KeyScheme key_scheme_of(const SnapshotMeta& m, const NodeDefBase& output);
 /// The metadata key under which snapshots record the parameters resumes overrode.
 inline constexpr const char* kOverridesKey = "dpipe.overrides";
 Layout resolve_layout(const RunOptions& o);
@@ -259,7 +263,7 @@ class Run {
     IterBase& root;
   };
 
-  Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor);
+  Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor, KeyScheme keys = KeyScheme::stable);
   void restore(const Snapshot& s, const ResumeOptions& resume);
 
   // Destruction runs bottom-up: the root (which joins the workers) goes before the objects the
@@ -286,10 +290,10 @@ class Run {
 // translation unit.
 
 template <class T>
-Run<T>::Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor)
+Run<T>::Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> executor, KeyScheme keys)
     : executor_(std::move(executor)), pipeline_(std::move(p)), options_(std::move(o)) {
   layout_ = detail::resolve_layout(options_);
-  graph_ = std::make_unique<Graph>(Graph::build(*pipeline_.def()));
+  graph_ = std::make_unique<Graph>(Graph::build(*pipeline_.def(), keys));
   graph_->check_layout(layout_);
   warnings_ = graph_->warnings(layout_);
   shared_ = std::make_unique<detail::RunShared>();
@@ -373,7 +377,7 @@ class Engine {
   template <class T>
     requires Snapshottable<T>
   Run<T> resume(const Pipeline<T>& p, const Snapshot& s, RunOptions o = {}, ResumeOptions r = {}) {
-    Run<T> run(p, std::move(o), executor_);
+    Run<T> run(p, std::move(o), executor_, detail::key_scheme_of(s.meta, *p.def()));
     run.restore(s, r);
     return run;
   }

@@ -11,8 +11,14 @@
 
 namespace dpipe {
 
+/// How unnamed nodes are keyed. A key names a node's records in snapshots and seeds its random stream.
+enum class KeyScheme : std::uint8_t {
+  stable,     // "<kind>@<digest of the node's upstream subgraph>": format version 4 on
+  pre_order,  // "<kind>@<pre-order index>": versions 1 to 3, kept to resume their snapshots exactly
+};
+
 struct GraphNode {
-  std::string key;   // the node's name, or "<kind>@<pre-order index>" for unnamed nodes
+  std::string key;   // the node's name, or "<kind>@…" for unnamed nodes (KeyScheme)
   std::string kind;
   std::string name;
   std::string element_type;
@@ -24,12 +30,13 @@ struct GraphNode {
 class Graph {
  public:
   /// Walks the definitions from the output, validates them and assigns keys; throws ConfigError.
-  static Graph build(const NodeDefBase& output);
+  static Graph build(const NodeDefBase& output, KeyScheme keys = KeyScheme::stable);
 
   /// Nodes in pre-order: a node, then its inputs in order. Index 0 is the output.
   const std::vector<GraphNode>& nodes() const { return nodes_; }
   /// Keys in pre-order, the order in which iterators take them when built.
   const std::vector<std::string>& keys() const { return keys_; }
+  KeyScheme key_scheme() const { return key_scheme_; }
   /// Hash of kinds, names, parameters, element types and edges.
   /// (Of data files: path and size; their modification times are compared on restore, see is_data_param.)
   std::uint64_t fingerprint() const { return fingerprint_; }
@@ -68,6 +75,7 @@ class Graph {
   std::vector<const NodeDefBase*> defs_;  // borrowed from the pipeline
   std::uint64_t fingerprint_ = 0;
   bool has_merge_ = false;
+  KeyScheme key_scheme_ = KeyScheme::stable;
   std::string full_source_;       // a source every instance reads in full that reaches the output, if any
   unsigned covered_levels_ = 0;   // levels (rank 1, worker 2) the output is split over or replicated on purpose
 };

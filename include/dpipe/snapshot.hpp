@@ -150,8 +150,9 @@ class Snapshot {
  public:
   /// 2: an identity section (id, step) first after the section table. 3: a state index (the node
   /// states with each long element list replaced by where it lies and its checksum) before the node
-  /// states, so a rescale reads the lists it deals only. Files of versions 1 and 2 stay readable.
-  static constexpr std::uint32_t kFormatVersion = 3;
+  /// states, so a rescale reads the lists it deals only. 4: unnamed nodes keyed by their upstream
+  /// subgraph (KeyScheme::stable), bytes laid out as in 3. Files of versions 1 to 3 stay readable.
+  static constexpr std::uint32_t kFormatVersion = 4;
 
   SnapshotMeta meta;
   std::vector<NodeState> states;

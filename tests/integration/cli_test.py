@@ -5,6 +5,7 @@ Writes JUnit XML to $DPIPE_BUILD_ROOT/test-results/cli.xml so the test summary c
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -305,7 +306,7 @@ def _():
 @case("graph/dot")
 def _():
     dot = dpipe("graph", SPEC).stdout
-    assert dot.startswith("digraph") and "shuffle@3" in dot and "->" in dot
+    assert dot.startswith("digraph") and "shuffle@" in dot and "->" in dot
 
 
 @case("bench/json_line")
@@ -324,7 +325,7 @@ def _():
     unsplit = json.dumps({"pipeline": [{"op": "range", "stop": 4}]})
     r = dpipe("run", unsplit, "--workers", 2)
     assert len(lines(r.stdout)) == 8, r.stdout  # every worker delivers every element, as torch does
-    assert "dpipe: warning: range@0 (range) is read in full by the workers" in r.stderr, r.stderr
+    assert re.search(r"dpipe: warning: range@[0-9a-f]{8} \(range\) is read in full by the workers", r.stderr), r.stderr
     assert "replicate()" in r.stderr, r.stderr
     marked = json.dumps({"pipeline": [{"op": "range", "stop": 4}, {"op": "replicate"}]})
     r = dpipe("run", marked, "--workers", 2)
@@ -332,7 +333,7 @@ def _():
     twice = json.dumps({"pipeline": [{"op": "range", "stop": 4}, {"op": "sampler"}, {"op": "sharding_filter"}]})
     r = dpipe("run", twice, "--workers", 2, check=False)
     assert r.returncode == 2 or r.returncode == 1, r.returncode
-    assert "sampler@1 (sampler) already deals" in r.stderr and "Remove the sharding_filter" in r.stderr, r.stderr
+    assert re.search(r"sampler@[0-9a-f]{8} \(sampler\) already deals", r.stderr) and "Remove the sharding_filter" in r.stderr, r.stderr
 
 
 @case("snapshot/step_and_id_and_a_set_of_mixed_steps_refused")
@@ -342,7 +343,7 @@ def _():
     for rank, step in ((0, 1200), (1, 1300)):
         dpipe("run", spec, "--rank", rank, "--world-size", 2, "--take", 3, "--snapshot-dir", d, "--step", step)
     shown = json.loads(dpipe("snapshot", "show", rank_file(d, 1, 2)).stdout)
-    assert shown["step"] == 1300 and shown["format_version"] == 3 and shown["id"] != "0" * 16, shown
+    assert shown["step"] == 1300 and shown["format_version"] == 4 and shown["id"] != "0" * 16, shown
     # The names say the steps: refused from the directory listing, naming ranks and steps.
     r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--resume-dir", d, check=False)
     assert r.returncode == 1 and "step 1200 on rank 0; step 1300 on rank 1" in r.stderr, r.stderr
@@ -405,7 +406,7 @@ def _():
     assert 0 < sum(1 for x in got if x >= 10000) < 3000, "input 1 still drawn after its weight became 0"
     shown = json.loads(dpipe("snapshot", "show", rank_file(e, 0, 1)).stdout)
     history = shown["user_metadata"]["dpipe.overrides"]
-    assert history == "mix@1.weights: 0.7, 0.3 → 1, 0 at element 30", history
+    assert re.fullmatch(r"mix@[0-9a-f]{8}\.weights: 0\.7, 0\.3 → 1, 0 at element 30", history), history
 
 
 @case("errors_stay_one_printable_line")

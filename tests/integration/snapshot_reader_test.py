@@ -303,10 +303,12 @@ def main():
         m = snap["meta"]
         assert m["seed"] == 42 and m["elements_delivered"] == 37, m
         assert m["layout"] == {"rank": 0, "world_size": 1, "num_workers": 1}, m["layout"]
-        kinds = [(n["key"], n["kind"], n["element_type"], n["segment"]) for n in m["graph"]]
-        assert kinds == [("batch@0", "batch", "vec<i64>", "worker"), ("map@1", "map", "i64", "worker"),
-                         ("sharding_filter@2", "sharding_filter", "i64", "worker"),
-                         ("shuffle@3", "shuffle", "i64", "worker"), ("range@4", "range", "i64", "worker")], kinds
+        kinds = [(n["kind"], n["element_type"], n["segment"]) for n in m["graph"]]
+        assert kinds == [("batch", "vec<i64>", "worker"), ("map", "i64", "worker"),
+                         ("sharding_filter", "i64", "worker"),
+                         ("shuffle", "i64", "worker"), ("range", "i64", "worker")], kinds
+        keys = [n["key"] for n in m["graph"]]
+        assert keys == stable_keys_of_a_chain(m["graph"]), keys
         run = snap["states"][0]
         assert (run["key"], run["kind"], run["instance"], run["mode"]) == ("run", "run", 0, "hook"), run
         assert [f["name"] for f in run["fields"]][:2] == ["delivered", "pending"], run["fields"]
@@ -345,8 +347,8 @@ def main():
                 b = text.encode()
                 h = mix64(h ^ fnv1a(b))
                 h = mix64(h ^ len(b))
+            assert [n["key"] for n in m["graph"]] == stable_keys_of_a_chain(m["graph"])  # unnamed
             for i, n in enumerate(m["graph"]):
-                assert n["key"] == f"{n['kind']}@{i}", n  # unnamed
                 add(n["kind"])
                 add("")
                 add(n["element_type"])
@@ -405,6 +407,9 @@ def main():
             check(f"{rel}/{fx['name']}: reads as version {version}, checksums verify",
                   fixture_reads, vdir, fx, version)
             check(f"{rel}/{fx['name']}: resumed stream equals the stored one", fixture_resumes, vdir, fx)
+            if "snapshot" in fx and version < 4:
+                check(f"{rel}/{fx['name']}: a snapshot of the resumed run keeps its keys and resumes alike",
+                      fixture_resumes_twice, vdir, fx)
 
     print(f"snapshot_reader: {passes} checks passed, {len(failures)} failed")
     for f in failures:
@@ -421,6 +426,44 @@ def fixture_paths(vdir, fx):
     if "snapshot" in fx:
         return [os.path.join(vdir, fx["snapshot"])]
     return sorted(glob.glob(os.path.join(vdir, fx["snapshot_dir"], "*.dpipe")))
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _fnv1a(b):
+    h = 0xCBF29CE484222325
+    for c in b:
+        h = ((h ^ c) * 0x100000001B3) & _M64
+    return h
+
+
+def stable_keys_of_a_chain(graph):
+    """The keys of format version 4 (docs/snapshot-format.md, "Node keys") of a chain of unnamed nodes,
+    node i reading node i + 1, recomputed from the document's recipe."""
+    digests = [0] * len(graph)
+    for i in reversed(range(len(graph))):
+        h = _fnv1a(b"dpipe-key-v1")
+        for text in (graph[i]["kind"], graph[i]["element_type"]):
+            b = text.encode()
+            h = _mix64(_mix64(h ^ _fnv1a(b)) ^ len(b))
+        inputs = [i + 1] if i + 1 < len(graph) else []
+        for j in inputs:
+            h = _mix64(h ^ digests[j])
+        digests[i] = _mix64(h ^ len(inputs))
+    keys, seen = [], {}
+    for n, d in zip(graph, digests):
+        base = f"{n['kind']}@{d >> 32:08x}"
+        seen[base] = seen.get(base, 0) + 1
+        keys.append(base if seen[base] == 1 else f"{base}.{seen[base]}")
+    return keys
 
 
 def fixture_reads(vdir, fx, version):
@@ -452,6 +495,25 @@ def fixture_resumes(vdir, fx):
             got.append(jsonl(open(out).read()))
     assert got == expected, f"resumed {len(got)} items, expected {len(expected)}; first difference at " + str(
         next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected))))
+
+
+KNOWN_VERSIONS_TODAY = max(sr.KNOWN_VERSIONS)
+
+
+def fixture_resumes_twice(vdir, fx):
+    """A run resumed from a file of version 1 to 3 keeps that file's node keys (and so its random
+    streams): its own snapshot, of today's version, resumes to the rest of the stored stream."""
+    spec = open(os.path.join(vdir, fx["spec"])).read()
+    expected = jsonl(open(os.path.join(vdir, fx["expected"])).read())
+    old = sr.read_file(os.path.join(vdir, fx["snapshot"]))
+    mid = os.path.join(TMP, f"twice-{os.path.basename(vdir)}-{fx['name']}.dpipe")
+    head = jsonl(dpipe("run", spec, *fx.get("args", []), "--resume", os.path.join(vdir, fx["snapshot"]),
+                       "--take", 2, "--snapshot-out", mid).stdout)
+    again = sr.read_file(mid)
+    assert again["header"]["format_version"] == KNOWN_VERSIONS_TODAY, again["header"]
+    assert [n["key"] for n in again["meta"]["graph"]] == [n["key"] for n in old["meta"]["graph"]]
+    rest = jsonl(dpipe("run", spec, *fx.get("args", []), "--resume", mid).stdout)
+    assert head + rest == expected, f"{len(head)} + {len(rest)} items, expected {len(expected)}"
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def test_skipped_lines_are_counted_per_node_and_kept_in_the_state(corpus):
     rest = dpipe.Loader(docs_pipeline(corpus))
     rest.load_state_dict(state)
     assert len(list(rest)) == 300 - 6 - 100
-    assert rest.skipped() == {"parse_json@1": 6}
+    [(key, count)] = rest.skipped().items()
+    assert key.startswith("parse_json@") and count == 6, rest.skipped()
 
 
 def test_pack_rows_hold_every_token_once_and_resume_exactly(corpus):

@@ -230,3 +230,15 @@ def test_zip_rows_are_tuples_where_they_are_elements():
     again = dpipe.Loader(z)
     again.load_state_dict(loader.state_dict())
     assert list(again) == rows[1:]
+
+
+def test_a_shuffle_keeps_its_order_when_nodes_are_added_after_it():
+    p = dpipe.range(50) | dpipe.shuffle(buffer=100)
+    order = list(dpipe.Loader(p, seed=3))
+    assert sorted(order) == list(range(50)) and order != list(range(50))
+    assert list(dpipe.Loader(p | dpipe.prefetch(4), seed=3)) == order
+    assert [x for b in dpipe.Loader(p | dpipe.batch(4), seed=3) for x in b] == order
+    # A name fixes the order whatever lies upstream.
+    named = list(dpipe.Loader(dpipe.range(50) | dpipe.shuffle(buffer=100, name="s"), seed=3))
+    assert list(dpipe.Loader(dpipe.range(50) | dpipe.map(lambda x: x) | dpipe.shuffle(buffer=100, name="s"),
+                             seed=3)) == named

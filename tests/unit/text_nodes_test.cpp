@@ -511,14 +511,19 @@ TEST(Mix, WeightsChangeAtResumeOnlyWhenOverriddenKeepingEveryBufferedElement) {
   // so all of it arrives, those in the shuffle buffers included, and input 1 stops short. The change is
   // recorded in the new snapshots.
   const SnapshotSet set(std::move(snaps));
+  std::string mix_key;  // KEY.PARAM overrides one node
+  const auto make_one_zero = make({1, 0});
+  const Graph graph = Graph::build(*make_one_zero.def());
+  for (const auto& n : graph.nodes())
+    if (n.kind == "mix") mix_key = n.key;
   std::vector<I64> all = head;
   for (int r = 0; r < 3; ++r) {
-    auto run = e.resume(make({1, 0}), set, options(1, 7, r, 3), {.rescale = true, .overrides = {"mix@1.weights"}});
+    auto run = e.resume(make({1, 0}), set, options(1, 7, r, 3), {.rescale = true, .overrides = {mix_key + ".weights"}});
     if (r == 0) {
       for (I64 x : drain(run, 2)) all.push_back(x);
       const auto& meta = run.snapshot().meta.user_metadata;
       ASSERT_TRUE(meta.count("dpipe.overrides"));
-      EXPECT_EQ(meta.at("dpipe.overrides"), "mix@1.weights: 0.7, 0.3 → 1, 0 at the rescale from 2 ranks x 1 workers");
+      EXPECT_EQ(meta.at("dpipe.overrides"), mix_key + ".weights: 0.7, 0.3 → 1, 0 at the rescale from 2 ranks x 1 workers");
     }
     for (I64 x : drain(run)) all.push_back(x);
   }
