@@ -293,6 +293,52 @@ std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
   return h;
 }
 
+std::optional<std::uint64_t> Graph::length(const Layout& layout, std::string* why) const {
+  std::string unknown;  // the first node that cannot say
+  const auto label = [&](const GraphNode& n) { return n.key + (n.key == n.kind ? "" : " (" + n.kind + ")"); };
+  const auto length_of = [&](const auto& self, std::size_t i, int worker) -> std::optional<std::uint64_t> {
+    const GraphNode& n = nodes_[i];
+    const KindInfo& role = role_of(n);
+    if (role.segment == SegmentRole::ends_workers) {  // merge: every worker's stream
+      std::uint64_t sum = 0;
+      for (int w = 0; w < layout.num_workers; ++w) {
+        const auto part = self(self, n.inputs.at(0), w);
+        if (!part) return std::nullopt;
+        sum += *part;
+      }
+      return sum;
+    }
+    if (role.segment == SegmentRole::starts_workers) {
+      unknown = label(n) + " hands its stream to the workers in an order only the run decides";
+      return std::nullopt;
+    }
+    std::vector<std::uint64_t> inputs;
+    for (std::size_t in : n.inputs) {
+      const auto part = self(self, in, worker);
+      if (!part) return std::nullopt;
+      inputs.push_back(*part);
+    }
+    const KindInfo* kind = find_kind(n.kind);
+    const LengthAt at{.rank = layout.rank, .world_size = layout.world_size, .worker = worker,
+                      .num_workers = layout.num_workers, .worker_segment = n.segment == Segment::worker};
+    const auto out = kind && kind->length ? kind->length(n.params, inputs, at) : std::nullopt;
+    if (!out) unknown = label(n) + " cannot say how many elements it gives";
+    return out;
+  };
+  std::optional<std::uint64_t> total;
+  if (has_merge_) {
+    total = length_of(length_of, 0, 0);
+  } else {  // the whole pipeline runs per worker, merged at its end
+    total = 0;
+    for (int w = 0; w < layout.num_workers && total; ++w) {
+      const auto part = length_of(length_of, 0, w);
+      total = part ? std::optional<std::uint64_t>(*total + *part) : std::nullopt;
+    }
+  }
+  if (!total && why) *why = unknown;
+  return total;
+}
+
 std::string Graph::to_dot() const {
   BoostGraph bg(nodes_.size());
   for (std::size_t v = 0; v < nodes_.size(); ++v)

@@ -3,6 +3,7 @@
 /// keys, a fingerprint, topological order and DOT export.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,9 @@ class Graph {
     for (const auto* d : defs_) n += d->skipped_bytes();
     return n;
   }
+  /// How many elements the rank `layout.rank` delivers in an epoch (its workers' streams, merged) when
+  /// every node can say (kit/length.hpp); else nullopt, and `why` says which node cannot.
+  std::optional<std::uint64_t> length(const Layout& layout, std::string* why = nullptr) const;
   /// Checks every node against a layout (shard ids, …); throws ConfigError.
   void check_layout(const Layout& layout) const;
 

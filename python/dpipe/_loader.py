@@ -134,6 +134,22 @@ class LoaderBase:
         loop = self._restored or self._loop
         return dict(loop.skipped()) if loop is not None else {}
 
+    def __len__(self):
+        """Elements this rank delivers in a fresh epoch, when every node can say (sources know their
+        size; batch, take, sharding_filter, zip, ... carry it on): else TypeError naming the node that
+        cannot (a filter, a file source). With equal_steps, the fewest any rank has."""
+        ranks = range(self.world_size) if self._equal_steps else [self.rank]
+        counts = []
+        for rank in ranks:
+            n, why = self._built.length(rank, self.world_size, self.workers)
+            if n is None:
+                raise TypeError(f"len() of this Loader is unknown: {why}")
+            counts.append(n)
+        if self._equal_steps and self._carry:
+            raise TypeError("len() of this Loader is unknown: elements carried from the last pass come first, "
+                            "and how many the other ranks carry is theirs to know")
+        return min(counts)
+
     # ---- iteration ----
     def _start(self, state):
         return _dpipe.start(self._built, self._options, state, self._allow_changed_data, self._overrides)

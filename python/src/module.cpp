@@ -847,7 +847,18 @@ PYBIND11_MODULE(_dpipe, m) {
   py::class_<BuiltSpec>(m, "BuiltSpec")
       .def_property_readonly("seed", [](const BuiltSpec& b) { return b.spec.seed; })
       .def_property_readonly("element_type", &BuiltSpec::type_name)
-      .def_property_readonly("bytes", [](const BuiltSpec& b) { return b.spec.bytes; });
+      .def_property_readonly("bytes", [](const BuiltSpec& b) { return b.spec.bytes; })
+      .def(
+          "length",
+          [](const BuiltSpec& b, int rank, int world_size, int workers) -> std::pair<py::object, std::string> {
+            const dpipe::Layout layout{rank, world_size, workers};
+            dpipe::validate_layout(layout);
+            std::string why;
+            const auto n = dpipe::Graph::build(b.spec.pipeline.def()).length(layout, &why);
+            return {n ? py::object(py::int_(*n)) : py::object(py::none()), why};
+          },
+          py::arg("rank"), py::arg("world_size"), py::arg("workers"),
+          "(elements the rank delivers in an epoch, or None; which node cannot say)");
   m.def("build", &build, py::arg("spec_json"), py::arg("callables") = py::dict(),
         py::arg("tuple_inputs") = std::set<std::int64_t>(), py::arg("tuple_rows") = false,
         "Builds a JSON spec into a typed pipeline; `callables` maps the ids of \"fn\": \"external\" to Python "

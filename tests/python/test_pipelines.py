@@ -242,3 +242,38 @@ def test_a_shuffle_keeps_its_order_when_nodes_are_added_after_it():
     named = list(dpipe.Loader(dpipe.range(50) | dpipe.shuffle(buffer=100, name="s"), seed=3))
     assert list(dpipe.Loader(dpipe.range(50) | dpipe.map(lambda x: x) | dpipe.shuffle(buffer=100, name="s"),
                              seed=3)) == named
+
+
+def test_len_of_a_loader_is_what_each_rank_delivers_when_every_node_can_say(tmp_path):
+    pipelines = {
+        "sharded batches": dpipe.range(103) | dpipe.sharding_filter() | dpipe.batch(8),
+        "sharded full batches": dpipe.range(103) | dpipe.sharding_filter() | dpipe.batch(8, drop_last=True),
+        "sampler of two epochs, take": dpipe.range(3, 50, 2) | dpipe.sampler(epochs=2) | dpipe.take(9)
+        | dpipe.map(lambda x: x + 1),
+        "by the ranks, then the workers": dpipe.range(-40, 0) | dpipe.sharding_filter(level="rank")
+        | dpipe.sharding_filter(level="worker") | dpipe.shuffle(buffer=5) | dpipe.repeat(2) | dpipe.skip(3),
+        "by hand": dpipe.range(31) | dpipe.sharding_filter(num_shards=4, shard_id=3) | dpipe.cycle(3),
+        "concat and zip": dpipe.range(10) | dpipe.sampler() | dpipe.concat(dpipe.range(7) | dpipe.sampler())
+        | dpipe.zip(dpipe.range(100) | dpipe.sampler()) | dpipe.batch(3),
+        "read in full by every worker": dpipe.range(5) | dpipe.replicate() | dpipe.prefetch(2),
+        "merged, then batched": dpipe.range(77) | dpipe.sampler() | dpipe.merge() | dpipe.batch(10),
+    }
+    for name, p in pipelines.items():
+        for world, workers in [(1, 1), (3, 2), (2, 3)]:
+            for rank in range(world):
+                loader = dpipe.Loader(p, rank=rank, world_size=world, workers=workers, seed=5)
+                assert len(loader) == len(list(loader)), (name, rank, world, workers)
+    assert len(dpipe.Loader(dpipe.range(0), workers=2)) == 0
+    # A node that cannot say makes len() a TypeError naming it; the loader still iterates.
+    unknown = dpipe.Loader(dpipe.range(10) | dpipe.filter(lambda x: x % 2) | dpipe.batch(2, name="b"))
+    with pytest.raises(TypeError, match=r"filter@[0-9a-f]{8} \(filter\) cannot say how many elements"):
+        len(unknown)
+    assert len(list(unknown)) == 3
+    path = tmp_path / "a.txt"
+    path.write_text("x\ny\n")
+    with pytest.raises(TypeError, match=r"\(lines\) cannot say"):
+        len(dpipe.Loader(dpipe.lines(str(path))))
+    with pytest.raises(TypeError, match=r"\(cycle\) cannot say"):
+        len(dpipe.Loader(dpipe.range(3) | dpipe.cycle()))
+    with pytest.raises(TypeError, match=r"\(map\) cannot say"):
+        len(dpipe.Loader(dpipe.range(3) | dpipe.map(lambda x: x, on_error="skip")))

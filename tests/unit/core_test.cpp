@@ -762,3 +762,46 @@ TEST(Sharding, AReplicatedSourceWarnsUnlessMarked) {
 }
 
 }  // namespace dpipe
+
+namespace dpipe {
+
+// len(loader): what a rank delivers in an epoch, from the kinds' `length`, equals what it drains; a node
+// that cannot say makes it unknown, named.
+TEST(Graph, LengthIsWhatARankDeliversWhenEveryNodeCanSay) {
+  const auto identity = [](std::int64_t x) { return x; };
+  const std::vector<Pipeline<std::int64_t>> scalars = {
+      range(0, 103) | sharding_filter(),
+      range(7, -50, {.step = -3}) | sampler({.epochs = 2}) | take(9) | map(identity),
+      range(0, 40) | sharding_filter({.level = ShardLevel::rank}) | sharding_filter({.level = ShardLevel::worker}) |
+          shuffle({.buffer = 5}) | repeat(2) | skip(3),
+      range(0, 31) | sharding_filter({.num_shards = 4, .shard_id = 3}) | cycle({.count = 3}),
+      concat(range(0, 10) | sampler(), range(0, 7) | sampler()),
+      range(0, 77) | sampler() | merge() | take(30),
+  };
+  const std::vector<Pipeline<std::vector<std::int64_t>>> batches = {
+      range(0, 103) | sharding_filter() | batch({.size = 8}),
+      range(0, 103) | sharding_filter() | batch({.size = 8, .drop_last = true}),
+  };
+  Engine e;
+  for (const Layout& l : {Layout{0, 1, 1}, Layout{1, 3, 2}, Layout{2, 3, 2}, Layout{0, 2, 3}}) {
+    const RunOptions o{.seed = 5, .layout = l};
+    for (std::size_t i = 0; i < scalars.size(); ++i) {
+      const auto n = Graph::build(*scalars[i].def()).length(l);
+      ASSERT_TRUE(n.has_value()) << i;
+      auto run = e.start(scalars[i], o);
+      EXPECT_EQ(*n, testing::drain(run).size()) << i << " on " << l.to_string();
+    }
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      auto run = e.start(batches[i], o);
+      EXPECT_EQ(Graph::build(*batches[i].def()).length(l), testing::drain(run).size()) << i << " on " << l.to_string();
+    }
+  }
+  std::string why;
+  const auto odd = range(0, 10) | filter([](std::int64_t x) { return x % 2 == 1; }) | batch({.size = 2});
+  EXPECT_EQ(Graph::build(*odd.def()).length(Layout{0, 1, 1}, &why), std::nullopt);
+  EXPECT_TRUE(why.starts_with("filter@") && why.find("(filter) cannot say") != std::string::npos) << why;
+  EXPECT_EQ(Graph::build(*(range(0, 3) | cycle()).def()).length(Layout{0, 1, 1}, &why), std::nullopt);
+  EXPECT_NE(why.find("(cycle)"), std::string::npos) << why;
+}
+
+}  // namespace dpipe

@@ -18,6 +18,8 @@
 ///     static constexpr SegmentRole segment = SegmentRole::none;      // optional: engine segments
 ///     static constexpr bool restarts_upstream = false;               // optional: rebuilds its input
 ///     static Split split(const Params&);                             // optional: splits its stream
+///     static std::optional<std::uint64_t> length(const Params&,      // optional: its stream's length
+///         std::span<const std::uint64_t> inputs, const LengthAt&);   //   (dpipe/kit/length.hpp)
 ///   };
 ///
 /// `dpipe/kinds.hpp` lists every kind on one line each; the registry below (rescale rules, invariants,
@@ -30,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/schema.hpp"
 #include "dpipe/snapshot.hpp"
@@ -57,6 +60,8 @@ struct KindInfo {
   bool restarts_upstream = false;
   /// How it splits its stream, from its parameters; null: it leaves the split as its inputs have it.
   Split (*split)(const std::vector<std::pair<std::string, std::string>>& params) = nullptr;
+  /// Its stream's length on one instance (len(loader)); null: it cannot say (a filter, a file source).
+  LengthFn length = nullptr;
 
   /// Parameters that change no element (the schema's tuning ones): a resume may change them, and the
   /// snapshot restores into the new values.
@@ -94,6 +99,7 @@ KindInfo kind_info() {
   if constexpr (requires { K::segment; }) k.segment = K::segment;
   if constexpr (requires { K::restarts_upstream; }) k.restarts_upstream = K::restarts_upstream;
   if constexpr (requires { &K::split; }) k.split = &K::split;
+  if constexpr (requires { K::length; }) k.length = K::length;
   return k;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
@@ -114,6 +115,14 @@ Pipeline<T> concat(const Pipeline<T>& first, const More&... more) {
 
 struct ConcatKind {
   static constexpr std::string_view name = "concat";
+  static std::optional<std::uint64_t> length(const Params&, std::span<const std::uint64_t> in, const LengthAt&) {
+    std::uint64_t sum = 0;
+    for (std::uint64_t n : in) {
+      if (sum + n < sum) return std::nullopt;
+      sum += n;
+    }
+    return sum;
+  }
   static constexpr std::string_view doc =
       "All of the input, then all of each pipeline of `with`, in order.";
   static constexpr ParamSchema params[] = {

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -134,6 +135,11 @@ inline auto cycle(CycleOptions o = {}) {
 
 struct CycleKind {
   static constexpr std::string_view name = "cycle";
+  /// `count` passes over its input; none when it cycles forever.
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t> in, const LengthAt&) {
+    const auto n = count_param(p, "count");
+    return in.empty() || !n ? std::nullopt : times(in[0], *n);
+  }
   static constexpr std::string_view doc =
       "Re-runs the whole upstream `count` times (forever without a count); each pass is a new epoch for the upstream.";
   static constexpr ParamSchema params[] = {

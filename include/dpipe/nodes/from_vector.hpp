@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
@@ -91,6 +92,10 @@ Pipeline<T> from_vector(std::vector<T> values, FromVectorOptions o = {}) {
 
 struct FromVectorKind {
   static constexpr std::string_view name = "from_vector";
+  /// Every instance reads all of it.
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t>, const LengthAt&) {
+    return count_param(p, "size");
+  }
   static constexpr std::string_view doc =
       "The elements of a list, in order; every instance reads all of it (put a sampler after it to deal them).";
   static constexpr ParamSchema params[] = {

@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/fields.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/on_error.hpp"
@@ -172,6 +173,7 @@ auto map(Fn fn, MapOptions o = {}) {
 
 struct MapKind {
   static constexpr std::string_view name = "map";
+  static constexpr LengthFn length = &same_length_unless_skipping;
   static constexpr std::string_view doc =
       "Applies a pure function to every element.";
   static constexpr ParamSchema params[] = {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/detail/executor.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -111,6 +112,7 @@ auto parallel_map(Fn fn, ParallelMapOptions o = {}) {
 
 struct ParallelMapKind {
   static constexpr std::string_view name = "parallel_map";
+  static constexpr LengthFn length = &same_length_unless_skipping;
   static constexpr std::string_view doc =
       "`map` with the function applied to up to `max_in_flight` elements at once; the output keeps the input's order.";
   static constexpr ParamSchema params[] = {

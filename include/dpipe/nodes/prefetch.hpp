@@ -5,6 +5,7 @@
 /// elements belong to the merge's state).
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/nodes/merge.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -62,6 +63,7 @@ inline auto prefetch(PrefetchOptions o = {}) {
 
 struct PrefetchKind {
   static constexpr std::string_view name = "prefetch";
+  static constexpr LengthFn length = &same_length;
   static constexpr std::string_view doc =
       "Sets how many elements wait in each worker's queue; it ends the worker segment.";
   static constexpr ParamSchema params[] = {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
@@ -88,6 +89,17 @@ inline Pipeline<std::int64_t> range(std::int64_t stop) { return range(0, stop); 
 
 struct RangeKind {
   static constexpr std::string_view name = "range";
+  /// Every instance reads all of it.
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t>, const LengthAt&) {
+    const auto start = signed_param(p, "start"), stop = signed_param(p, "stop"), step = signed_param(p, "step");
+    if (!start || !stop || !step || *step == 0) return std::nullopt;
+    const bool up = *step > 0;
+    if (up ? *stop <= *start : *stop >= *start) return 0;
+    const std::uint64_t span = up ? static_cast<std::uint64_t>(*stop) - static_cast<std::uint64_t>(*start)
+                                   : static_cast<std::uint64_t>(*start) - static_cast<std::uint64_t>(*stop);
+    const std::uint64_t stride = up ? static_cast<std::uint64_t>(*step) : 0 - static_cast<std::uint64_t>(*step);
+    return (span - 1) / stride + 1;
+  }
   static constexpr std::string_view doc =
       "Integers from `start` towards `stop` (exclusive) by `step`; every instance reads all of it (put a sampler after it to deal them). Python: range(stop) or range(start, stop[, step]).";
   static constexpr ParamSchema params[] = {

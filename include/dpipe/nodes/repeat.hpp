@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
 #include "dpipe/kit/unary.hpp"
@@ -89,6 +90,10 @@ inline auto repeat(std::int64_t times, RepeatOptions o = {}) {
 
 struct RepeatKind {
   static constexpr std::string_view name = "repeat";
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t> in, const LengthAt&) {
+    const auto n = count_param(p, "times");
+    return in.empty() || !n ? std::nullopt : times(in[0], *n);
+  }
   static constexpr std::string_view doc =
       "Yields each element `times` times in a row (1 is a pass-through).";
   static constexpr ParamSchema params[] = {

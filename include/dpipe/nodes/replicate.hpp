@@ -5,6 +5,7 @@
 /// instance, as torch does silently). In: T → Out: T. State: none.
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
@@ -51,6 +52,7 @@ inline auto replicate(ReplicateOptions o = {}) {
 
 struct ReplicateKind {
   static constexpr std::string_view name = "replicate";
+  static constexpr LengthFn length = &same_length;
   static constexpr std::string_view doc =
       "Passes its input through and says every instance reads this stream in full on purpose (no warning).";
   static constexpr std::span<const ParamSchema> params{};

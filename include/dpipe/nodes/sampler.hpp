@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/detail/position_deal.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/permutation.hpp"
@@ -133,6 +134,13 @@ inline auto sampler(SamplerOptions o = {}) {
 
 struct SamplerKind {
   static constexpr std::string_view name = "sampler";
+  /// Its `epochs` passes over the source, dealt over the instances of its segment.
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t> in, const LengthAt& at) {
+    const auto epochs = count_param(p, "epochs");
+    if (in.empty() || !epochs) return std::nullopt;
+    const auto all = times(in[0], *epochs);
+    return all ? std::optional<std::uint64_t>(at.share(*all, Split::kSegment)) : std::nullopt;
+  }
   static constexpr std::string_view doc =
       "Reads a random-access source in a global order (a keyed permutation per epoch, or in order) and deals its positions to the instances.";
   static constexpr ParamSchema params[] = {

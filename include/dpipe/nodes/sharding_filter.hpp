@@ -4,6 +4,7 @@
 /// or an explicit num_shards/shard_id. In: T → Out: T. State: the position.
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -139,6 +140,13 @@ inline auto sharding_filter(ShardingOptions o = {}) {
 
 struct ShardingFilterKind {
   static constexpr std::string_view name = "sharding_filter";
+  /// Element i of its input where i mod N is this instance's share (by hand: `shard_id` of `num_shards`).
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t> in, const LengthAt& at) {
+    if (in.empty()) return std::nullopt;
+    const auto shards = count_param(p, "num_shards"), id = count_param(p, "shard_id");
+    if (shards && *shards > 0) return id ? std::optional<std::uint64_t>(in[0] / *shards + (*id < in[0] % *shards ? 1 : 0)) : std::nullopt;
+    return at.share(in[0], split(p).shards);
+  }
   static constexpr std::string_view doc =
       "Keeps element i iff i mod N == id: N and id from the layout at the chosen level, or given.";
   static constexpr ParamSchema params[] = {

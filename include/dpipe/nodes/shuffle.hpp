@@ -5,6 +5,7 @@
 /// buffered elements of all instances are dealt to the new ones.
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -135,6 +136,7 @@ inline auto shuffle(ShuffleOptions o = {}) {
 
 struct ShuffleKind {
   static constexpr std::string_view name = "shuffle";
+  static constexpr LengthFn length = &same_length;
   static constexpr std::string_view doc =
       "A buffer of `buffer` elements; each output is a random element of the buffer, replaced by the next input.";
   static constexpr ParamSchema params[] = {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
 #include "dpipe/kit/unary.hpp"
@@ -68,6 +69,11 @@ inline auto skip(std::int64_t count, SkipOptions o = {}) {
 
 struct SkipKind {
   static constexpr std::string_view name = "skip";
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t> in, const LengthAt&) {
+    const auto count = count_param(p, "count");
+    if (in.empty() || !count) return std::nullopt;
+    return in[0] - std::min(in[0], *count);
+  }
   static constexpr std::string_view doc = "Drops the first `count` elements and passes the rest.";
   static constexpr ParamSchema params[] = {
       {.name = "count", .type = ParamType::integer, .doc = "how many elements to drop (not negative)", .positional = true},

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -95,6 +96,11 @@ inline auto take(std::int64_t count, TakeOptions o = {}) {
 
 struct TakeKind {
   static constexpr std::string_view name = "take";
+  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t> in, const LengthAt&) {
+    const auto count = count_param(p, "count");
+    if (in.empty() || !count) return std::nullopt;
+    return std::min(in[0], *count);
+  }
   static constexpr std::string_view doc =
       "The first `count` elements; pulls no element past them.";
   static constexpr ParamSchema params[] = {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/fields.hpp"
 #include "dpipe/kit/on_error.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -129,6 +130,7 @@ inline auto tokenize(TokenizeOptions o) {
 
 struct TokenizeKind {
   static constexpr std::string_view name = "tokenize";
+  static constexpr LengthFn length = &same_length_unless_skipping;
   static constexpr std::string_view doc =
       "Tokenizes a text field with a SentencePiece model into an int64 array field (BOS/EOS optional).";
   static constexpr ParamSchema params[] = {

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dpipe/kit/length.hpp"
 #include "dpipe/nodes/concat.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
@@ -141,6 +142,11 @@ Pipeline<std::vector<T>> zip_all(const std::vector<Pipeline<T>>& ps, ZipOptions 
 
 struct ZipKind {
   static constexpr std::string_view name = "zip";
+  /// As long as its shortest input.
+  static std::optional<std::uint64_t> length(const Params&, std::span<const std::uint64_t> in, const LengthAt&) {
+    if (in.empty()) return std::nullopt;
+    return *std::min_element(in.begin(), in.end());
+  }
   static constexpr std::string_view doc =
       "Rows of one element from the input and one from each pipeline of `with`, until any input ends.";
   static constexpr ParamSchema params[] = {
