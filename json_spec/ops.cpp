@@ -57,6 +57,8 @@ ordered_json catalogue_json() {
     if (k.rescale.refuses()) j["rescale_refusal"] = k.rescale.reason();
     j["state"] = k.state_fields;
     j["source"] = k.source;
+    // Whether it tells its stream's length (len(loader)); merge's is the sum the graph takes.
+    j["length"] = k.length != nullptr || k.segment == SegmentRole::ends_workers;
     ordered_json functions = ordered_json::array();
     for (const FunctionSchema& f : spec_functions())
       if (f.taken_by(k.name)) {
@@ -123,6 +125,7 @@ std::string spec_ops_text(std::string_view only) {
     }
     out += "  rescales: " +
            (op["rescales"].get<bool>() ? std::string("yes") : "no, " + op["rescale_refusal"].get<std::string>()) + "\n";
+    out += std::string("  length: ") + (op["length"].get<bool>() ? "known" : "unknown") + "\n";
     std::string state;
     for (const auto& f : op["state"]) state += (state.empty() ? "" : ", ") + f.get<std::string>();
     out += "  state: " + (state.empty() ? std::string("none") : state) + "\n\n";
@@ -172,7 +175,8 @@ std::string spec_ops_markdown() {
            " State: ";
     std::string state;
     for (const auto& f : op["state"]) state += (state.empty() ? "" : ", ") + ("`" + f.get<std::string>() + "`");
-    out += (state.empty() ? std::string("none") : state) + ".\n\n";
+    out += (state.empty() ? std::string("none") : state) + ". Length: " +
+           (op["length"].get<bool>() ? "known" : "unknown (`len(loader)` raises naming it)") + ".\n\n";
   }
   return out;
 }

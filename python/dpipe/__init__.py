@@ -17,6 +17,7 @@ from ._nodes import Pipeline, from_spec
 globals().update(_NODE_FUNCTIONS)
 
 SNAPSHOT_FORMAT_VERSION = _dpipe.snapshot_format_version()
+__version__ = _dpipe.__version__  # the C++ library's version: both come from one build
 
 __all__ = ["Pipeline", "from_spec", "Loader", "rescale", "Error", "ConfigError", "SnapshotError", "DataError",
            "FileError", "NodeError", "SNAPSHOT_FORMAT_VERSION", "write_records"] + sorted(_NODE_FUNCTIONS)
@@ -34,3 +35,7 @@ def __getattr__(name):
             _loader_class = make_loader_class()
         return _loader_class
     raise AttributeError(f"module 'dpipe' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"Loader"})

@@ -157,6 +157,7 @@ def _doc(entry):
         args = ", ".join(q["name"] + ("" if q["required"] else "=" + _json.dumps(q["default"])) for q in f["params"])
         lines.append(f"    fn={f['name']!r}" + (f" with {args}" if args else "") + f": {f['doc']}")
     lines.append("Rescales: yes." if entry["rescales"] else f"Rescales: no, {entry['rescale_refusal']}.")
+    lines.append("Length: known (len(loader))." if entry["length"] else "Length: unknown (len(loader) raises).")
     return "\n".join(lines)
 
 

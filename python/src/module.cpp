@@ -843,6 +843,7 @@ PYBIND11_MODULE(_dpipe, m) {
   m.def("spec_ops_json", [] { return dpipe::spec_ops_json(); },
         "The op catalogue as JSON text (dpipe ops --json): each op's doc, parameters, rescale rule and state.");
   m.def("snapshot_format_version", [] { return dpipe::Snapshot::kFormatVersion; });
+  m.attr("__version__") = DPIPE_VERSION;  // the project's version, as libdpipe's pkg-config says
 
   py::class_<BuiltSpec>(m, "BuiltSpec")
       .def_property_readonly("seed", [](const BuiltSpec& b) { return b.spec.seed; })

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dpipe
-from conftest import plain, semantics_cases, tool_elements
+from conftest import SOURCE_ROOT, plain, semantics_cases, tool_elements
 
 
 def test_import_does_not_import_torch():
@@ -277,3 +277,11 @@ def test_len_of_a_loader_is_what_each_rank_delivers_when_every_node_can_say(tmp_
         len(dpipe.Loader(dpipe.range(3) | dpipe.cycle()))
     with pytest.raises(TypeError, match=r"\(map\) cannot say"):
         len(dpipe.Loader(dpipe.range(3) | dpipe.map(lambda x: x, on_error="skip")))
+
+
+def test_the_package_says_its_version_and_lists_the_loader():
+    # The extension is compiled with the project's version, the one libdpipe's pkg-config file gives.
+    meson_build = (SOURCE_ROOT / "meson.build").read_text()
+    version = meson_build.split("version : '", 1)[1].split("'", 1)[0]
+    assert dpipe.__version__ == version
+    assert "Loader" in dir(dpipe) and "batch" in dir(dpipe)
