@@ -324,19 +324,7 @@ def main():
 
     def fingerprint_recomputed():
         """The document's fingerprint recipe, for linear pipelines of unnamed nodes (node i's input is i + 1)."""
-        M = (1 << 64) - 1
-
-        def mix64(x):
-            x = (x + 0x9E3779B97F4A7C15) & M
-            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
-            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
-            return x ^ (x >> 31)
-
-        def fnv1a(b):
-            h = 0xCBF29CE484222325
-            for c in b:
-                h = ((h ^ c) * 0x100000001B3) & M
-            return h
+        mix64, fnv1a = _mix64, _fnv1a
 
         for name in ("canonical", "strings", "workers2"):
             m = sr.read_file(files[name])["meta"]

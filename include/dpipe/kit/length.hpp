@@ -43,24 +43,18 @@ struct LengthAt {
 using LengthFn = std::optional<std::uint64_t> (*)(const std::vector<std::pair<std::string, std::string>>& params,
                                                   std::span<const std::uint64_t> inputs, const LengthAt& at);
 
-/// The non-negative integer value of parameter `key`, or nullopt ("forever", absent).
-inline std::optional<std::uint64_t> count_param(const std::vector<std::pair<std::string, std::string>>& params,
-                                                std::string_view key) {
+/// The integer value of parameter `key` as N (std::uint64_t: not negative), or nullopt ("forever", absent).
+template <class N>
+std::optional<N> number_param(const std::vector<std::pair<std::string, std::string>>& params, std::string_view key) {
   const std::string_view text = param_of(params, key);
-  std::uint64_t v = 0;
+  N v = 0;
   const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || r.ec != std::errc{} || r.ptr != text.data() + text.size()) return std::nullopt;
   return v;
 }
-
-/// The integer value of parameter `key`, or nullopt.
-inline std::optional<std::int64_t> signed_param(const std::vector<std::pair<std::string, std::string>>& params,
+inline std::optional<std::uint64_t> count_param(const std::vector<std::pair<std::string, std::string>>& params,
                                                 std::string_view key) {
-  const std::string_view text = param_of(params, key);
-  std::int64_t v = 0;
-  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || r.ec != std::errc{} || r.ptr != text.data() + text.size()) return std::nullopt;
-  return v;
+  return number_param<std::uint64_t>(params, key);
 }
 
 /// `length` of a kind that passes every element of its one input on.
@@ -75,6 +69,25 @@ inline std::optional<std::uint64_t> same_length_unless_skipping(
     const LengthAt& at) {
   if (param_of(params, "on_error") == "skip") return std::nullopt;
   return same_length(params, inputs, at);
+}
+
+/// `length` of a kind that delivers every element of every input.
+inline std::optional<std::uint64_t> summed_length(const std::vector<std::pair<std::string, std::string>>&,
+                                                  std::span<const std::uint64_t> inputs, const LengthAt&) {
+  std::uint64_t sum = 0;
+  for (std::uint64_t n : inputs) {
+    if (sum + n < sum) return std::nullopt;
+    sum += n;
+  }
+  return sum;
+}
+
+/// `length` of a kind that batches `size` elements, the short last batch unless `drop_last`.
+inline std::optional<std::uint64_t> batched_length(const std::vector<std::pair<std::string, std::string>>& params,
+                                                   std::span<const std::uint64_t> inputs, const LengthAt&) {
+  const auto size = count_param(params, "size");
+  if (inputs.empty() || !size || *size == 0) return std::nullopt;
+  return inputs[0] / *size + (param_of(params, "drop_last") != "true" && inputs[0] % *size ? 1 : 0);
 }
 
 /// a × b, or nullopt past 2^64 − 1.

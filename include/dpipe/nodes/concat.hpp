@@ -115,14 +115,7 @@ Pipeline<T> concat(const Pipeline<T>& first, const More&... more) {
 
 struct ConcatKind {
   static constexpr std::string_view name = "concat";
-  static std::optional<std::uint64_t> length(const Params&, std::span<const std::uint64_t> in, const LengthAt&) {
-    std::uint64_t sum = 0;
-    for (std::uint64_t n : in) {
-      if (sum + n < sum) return std::nullopt;
-      sum += n;
-    }
-    return sum;
-  }
+  static constexpr LengthFn length = &summed_length;  // every element of every input
   static constexpr std::string_view doc =
       "All of the input, then all of each pipeline of `with`, in order.";
   static constexpr ParamSchema params[] = {

@@ -24,15 +24,7 @@ Pipeline<T> mux_longest(const Pipeline<T>& first, const More&... more) {
 
 struct MuxLongestKind {
   static constexpr std::string_view name = "mux_longest";
-  /// Every element of every input.
-  static std::optional<std::uint64_t> length(const Params&, std::span<const std::uint64_t> in, const LengthAt&) {
-    std::uint64_t sum = 0;
-    for (std::uint64_t n : in) {
-      if (sum + n < sum) return std::nullopt;
-      sum += n;
-    }
-    return sum;
-  }
+  static constexpr LengthFn length = &summed_length;  // every element of every input
   static constexpr std::string_view doc =
       "One element from each input in turn, skipping exhausted inputs, until all are exhausted.";
   static constexpr ParamSchema params[] = {

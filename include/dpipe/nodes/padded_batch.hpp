@@ -95,12 +95,7 @@ inline auto padded_batch(PaddedBatchOptions o) { return unary<PaddedBatchDef>(st
 
 struct PaddedBatchKind {
   static constexpr std::string_view name = "padded_batch";
-  /// One batch per `size` elements, the short last one unless `drop_last`.
-  static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t> in, const LengthAt&) {
-    const auto size = count_param(p, "size");
-    if (in.empty() || !size || *size == 0) return std::nullopt;
-    return param_of(p, "drop_last") == "true" ? in[0] / *size : in[0] / *size + (in[0] % *size ? 1 : 0);
-  }
+  static constexpr LengthFn length = &batched_length;
   static constexpr std::string_view doc =
       "Groups records into one record of [B, L] arrays padded to the longest (or a fixed length), plus lengths.";
   static constexpr ParamSchema params[] = {

@@ -91,7 +91,8 @@ struct RangeKind {
   static constexpr std::string_view name = "range";
   /// Every instance reads all of it.
   static std::optional<std::uint64_t> length(const Params& p, std::span<const std::uint64_t>, const LengthAt&) {
-    const auto start = signed_param(p, "start"), stop = signed_param(p, "stop"), step = signed_param(p, "step");
+    const auto start = number_param<std::int64_t>(p, "start"), stop = number_param<std::int64_t>(p, "stop"),
+               step = number_param<std::int64_t>(p, "step");
     if (!start || !stop || !step || *step == 0) return std::nullopt;
     const bool up = *step > 0;
     if (up ? *stop <= *start : *stop >= *start) return 0;
