@@ -221,10 +221,11 @@ KeyScheme key_scheme_of(const SnapshotMeta& m, const NodeDefBase& output) {
       if (g.nodes()[i].key != m.graph[i].key) return false;
     return true;
   };
-  // A graph the stable scheme matches, or one that matches neither (check_snapshot refuses it naming
-  // the first node that differs, in today's keys), is keyed the stable way.
+  // The scheme whose keys match; when none does, the file's own (pre-order for versions 1 to 3), so
+  // that check_snapshot names the first node that differs rather than node 0 under other keys.
   if (m.graph.empty() || keys_match(Graph::build(output, KeyScheme::stable))) return KeyScheme::stable;
-  return keys_match(Graph::build(output, KeyScheme::pre_order)) ? KeyScheme::pre_order : KeyScheme::stable;
+  if (keys_match(Graph::build(output, KeyScheme::pre_order))) return KeyScheme::pre_order;
+  return m.format_version >= 1 && m.format_version <= 3 ? KeyScheme::pre_order : KeyScheme::stable;
 }
 
 void collect_node_stats(const IterBase& it, std::vector<NodeStats>& out) {

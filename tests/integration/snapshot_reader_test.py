@@ -399,6 +399,18 @@ def main():
                 check(f"{rel}/{fx['name']}: a snapshot of the resumed run keeps its keys and resumes alike",
                       fixture_resumes_twice, vdir, fx)
 
+    def old_file_of_another_pipeline_is_refused_naming_the_node():
+        """A version 3 file against a pipeline with one node replaced: the refusal names that node in the
+        file's own (pre-order) keys, not node 0 under today's keys."""
+        vdir = os.path.join(FIXTURES, "v3")
+        spec = json.loads(open(os.path.join(vdir, "canonical.spec.json")).read())
+        spec["pipeline"][3] = {"op": "replicate"}
+        r = dpipe("run", json.dumps(spec), "--resume", os.path.join(vdir, "canonical.dpipe"), check=False)
+        assert r.returncode != 0, r.stdout[:200]
+        assert "node 1 is map@1 (map, i64) in the snapshot and replicate@1 (replicate, i64) here" in r.stderr, r.stderr
+    check("v3/canonical: another pipeline is refused naming the node that differs",
+          old_file_of_another_pipeline_is_refused_naming_the_node)
+
     print(f"snapshot_reader: {passes} checks passed, {len(failures)} failed")
     for f in failures:
         print(f"  failed: {f}")

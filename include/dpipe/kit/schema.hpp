@@ -114,7 +114,7 @@ struct FunctionSchema {
 /// The parameter every kind takes.
 inline constexpr ParamSchema kNameParam{.name = "name",
                                         .type = ParamType::text,
-                                        .doc = "the node's name: its key in snapshots (default: kind@position)",
+                                        .doc = "the node's name: its key in snapshots and the seed of its random stream (default: kind@digest of what lies upstream)",
                                         .fallback = "null"};
 
 /// The parameter of `params` called `name`, or null.
