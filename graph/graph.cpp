@@ -25,22 +25,67 @@ bool valid_name(const std::string& n) {
   return true;
 }
 
+/// The nodes of several outputs and their `from` nodes met so far: each may stand once in a graph.
+using Branching = std::set<const NodeDefBase*>;
+
 void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<const NodeDefBase*>& defs,
-          std::size_t depth) {
+          Branching& branching, std::size_t depth) {
   if (depth > 10'000) throw ConfigError("pipeline is nested more than 10000 nodes deep");
+  if ((def.outputs() > 1 || def.reads()) && !branching.insert(&def).second) {
+    const NodeDefBase& owner = def.reads() ? *def.reads() : def;
+    throw ConfigError("output " + std::to_string(def.reads_output()) + " of " + node_label(owner.kind(), owner.name()) +
+                      " is read twice; each output feeds one consumer (fork it again to read it twice)");
+  }
   const std::size_t index = nodes.size();
   GraphNode& n = nodes.emplace_back();
   n.kind = def.kind();
   n.name = def.name();
   n.element_type = def.element_type_tag();
   n.params = def.params();
+  n.outputs = def.outputs();
   defs.push_back(&def);
   for (const auto& in : def.inputs()) {
     if (!in) throw ConfigError(node_label(def.kind(), def.name()) + ": an input is missing");
     const std::size_t child = nodes.size();
     nodes[index].inputs.push_back(child);
-    walk(*in, nodes, defs, depth + 1);
+    walk(*in, nodes, defs, branching, depth + 1);
   }
+}
+
+/// Joins each `from` node to the node it reads; refuses an output read while its node is not in the
+/// graph, and a node of several outputs with an output nobody reads.
+void link_branches(std::vector<GraphNode>& nodes, const std::vector<const NodeDefBase*>& defs) {
+  std::map<const NodeDefBase*, std::size_t> index_of;
+  for (std::size_t i = 0; i < defs.size(); ++i) index_of.emplace(defs[i], i);
+  std::map<std::size_t, std::set<std::size_t>> read;
+  for (std::size_t i = 0; i < defs.size(); ++i) {
+    const NodeDefBase* owner = defs[i]->reads();
+    if (!owner) continue;
+    const std::string label = node_label(owner->kind(), owner->name());
+    const auto it = index_of.find(owner);
+    if (it == index_of.end())
+      throw ConfigError("output " + std::to_string(defs[i]->reads_output()) + " of " + label + " is read, but " + label +
+                        " itself is not in the pipeline: its output 0 (the node itself) must be read too");
+    nodes[i].reads = it->second;
+    nodes[i].output = defs[i]->reads_output();
+    read[it->second].insert(nodes[i].output);
+  }
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    for (std::size_t k = 1; k < nodes[i].outputs; ++k)
+      if (!read[i].count(k))
+        throw ConfigError(node_label(nodes[i].kind, nodes[i].name) + ": output " + std::to_string(k) +
+                          " is never read; every output must be (the node would hold its elements until its buffer "
+                          "fills): give a smaller count or read it");
+}
+
+/// Edges data flows along, input → consumer: inputs, and from each node of several outputs to its `from`s.
+BoostGraph flow_graph(const std::vector<GraphNode>& nodes) {
+  BoostGraph bg(nodes.size());
+  for (std::size_t v = 0; v < nodes.size(); ++v) {
+    for (std::size_t in : nodes[v].inputs) boost::add_edge(in, v, bg);
+    if (nodes[v].reads != GraphNode::kNone) boost::add_edge(nodes[v].reads, v, bg);
+  }
+  return bg;
 }
 
 /// Keys that depend only on what lies upstream of a node (docs/snapshot-format.md, "Node keys"): a
@@ -50,9 +95,10 @@ void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<con
 /// branch leave a digest as it was. Equal digests (subgraphs of one shape, such as the two sides of
 /// `zip(range | shuffle, range | shuffle)`) are numbered in pre-order: the first keeps the plain key,
 /// then `.2`, `.3`.
-void assign_stable_keys(std::vector<GraphNode>& nodes) {
+/// A `from` node's digest is its kind's and element type's, the digest of the node it reads and the output.
+void assign_stable_keys(std::vector<GraphNode>& nodes, const std::vector<std::size_t>& topo) {
   std::vector<std::uint64_t> digest(nodes.size());
-  for (std::size_t i = nodes.size(); i-- > 0;) {  // inputs come after their consumer in pre-order
+  for (const std::size_t i : topo) {  // every node after its inputs and the node it reads
     const GraphNode& n = nodes[i];
     std::uint64_t h = fnv1a("dpipe-key-v1");
     auto add = [&h](std::string_view s) { h = mix64(mix64(h ^ fnv1a(s)) ^ s.size()); };
@@ -64,6 +110,7 @@ void assign_stable_keys(std::vector<GraphNode>& nodes) {
       add(n.element_type);
       for (std::size_t in : n.inputs) h = mix64(h ^ digest[in]);
       h = mix64(h ^ n.inputs.size());
+      if (n.reads != GraphNode::kNone) h = mix64(mix64(h ^ digest[n.reads]) ^ n.output);
     }
     digest[i] = h;
   }
@@ -114,15 +161,24 @@ void check_segments(std::vector<GraphNode>& nodes) {
     std::size_t node;
     Seg seg;
     std::string cycle;  // label of an enclosing cycle, empty if none
+    std::size_t scope;  // the nearest dispatch or merge above it, or kNone
   };
-  std::vector<Frame> stack{{0, merges ? Seg::suffix : Seg::worker, {}}};
+  std::vector<std::size_t> scope(nodes.size(), GraphNode::kNone);
+  std::vector<Frame> stack{{0, merges ? Seg::suffix : Seg::worker, {}, GraphNode::kNone}};
   while (!stack.empty()) {
     const Frame f = stack.back();
     stack.pop_back();
     GraphNode& n = nodes[f.node];
     n.segment = f.seg;  // merge itself runs after the workers, dispatch once per worker
+    scope[f.node] = f.scope;
     const std::string label = node_label(n.kind, n.name);
     const KindInfo& role = role_of(n);
+    if (!f.cycle.empty() && (n.outputs > 1 || n.reads != GraphNode::kNone))
+      throw ConfigError(f.cycle + ": it rebuilds its upstream every pass, so it cannot contain " +
+                        (n.reads != GraphNode::kNone ? "a branch read from " + node_label(nodes[n.reads].kind, nodes[n.reads].name)
+                                                     : label));
+    const std::size_t below_scope =
+        role.segment == SegmentRole::ends_workers || role.segment == SegmentRole::starts_workers ? f.node : f.scope;
     Seg below = f.seg;
     if (role.segment == SegmentRole::ends_workers) {
       below = Seg::worker;
@@ -144,7 +200,18 @@ void check_segments(std::vector<GraphNode>& nodes) {
     if (!f.cycle.empty() && (role.segment == SegmentRole::ends_workers || role.segment == SegmentRole::starts_workers))
       throw ConfigError(f.cycle + ": it rebuilds its upstream every pass, so it cannot contain " + label);
     const std::string cycle = role.restarts_upstream && f.cycle.empty() ? label : f.cycle;
-    for (std::size_t in : n.inputs) stack.push_back({in, below, cycle});
+    for (std::size_t in : n.inputs) stack.push_back({in, below, cycle, below_scope});
+  }
+  // The outputs of one node share its queues on one thread: a `from` stands where the node stands.
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const GraphNode& n = nodes[i];
+    if (n.reads == GraphNode::kNone || scope[i] == scope[n.reads]) continue;
+    const GraphNode& owner = nodes[n.reads];
+    throw ConfigError("output " + std::to_string(n.output) + " of " + node_label(owner.kind, owner.name) + " is read in the " +
+                      segment_name(n.segment) + " segment" + (scope[i] == GraphNode::kNone ? "" : " of " + nodes[scope[i]].key) +
+                      ", the node stands in the " + segment_name(owner.segment) + " segment" +
+                      (scope[n.reads] == GraphNode::kNone ? "" : " of " + nodes[scope[n.reads]].key) +
+                      ": read every output of a node on the same side of dispatch and merge");
   }
 }
 
@@ -170,13 +237,17 @@ std::string describe_levels(unsigned levels) {
   return levels == (Flow::kRank | Flow::kWorker) ? "every rank and worker" : levels == Flow::kRank ? "the ranks" : "the workers";
 }
 
-/// Computes every node's Flow (inputs before the nodes that read them: the reverse of pre-order) and
+/// Computes every node's Flow (in topological order: inputs before the nodes that read them) and
 /// refuses a level-based sharding_filter after a node that already deals its stream over that level.
-std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes) {
+std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes, const std::vector<std::size_t>& topo) {
   std::vector<Flow> flows(nodes.size());
-  for (std::size_t i = nodes.size(); i-- > 0;) {
+  for (const std::size_t i : topo) {
     const GraphNode& n = nodes[i];
     Flow& f = flows[i];
+    if (n.reads != GraphNode::kNone) {  // a branch of a node of several outputs: split as that node
+      f = flows[n.reads];
+      continue;
+    }
     const KindInfo* kind = find_kind(n.kind);
     const std::string label = n.key + " (" + n.kind + ")";
     if (kind && kind->deals) {  // its input, if any, is read by index through it, never in full
@@ -226,8 +297,22 @@ std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes) {
 Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
   Graph g;
   g.key_scheme_ = scheme;
-  walk(output, g.nodes_, g.defs_, 0);
-  if (scheme == KeyScheme::stable) assign_stable_keys(g.nodes_);
+  {
+    Branching branching;
+    walk(output, g.nodes_, g.defs_, branching, 0);
+  }
+  link_branches(g.nodes_, g.defs_);
+  {
+    const BoostGraph bg = flow_graph(g.nodes_);
+    std::vector<BoostGraph::vertex_descriptor> order;
+    try {
+      boost::topological_sort(bg, std::back_inserter(order));
+    } catch (const boost::not_a_dag&) {
+      throw ConfigError("the pipeline graph has a cycle");
+    }
+    g.topo_.assign(order.rbegin(), order.rend());
+  }
+  if (scheme == KeyScheme::stable) assign_stable_keys(g.nodes_, g.topo_);
   else assign_pre_order_keys(g.nodes_);
 
   std::set<std::string> names;
@@ -250,22 +335,11 @@ Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
 
   check_segments(g.nodes_);
   {
-    const std::vector<Flow> flows = sharding_flows(g.nodes_);
+    const std::vector<Flow> flows = sharding_flows(g.nodes_, g.topo_);
     g.full_source_ = flows.front().full_source;
     g.covered_levels_ = flows.front().covered;
   }
   for (const auto& n : g.nodes_) g.has_merge_ = g.has_merge_ || role_of(n).segment == SegmentRole::ends_workers;
-
-  BoostGraph bg(g.nodes_.size());
-  for (std::size_t v = 0; v < g.nodes_.size(); ++v)
-    for (std::size_t in : g.nodes_[v].inputs) boost::add_edge(in, v, bg);  // data flows input → consumer
-  std::vector<BoostGraph::vertex_descriptor> order;
-  try {
-    boost::topological_sort(bg, std::back_inserter(order));
-  } catch (const boost::not_a_dag&) {
-    throw ConfigError("the pipeline graph has a cycle");
-  }
-  g.topo_.assign(order.rbegin(), order.rend());
 
   g.fingerprint_ = g.fingerprint_with({});
   return g;
@@ -289,6 +363,10 @@ std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
     }
     add("inputs");
     for (std::size_t in : n.inputs) h = mix64(h ^ in);
+    if (n.reads != GraphNode::kNone) {  // only branches add to it: other graphs keep their fingerprints
+      add("reads");
+      h = mix64(mix64(h ^ n.reads) ^ n.output);
+    }
   }
   return h;
 }
@@ -298,6 +376,7 @@ std::optional<std::uint64_t> Graph::length(const Layout& layout, std::string* wh
   const auto label = [&](const GraphNode& n) { return n.key + (n.key == n.kind ? "" : " (" + n.kind + ")"); };
   const auto length_of = [&](const auto& self, std::size_t i, int worker) -> std::optional<std::uint64_t> {
     const GraphNode& n = nodes_[i];
+    if (n.reads != GraphNode::kNone) return self(self, n.reads, worker);  // a branch: as long as the node it reads
     const KindInfo& role = role_of(n);
     if (role.segment == SegmentRole::ends_workers) {  // merge: every worker's stream
       std::uint64_t sum = 0;
@@ -340,9 +419,7 @@ std::optional<std::uint64_t> Graph::length(const Layout& layout, std::string* wh
 }
 
 std::string Graph::to_dot() const {
-  BoostGraph bg(nodes_.size());
-  for (std::size_t v = 0; v < nodes_.size(); ++v)
-    for (std::size_t in : nodes_[v].inputs) boost::add_edge(in, v, bg);
+  const BoostGraph bg = flow_graph(nodes_);
   auto escape = [](const std::string& s) {
     std::string r;
     for (char c : s) {

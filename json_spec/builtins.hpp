@@ -23,6 +23,16 @@ struct Affine {
 };
 
 /// filter: keeps x with x mod `mod` == `eq`, floor modulo as in Python ((-11) mod 4 == 1).
+/// demux: x → output x mod `count` (floor modulo).
+struct Mod {
+  std::int64_t count = 1;
+  std::int64_t operator()(std::int64_t x) const {
+    std::int64_t r = x % count;
+    return r < 0 ? r + count : r;
+  }
+  Params describe() const { return {{"fn", "mod"}}; }
+};
+
 struct ModEq {
   std::int64_t mod = 1, eq = 0;
   bool operator()(std::int64_t x) const {

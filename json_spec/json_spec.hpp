@@ -10,6 +10,7 @@
 
 #include "dpipe/kit/on_error.hpp"
 #include "dpipe/kit/spec.hpp"
+#include "dpipe/nodes/demux.hpp"
 #include "ops.hpp"
 #include "dpipe/engine.hpp"  // the runs of the spec element types are libdpipe's (detail/prebuilt_types.hpp)
 
@@ -67,6 +68,8 @@ class ExternalFunctions {
   virtual SpecPipeline generator(std::int64_t id, const std::string& out, const std::string& name) const = 0;
   /// The function returns an iterable of the input's element type.
   virtual SpecPipeline flat_map(const SpecPipeline& input, std::int64_t id, const ExternalNode& node) const = 0;
+  /// A demux whose function (element → output) is the callable.
+  virtual SpecPipeline demux(const SpecPipeline& input, std::int64_t id, const DemuxOptions& o, bool input_bytes) const = 0;
 };
 
 struct SpecOptions {

@@ -48,6 +48,38 @@ class JsonNode;
 // The external functions of the spec being parsed on this thread (set by parse_spec for its nested
 // chains too).
 thread_local SpecOptions t_options{};
+
+/// The branches of the spec being parsed: its named nodes as they are built (what `from` reads), the
+/// outputs its `from` nodes read (found before building, so a fork without a count knows its own), and
+/// the outputs read so far (one reader each).
+struct Branches {
+  std::map<std::string, SpecPipeline> named;
+  std::map<std::string, std::size_t> outputs_read;  // name → 1 + the highest output a `from` reads
+  std::set<std::pair<std::string, std::size_t>> taken;
+};
+thread_local Branches* t_branches = nullptr;
+
+/// The outputs the `from` nodes of a spec read, by name (a walk with its own stack: a hostile spec may
+/// nest deeper than the call stack goes).
+std::map<std::string, std::size_t> outputs_read(const json& root) {
+  std::map<std::string, std::size_t> out;
+  std::vector<const json*> stack{&root};
+  while (!stack.empty()) {
+    const json* j = stack.back();
+    stack.pop_back();
+    if (j->is_object()) {
+      const auto op = j->find("op"), name = j->find("name"), output = j->find("output");
+      if (op != j->end() && *op == "from" && name != j->end() && name->is_string() && output != j->end() &&
+          output->is_number_unsigned() && output->get<std::uint64_t>() < 1024) {
+        std::size_t& n = out[name->get<std::string>()];
+        n = std::max<std::size_t>(n, output->get<std::size_t>() + 1);
+      }
+    }
+    if (j->is_structured())
+      for (const auto& child : *j) stack.push_back(&child);
+  }
+  return out;
+}
 SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes = nullptr);
 
 /// The front end's description of one op of the kind list.
@@ -106,10 +138,11 @@ constexpr FunctionSchema kFunctions[] = {
     {"replicate", "flat_map", "each element `times` times", kReplicateParams},
     {"flatten", "flat_map", "a list → its elements, in order (flat_map's function when none is named; torch's flatmap())"},
     {"range", "flat_map", "an integer n → 0, 1, …, n−1, one at a time"},
+    {"mod", "demux", "an integer x → output x mod count (floor modulo)"},
     {"count", "generator", "0, 1, …, count−1", kCountParams},
     {"random_ints", "generator", "`count` integers drawn from [lo, hi) by the node's generator", kRandomIntsParams},
     {"external", "map generator", "a Python callable (the Python package writes this)", kExternalOutParams},
-    {"external", "filter flat_map", "a Python callable (the Python package writes this)", kExternalParams},
+    {"external", "filter flat_map demux", "a Python callable (the Python package writes this)", kExternalParams},
 };
 
 /// The builtin function `fn` of `op`, or null.
@@ -233,6 +266,32 @@ class JsonNode {
   SpecPipeline bytes(Pipeline<std::string> p) {
     bytes_ = true;
     return p;
+  }
+
+  // ---- branches: the outputs of fork, demux and unzip ----
+
+  /// How many outputs the node named `name` has when its count is not given: output 0 and every output a
+  /// `from` of the spec reads.
+  std::size_t outputs_read(const std::string& name) const {
+    const auto it = t_branches ? t_branches->outputs_read.find(name) : decltype(t_branches->outputs_read)::iterator{};
+    return t_branches && it != t_branches->outputs_read.end() ? std::max<std::size_t>(it->second, 1) : 1;
+  }
+  /// Output `output` of the node named `name`, built before this one; each output is read once.
+  SpecPipeline read_output(const std::string& name, std::size_t output) {
+    const auto it = t_branches ? t_branches->named.find(name) : decltype(t_branches->named)::iterator{};
+    if (!t_branches || it == t_branches->named.end())
+      fail("no node named '" + name + "' is built before this one: a `from` reads a fork, demux or unzip of the "
+           "main chain or of an earlier pipeline of `with`");
+    if (!t_branches->taken.insert({name, output}).second)
+      fail("output " + std::to_string(output) + " of '" + name + "' is read twice; each output feeds one consumer (fork it again to read it twice)");
+    return it->second.visit([&]<class T>(const Pipeline<T>& p) -> SpecPipeline { return dpipe::output(p, output); });
+  }
+  /// demux's function: element → output.
+  SpecPipeline demux_function(const DemuxOptions& o) {
+    const std::string fn = function();
+    if (fn == "external") return external().demux(input(), external_id(), o, input_bytes_);
+    if (fn != "mod") internal_error("has no builder for its function '" + fn + "'");
+    return demux_node(integers("mod"), builtins::Mod{o.count}, o);
   }
 
   // ---- the builtin functions a spec names with "fn" ----
@@ -630,6 +689,7 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
       n.fail(reason_of(e, node_label(n.op(), n.name())));
     }
     n.finish();
+    if (t_branches && !n.name().empty() && n.op() != "from") t_branches->named.emplace(n.name(), *p);
     bytes = bytes || n.bytes_marked();
   }
   if (ends_in_bytes) *ends_in_bytes = bytes;
@@ -682,6 +742,13 @@ Spec parse_spec(std::string_view text, SpecOptions options) {
     seed = s.get<std::uint64_t>();
   }
   if (!j.contains("pipeline")) throw ConfigError("spec has no \"pipeline\" list");
+  struct BranchScope {
+    Branches branches;
+    Branches* saved = t_branches;
+    BranchScope() { t_branches = &branches; }
+    ~BranchScope() { t_branches = saved; }
+  } branch_scope;
+  branch_scope.branches.outputs_read = outputs_read(j["pipeline"]);
   bool bytes = false;
   SpecPipeline p = build_chain(j["pipeline"], "pipeline", &bytes);
   return Spec{seed, std::move(p), bytes};

@@ -25,6 +25,11 @@ struct GraphNode {
   std::string element_type;
   Params params;
   std::vector<std::size_t> inputs;  // indices into Graph::nodes()
+  /// A `from` node's edge: the node of several outputs it reads (an index, or kNone) and which output.
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::size_t reads = kNone;
+  std::size_t output = 0;
+  std::size_t outputs = 1;  // fork, demux, unzip: their count
   Segment segment = Segment::worker;  // where it runs: per rank before dispatch, per worker, after merge
 };
 
@@ -33,7 +38,8 @@ class Graph {
   /// Walks the definitions from the output, validates them and assigns keys; throws ConfigError.
   static Graph build(const NodeDefBase& output, KeyScheme keys = KeyScheme::stable);
 
-  /// Nodes in pre-order: a node, then its inputs in order. Index 0 is the output.
+  /// Nodes in pre-order: a node, then its inputs in order. Index 0 is the output. A `from` node has no
+  /// inputs: it reads the node of several outputs at GraphNode::reads, which stands in its own chain.
   const std::vector<GraphNode>& nodes() const { return nodes_; }
   /// Keys in pre-order, the order in which iterators take them when built.
   const std::vector<std::string>& keys() const { return keys_; }

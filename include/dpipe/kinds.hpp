@@ -8,9 +8,12 @@
 #include "dpipe/nodes/bucket_by_length.hpp"
 #include "dpipe/nodes/concat.hpp"
 #include "dpipe/nodes/cycle.hpp"
+#include "dpipe/nodes/demux.hpp"
 #include "dpipe/nodes/dispatch.hpp"
 #include "dpipe/nodes/filter.hpp"
 #include "dpipe/nodes/flat_map.hpp"
+#include "dpipe/nodes/fork.hpp"
+#include "dpipe/nodes/from.hpp"
 #include "dpipe/nodes/from_vector.hpp"
 #include "dpipe/nodes/generator.hpp"
 #include "dpipe/nodes/line_blocks.hpp"
@@ -37,6 +40,7 @@
 #include "dpipe/nodes/token_windows.hpp"
 #include "dpipe/nodes/tokenize.hpp"
 #include "dpipe/nodes/unbatch.hpp"
+#include "dpipe/nodes/unzip.hpp"
 #include "dpipe/nodes/zip.hpp"
 
 /// The kind list, in registry order: KIND(Name) names NameKind. PREBUILT(Name) is a kind whose NameDef<T>
@@ -54,7 +58,9 @@
   /* segments */                                                                                               \
   KIND(Dispatch) KIND(Merge) PREBUILT(Prefetch)                                                                 \
   /* several inputs */                                                                                         \
-  KIND(Concat) KIND(Mux) KIND(MuxLongest) KIND(Zip) KIND(Mix)
+  KIND(Concat) KIND(Mux) KIND(MuxLongest) KIND(Zip) KIND(Mix)                                                   \
+  /* several outputs, and the branches that read them */                                                     \
+  KIND(Fork) KIND(Demux) KIND(Unzip) KIND(From)
 
 namespace dpipe {
 

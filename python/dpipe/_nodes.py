@@ -2,6 +2,7 @@
 chain, and `a | b` appends b's nodes to a's. Nothing runs here: a Loader builds the spec into a typed C++
 pipeline (the same node kinds, options and checks as C++ and the tool)."""
 
+import hashlib
 import inspect
 import itertools
 import json as _json
@@ -76,6 +77,53 @@ class Pipeline:
 
     def __hash__(self):
         return hash(self.to_json())
+
+    # fork, demux and unzip (methods, made from their schemas below): `a, b = p.fork(2)`.
+
+
+# Nodes of several outputs: Pipeline methods returning one Pipeline per output. Output 0 continues this
+# chain; output i is a pipeline of its own that starts with {"op": "from", "name": N, "output": i}.
+_BRANCHING_OPS = ("fork", "demux", "unzip")
+
+
+def _branch_name(op, pipeline, node):
+    """The name a node of several outputs gets when none is given: a digest of what it stands on, so the
+    same pipeline built twice names it the same (the names of named nodes reach the keys downstream)."""
+    text = _json.dumps([_plain(n) for n in pipeline._nodes] + [node], sort_keys=True, default=repr)
+    return f"{op}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _branch_method(op):
+    make = _node_function(op)
+    sig = make.__signature__
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_ONLY), P("count", P.POSITIONAL_OR_KEYWORD)]  # torch's order: count first
+    params += [q for q in sig.parameters.values() if q.name != "count"]
+
+    def method(self, count, *args, **kwargs):
+        one = make(*args, count=count, **kwargs)
+        node = dict(one._nodes[0])
+        count = node.get("count")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise TypeError(f"{op}() needs count, the number of outputs (an int), got {count!r}")
+        if node.get("name") is None:
+            node["name"] = _branch_name(op, self, node)
+        callables = {**self._callables, **one._callables}
+        head = Pipeline(self._nodes + (node,), callables)
+        return tuple([head] + [Pipeline([{"op": "from", "name": node["name"], "output": i}], callables)
+                               for i in range(1, count)])
+
+    method.__name__ = op
+    method.__qualname__ = f"Pipeline.{op}"
+    method.__signature__ = sig.replace(parameters=params)
+    method.__doc__ = (make.__doc__ + f"\n\nReturns a tuple of `count` pipelines, output 0 (this chain, continued) "
+                      "first; every output must be read. Without name=, one is made from the pipeline.")
+    return method
+
+
+def _add_branch_methods():
+    for op in _BRANCHING_OPS:
+        setattr(Pipeline, op, _branch_method(op))
 
 
 def _plain(value):
@@ -289,24 +337,30 @@ def from_spec(spec):
     return Pipeline(spec["pipeline"]), spec.get("seed")
 
 
-def zip_rows(nodes, tuple_inputs):
+def zip_rows(nodes, tuple_inputs, branches=None):
     """Walks a chain of spec nodes: how deep its elements hold zip's rows (0: they are rows, k: batches
     of depth k of rows, None: anything else), adding to `tuple_inputs` the ids of the Python callables
     that receive rows. A row and a batch are one C++ type (a vector); the Loader shows rows as tuples, and
     callables receive them so. A row stays a row through the nodes that keep the element type (filter,
     shuffle, take, ..., a Python map or flat_map without out=)."""
     depth = None
+    branches = {} if branches is None else branches  # a fork's or demux's name → its elements' depth
     for node in nodes:
         op = node.get("op")
         for value in node.values():  # other inputs ("with"): chains of their own
             if isinstance(value, list):
                 for q in value:
                     if isinstance(q, list):
-                        zip_rows(q, tuple_inputs)
+                        zip_rows(q, tuple_inputs, branches)
+        if op in ("fork", "demux") and node.get("name") is not None:
+            branches[node["name"]] = depth
+        if op == "from":
+            depth = branches.get(node.get("name"))
+            continue
         external = node.get("fn") == "external"
         if external and depth == 0 and op != "generator":
             tuple_inputs.add(node["id"])
-        if _is_source(op):
+        if _is_source(op) or op == "unzip":
             depth = None
         elif op == "zip":
             depth = 0
@@ -323,4 +377,6 @@ def zip_rows(nodes, tuple_inputs):
     return depth
 
 
-NODE_FUNCTIONS = {op: _node_function(op) for op in _CATALOGUE}
+# fork, demux and unzip are Pipeline methods (several outputs); `from` is what their outputs start with.
+NODE_FUNCTIONS = {op: _node_function(op) for op in _CATALOGUE if op not in _BRANCHING_OPS + ("from",)}
+_add_branch_methods()

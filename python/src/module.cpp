@@ -452,6 +452,18 @@ struct PyFilter : PyCallable {
   }
 };
 template <class In>
+struct PyDemuxFn : PyCallable {
+  std::int64_t operator()(const In& x) const {
+    return in_python([&] {
+      const py::object r = call(In(x));
+      if (!PyLong_Check(r.ptr()))
+        throw std::invalid_argument("demux: " + label + " returned " + std::string(py::str(py::type::of(r).attr("__name__"))) +
+                          ", not the int of an output");
+      return r.cast<std::int64_t>();
+    });
+  }
+};
+template <class In>
 struct PyFlatMap : PyCallable {
   std::vector<In> operator()(In x) const {
     return in_python([&] { return FromPython<std::vector<In>>::get(call(std::move(x)), label); });
@@ -560,6 +572,10 @@ class PythonFunctions final : public ExternalFunctions {
     return input.visit([&]<class In>(const Pipeline<In>& p) -> SpecPipeline {
       return p | dpipe::flat_map(PyFlatMap<In>{f}, FlatMapOptions{.on_error = node.on_error, .name = node.name});
     });
+  }
+  SpecPipeline demux(const SpecPipeline& input, std::int64_t id, const DemuxOptions& o, bool input_bytes) const override {
+    const PyCallable f = at(id, input_bytes);
+    return input.visit([&]<class In>(const Pipeline<In>& p) -> SpecPipeline { return dpipe::demux_node(p, PyDemuxFn<In>{f}, o); });
   }
 
  private:

@@ -105,6 +105,13 @@ class NodeDefBase {
   virtual std::uint64_t skipped() const { return 0; }
   /// Bytes of its files a source did not deliver for being bad (`on_error = skip`).
   virtual std::uint64_t skipped_bytes() const { return 0; }
+  /// How many outputs the node has: `count` for fork, demux and unzip (kit/split.hpp), else 1. Output 0
+  /// is the node itself; output i >= 1 is read through a `from` node.
+  virtual std::size_t outputs() const { return 1; }
+  /// For a `from` node: the node whose output it reads, and which output (else null and 0). An edge of
+  /// the graph that is not an input: the node read is built where it stands in its own chain.
+  virtual const NodeDefBase* reads() const { return nullptr; }
+  virtual std::size_t reads_output() const { return 0; }
 
  protected:
   /// For sources that learn a parameter while they are built (a file's size).

@@ -1,0 +1,207 @@
+#pragma once
+/// Nodes of several outputs (fork, demux, unzip). Output 0 is the node itself, where it stands in its
+/// chain; output i >= 1 is a `from` node (nodes/from.hpp) that reads it. On each worker the outputs
+/// share one core: the input's iterator and, per output, the elements routed to it that it has not
+/// taken yet, at most `buffer` of them (the kind's Route says what the bound counts). The core is the
+/// node's state, saved in output 0's record; a `from` keeps none.
+///
+/// A kind's Route:
+///   std::size_t room(const Queues& queues, std::size_t output, std::size_t buffer) const;
+///       input elements that may be pulled now for `output` (whose queue is empty); 0: the buffer is full
+///   void route(In&& x, Queues& queues);              // puts x (or its parts) in the outputs' queues
+///   std::string overflow(const Queues&, std::size_t output, std::size_t buffer) const;  // why room is 0
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpipe/detail/run_shared.hpp"
+#include "dpipe/pipeline.hpp"
+
+namespace dpipe {
+
+/// The saved state of a node of several outputs: how many elements each output holds, those elements
+/// (output 0's first), and whether the input ended. `Elems` is std::vector<T> in the node, ElementBlobs
+/// in its rescale rule.
+template <class Elems>
+struct SplitState {
+  std::vector<std::uint64_t> counts{};
+  Elems held{};
+  bool input_done = false;
+  template <class A>
+  void fields(A& a) {
+    a("counts", counts);
+    a("held", held);
+    a("input_done", input_done);
+  }
+};
+
+template <class T>
+using SplitQueues = std::vector<std::deque<T>>;
+
+namespace detail {
+
+/// What a `from` pulls from: one worker's core of a node of several outputs.
+template <class T>
+class SplitOutputs {
+ public:
+  virtual ~SplitOutputs() = default;
+  virtual std::size_t pull_output(std::size_t output, std::vector<T>& out, std::size_t max) = 0;
+};
+
+/// The RunShared slot of a node's core on one worker (the prefix and the suffix build as worker 0).
+inline std::string split_slot(const NodeDefBase* def, int worker) {
+  return "split:" + std::to_string(reinterpret_cast<std::uintptr_t>(def)) + ":" + std::to_string(worker);
+}
+
+template <class In, class Out, class Route>
+class SplitCore final : public SplitOutputs<Out> {
+ public:
+  SplitCore(std::unique_ptr<Iter<In>> input, std::size_t outputs, std::size_t buffer, Route route)
+      : input_(std::move(input)), queues_(outputs), buffer_(buffer), route_(std::move(route)) {}
+
+  /// Between 1 and `max` elements of `output`; 0 once the input ended and its queue is empty. Pulls the
+  /// input while the queue is empty, routing what comes to every output's queue.
+  std::size_t pull_output(std::size_t output, std::vector<Out>& out, std::size_t max) override {
+    auto& q = queues_[output];
+    while (q.empty()) {
+      if (input_done_) return 0;
+      // With the buffer full, one more pull tells the input's end (fine) from one element too many.
+      const std::size_t room = route_.room(queues_, output, buffer_);
+      scratch_.clear();
+      if (input_->pull(scratch_, std::min(max, std::max<std::size_t>(room, 1))) == 0) {
+        input_done_ = true;
+        continue;
+      }
+      if (room == 0) throw ConfigError(route_.overflow(queues_, output, buffer_));
+      for (auto& x : scratch_) route_.route(std::move(x), queues_);
+      scratch_.clear();
+    }
+    const std::size_t n = std::min(max, q.size());
+    for (std::size_t k = 0; k < n; ++k) {
+      out.push_back(std::move(q.front()));
+      q.pop_front();
+    }
+    return n;
+  }
+
+  Iter<In>& input() const { return *input_; }
+
+  SplitState<std::vector<Out>> state() const {
+    SplitState<std::vector<Out>> st;
+    st.input_done = input_done_;
+    for (const auto& q : queues_) {
+      st.counts.push_back(q.size());
+      st.held.insert(st.held.end(), q.begin(), q.end());
+    }
+    return st;
+  }
+  void restore(SplitState<std::vector<Out>>&& st, StateReader& r) {
+    if (st.counts.size() != queues_.size())
+      r.fail("it holds elements for " + std::to_string(st.counts.size()) + " outputs, the node has " +
+             std::to_string(queues_.size()));
+    std::uint64_t total = 0;
+    for (const std::uint64_t c : st.counts) {
+      if (c > st.held.size() - total) r.fail("its counts add up to more than the " + std::to_string(st.held.size()) + " elements it holds");
+      total += c;
+    }
+    if (total != st.held.size())
+      r.fail("its counts add up to " + std::to_string(total) + ", it holds " + std::to_string(st.held.size()) + " elements");
+    auto it = st.held.begin();
+    for (std::size_t j = 0; j < queues_.size(); ++j) {
+      queues_[j].clear();
+      for (std::uint64_t k = 0; k < st.counts[j]; ++k) queues_[j].push_back(std::move(*it++));
+    }
+    input_done_ = st.input_done;
+  }
+
+ private:
+  std::unique_ptr<Iter<In>> input_;
+  SplitQueues<Out> queues_;
+  std::size_t buffer_;
+  Route route_;
+  bool input_done_ = false;
+  std::vector<In> scratch_;
+};
+
+}  // namespace detail
+
+/// Output 0 of a node of several outputs: it builds the worker's core (with the input below it) and
+/// owns its record.
+template <class In, class Out, class Route>
+class SplitIter final : public Hooked<Out> {
+  using Core = detail::SplitCore<In, Out, Route>;
+
+ public:
+  SplitIter(BuildContext& ctx, const char* kind, const NodeDefBase& def, const NodeDef<In>& input, std::size_t buffer,
+            Route route)
+      : Hooked<Out>(ctx, kind) {
+    if (!ctx.shared) throw ConfigError(node_label(kind, def.name()) + ": it must run inside a Run");
+    core_ = std::make_shared<Core>(input.instantiate(ctx), def.outputs(), buffer, std::move(route));
+    ctx.shared->objects[detail::split_slot(&def, ctx.worker)] =
+        std::static_pointer_cast<void>(std::shared_ptr<detail::SplitOutputs<Out>>(core_));
+  }
+
+ protected:
+  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override { return core_->pull_output(0, out, max); }
+  void save_state(StateWriter& w) const override { w.write(core_->state()); }
+  void restore_state(StateReader& r) override {
+    SplitState<std::vector<Out>> st;
+    r.read(st);
+    core_->restore(std::move(st), r);
+  }
+  std::vector<IterBase*> inputs() const override { return {&core_->input()}; }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+/// The definition of a node of several outputs; `Route` is its kind's.
+template <class In, class Out, class Route>
+class SplitDef final : public NodeDef<Out> {
+ public:
+  SplitDef(const char* kind, std::string name, Params params, std::shared_ptr<const NodeDef<In>> in,
+           std::size_t outputs, std::size_t buffer, Route route)
+      : NodeDef<Out>(kind, std::move(name), std::move(params), {in}), kind_(kind), input_(std::move(in)),
+        outputs_(outputs), buffer_(buffer), route_(std::move(route)) {}
+  std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
+    return std::make_unique<SplitIter<In, Out, Route>>(ctx, kind_, *this, *input_, buffer_, route_);
+  }
+  std::size_t outputs() const override { return outputs_; }
+
+ private:
+  const char* kind_;
+  std::shared_ptr<const NodeDef<In>> input_;
+  std::size_t outputs_, buffer_;
+  Route route_;
+};
+
+/// The check every node of several outputs makes of its count and buffer; returns their parameters.
+inline Params split_params(const char* kind, const std::string& name, std::int64_t count, std::int64_t buffer) {
+  if (count < 1 || count > 1024)
+    throw ConfigError(node_label(kind, name) + ": count must be between 1 and 1024, got " + std::to_string(count));
+  if (buffer < 1) throw ConfigError(node_label(kind, name) + ": buffer must be positive, got " + std::to_string(buffer));
+  return {{"count", param_text(count)}, {"buffer", param_text(buffer)}};
+}
+
+/// Room for a kind whose outputs each get something of every input element (fork, unzip): the output
+/// furthest behind the one asking may lag at most `buffer` elements.
+inline std::size_t room_behind_leader(std::size_t behind, std::size_t buffer) { return behind >= buffer ? 0 : buffer - behind; }
+
+template <class T>
+std::size_t longest_other_queue(const SplitQueues<T>& q, std::size_t output) {
+  std::size_t longest = 0;
+  for (std::size_t j = 0; j < q.size(); ++j)
+    if (j != output) longest = std::max(longest, q[j].size());
+  return longest;
+}
+
+/// The rescale reason of the nodes of several outputs.
+inline constexpr const char* kSplitNotDealt =
+    "its outputs' queues pair elements across the outputs on each instance (an element one output has taken "
+    "and another not yet); dealt to other instances, the pairs would break";
+
+}  // namespace dpipe

@@ -1,0 +1,110 @@
+#pragma once
+/// Output i >= 1 of a node of several outputs (fork, demux, unzip; kit/split.hpp): its elements, as
+/// that node routes them. `output(p, i)` in C++; `{"op": "from", "name": N, "output": i}` in specs
+/// (the node named N must be built before it: in the main chain, or in an earlier `with` pipeline).
+/// State: none (the node it reads holds its queue).
+#include <string>
+
+#include "dpipe/kit/length.hpp"
+#include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/spec.hpp"
+#include "dpipe/kit/split.hpp"
+
+namespace dpipe {
+
+template <class T>
+class FromDef final : public NodeDef<T> {
+ public:
+  FromDef(std::shared_ptr<const NodeDef<T>> of, std::size_t output)
+      : NodeDef<T>("from", "", {{"output", param_text(output)}}), of_(std::move(of)), output_(output) {
+    if (!of_) throw ConfigError("from: the node it reads is missing");
+    const std::string label = node_label(of_->kind(), of_->name());
+    if (of_->outputs() < 2)
+      throw ConfigError("from: " + label + " has one output; fork, demux and unzip have several");
+    if (output == 0 || output >= of_->outputs())
+      throw ConfigError("from: " + label + " has outputs 1 to " + std::to_string(of_->outputs() - 1) +
+                        " to read (output 0 is the node itself), not " + std::to_string(output));
+  }
+  std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
+  const NodeDefBase* reads() const override { return of_.get(); }
+  std::size_t reads_output() const override { return output_; }
+
+ private:
+  std::shared_ptr<const NodeDef<T>> of_;
+  std::size_t output_;
+};
+
+template <class T>
+class FromIter final : public Stateless<T> {
+ public:
+  FromIter(BuildContext& ctx, const FromDef<T>& def)
+      : Stateless<T>(ctx, "from"), shared_(ctx.shared), slot_(detail::split_slot(def.reads(), ctx.worker)),
+        output_(def.reads_output()) {
+    if (!shared_) throw ConfigError("from: it must run inside a Run");
+  }
+
+ protected:
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    if (!core_) {  // the node it reads may be built after it (a `zip` lists it first): found at the first pull
+      const auto it = shared_->objects.find(slot_);
+      if (it == shared_->objects.end())
+        throw ConfigError("from: the node it reads was not built on this worker (it is not part of the run)");
+      core_ = std::static_pointer_cast<detail::SplitOutputs<T>>(it->second);
+    }
+    return core_->pull_output(output_, out, max);
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+
+ private:
+  detail::RunShared* shared_;
+  std::string slot_;
+  std::size_t output_;
+  std::shared_ptr<detail::SplitOutputs<T>> core_;
+};
+
+template <class T>
+std::unique_ptr<Iter<T>> FromDef<T>::instantiate(BuildContext& ctx) const {
+  return std::make_unique<FromIter<T>>(ctx, *this);
+}
+
+/// Output `i` of a fork, demux or unzip `p` (output 0 is `p` itself).
+template <class T>
+Pipeline<T> output(const Pipeline<T>& p, std::size_t i) {
+  if (i == 0) return p;
+  return make_pipeline<FromDef<T>>(p.def(), i);
+}
+
+/// The outputs of a node of several outputs, output 0 first.
+template <class T>
+std::vector<Pipeline<T>> outputs_of(const Pipeline<T>& p) {
+  std::vector<Pipeline<T>> out;
+  for (std::size_t i = 0; i < p.def()->outputs(); ++i) out.push_back(output(p, i));
+  return out;
+}
+
+struct FromKind {
+  static constexpr std::string_view name = "from";
+  static constexpr bool source = true;  // in specs it starts a pipeline (a branch)
+  /// As long as the output it reads (Graph::length asks the node it reads).
+  static constexpr LengthFn length = &same_length;
+  static constexpr std::string_view doc =
+      "Output `output` of the fork, demux or unzip named `name` (built before it in the spec: in the main "
+      "chain or an earlier pipeline of `with`); the main chain continues with output 0.";
+  static constexpr ParamSchema params[] = {
+      {.name = "output", .type = ParamType::integer, .doc = "which output, from 1 (output 0 is the node itself)",
+       .positional = true},
+  };
+  using State = void;
+  static RescaleRule rescale() { return RescaleRule::replicated(); }
+  /// `{"op": "from", "name": N, "output": i}`: `name` here is the node read, not a name of its own.
+  template <class Spec>
+  static SpecPipeline from_spec(Spec& s) {
+    std::int64_t i = 0;
+    s.required("output", i);
+    if (s.name().empty()) throw ConfigError("from: name the fork, demux or unzip it reads (\"name\": N)");
+    if (i < 1) throw ConfigError("from: output must be 1 or more (the main chain continues with output 0), got " + std::to_string(i));
+    return s.read_output(s.name(), static_cast<std::size_t>(i));
+  }
+};
+
+}  // namespace dpipe

@@ -1,0 +1,213 @@
+// Nodes of several outputs (fork, demux, unzip) and the `from` branches that read them: what each output
+// gets, exact resume with held elements, the graph's checks, specs and lengths.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "dpipe/dpipe.hpp"
+#include "dpipe/kinds.hpp"
+#include "json_spec.hpp"
+#include "../test_util.hpp"
+
+using namespace dpipe;
+using dpipe::testing::collect;
+using dpipe::testing::expect_throw_with;
+using dpipe::testing::options;
+using dpipe::testing::stop_and_resume;
+
+namespace {
+
+std::vector<std::int64_t> iota(std::int64_t from, std::int64_t to) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(to - from));
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+/// The elements node `key` holds for its outputs, summed over the records of every instance.
+std::uint64_t held_by(const Snapshot& s, const std::string& key) {
+  std::uint64_t held = 0;
+  for (const auto& st : s.states) {
+    if (st.key != key) continue;
+    SplitState<std::vector<std::int64_t>> split;
+    StateReader r(st);
+    r.read(split);
+    held += split.held.size();
+  }
+  return held;
+}
+
+/// Every breakpoint from 0 to the end, with 1 and 2 workers: prefix + resumed rest is the whole stream.
+/// Returns the largest number of elements node `key` held at a breakpoint's snapshot.
+template <class T>
+std::uint64_t expect_exact_resume_everywhere(const Pipeline<T>& p, const std::string& key) {
+  std::uint64_t most_held = 0;
+  for (int workers : {1, 2}) {
+    const auto o = options(workers);
+    const auto want = collect(p, o);
+    EXPECT_FALSE(want.empty());
+    for (std::size_t at = 0; at <= want.size(); ++at) {
+      Engine e;
+      auto run = e.start(p, o);
+      auto got = dpipe::testing::drain(run, at);
+      const Snapshot s = Snapshot::from_bytes(run.snapshot().to_bytes());
+      most_held = std::max(most_held, held_by(s, key));
+      auto resumed = e.resume(p, s, o);
+      auto rest = dpipe::testing::drain(resumed);
+      got.insert(got.end(), rest.begin(), rest.end());
+      if (got != want) {
+        ADD_FAILURE() << workers << " workers, breakpoint " << at << ": the resumed stream differs";
+        return most_held;
+      }
+    }
+  }
+  return most_held;
+}
+
+auto twice = [](std::int64_t x) { return 2 * x; };
+auto plus_1000 = [](std::int64_t x) { return x + 1000; };
+auto mod3 = [](std::int64_t x) { return x % 3; };
+
+}  // namespace
+
+TEST(Fork, EveryOutputSeesEveryElement) {
+  auto [a, b] = range(0, 10) | fork<2>();
+  const auto rows = collect(zip(a | map(twice), b), options());
+  ASSERT_EQ(rows.size(), 10u);
+  for (std::int64_t i = 0; i < 10; ++i) EXPECT_EQ(rows[static_cast<std::size_t>(i)], std::make_tuple(2 * i, i));
+
+  const auto v = range(0, 5) | fork({.count = 3});
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(collect(concat(v[0], v[1], v[2]), options()), (std::vector<std::int64_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+}
+
+TEST(Fork, ResumesExactlyAtEveryBreakpointWithItsQueuesSaved) {
+  // concat reads output 0 to its end before output 1: the fork holds output 1's elements meanwhile.
+  auto [a, b] = range(0, 120) | sharding_filter() | shuffle({.buffer = 7}) | fork<2>({.name = "f"});
+  const auto p = concat(a, b | map(plus_1000));
+  EXPECT_GT(expect_exact_resume_everywhere(p, "f"), 10u);
+  // A zip reads the outputs in step: the fork holds at most a chunk.
+  auto [c, d] = range(0, 90) | shuffle({.buffer = 5}) | fork<2>({.name = "g"});
+  expect_exact_resume_everywhere(zip(c | map(twice), d), "g");
+}
+
+TEST(Fork, AnOutputTooFarBehindIsAnErrorNamingTheFork) {
+  auto [a, b] = range(0, 100) | fork<2>({.buffer = 10, .name = "f"});
+  expect_throw_with<Error>([&] { collect(concat(a, b), options()); }, "fork 'f': output 0 is 10 elements ahead of output 1");
+  // Room for the whole stream: output 0 reaches the end with the buffer full, which is no error.
+  auto [c, d] = range(0, 100) | fork<2>({.buffer = 100, .name = "f"});
+  EXPECT_EQ(collect(concat(c, d), options()).size(), 200u);
+}
+
+TEST(Demux, EachElementGoesToTheOutputItsFunctionPicks) {
+  auto [a, b, c] = range(0, 30) | demux<3>(mod3);
+  EXPECT_EQ(collect(mux(a, b, c), options()), iota(0, 30));
+  const auto v = range(0, 9) | demux(mod3, {.count = 3});
+  EXPECT_EQ(collect(concat(v[2], v[0], v[1]), options()), (std::vector<std::int64_t>{2, 5, 8, 0, 3, 6, 1, 4, 7}));
+}
+
+TEST(Demux, ResumesExactlyAtEveryBreakpointWithItsQueuesSaved) {
+  auto [a, b, c] = range(0, 150) | sharding_filter() | shuffle({.buffer = 9}) | demux<3>(mod3, {.name = "d"});
+  EXPECT_GT(expect_exact_resume_everywhere(concat(b, a | map(plus_1000), c), "d"), 10u);
+}
+
+TEST(Demux, AnOutputOutsideTheCountFailsTheRunNamingTheDemux) {
+  auto [a, b] = range(0, 10) | demux<2>([](std::int64_t x) { return x == 4 ? 7 : x % 2; }, {.name = "d"});
+  expect_throw_with<Error>([&] { collect(mux(a, b), options()); }, "demux 'd': its function returned 7 for an element; the outputs are 0 to 1");
+  auto [c, d] = range(0, 100) | demux<2>([](std::int64_t) { return 1; }, {.buffer = 20, .name = "d"});
+  expect_throw_with<Error>([&] { collect(mux(c, d), options()); }, "demux 'd': it holds 20 elements for its other outputs (its buffer)");
+}
+
+TEST(Unzip, RowsToColumns) {
+  auto [a, b] = range(0, 20) | batch({.size = 2}) | unzip<2>({.name = "u"});
+  const auto rows = collect(zip(a, b), options());
+  ASSERT_EQ(rows.size(), 10u);
+  for (std::int64_t i = 0; i < 10; ++i) EXPECT_EQ(rows[static_cast<std::size_t>(i)], std::make_tuple(2 * i, 2 * i + 1));
+  auto [c, d] = range(0, 60) | sharding_filter() | batch({.size = 2, .drop_last = true}) | unzip<2>({.name = "u"});
+  EXPECT_GT(expect_exact_resume_everywhere(concat(d, c), "u"), 5u);
+  auto [e, f] = range(0, 5) | batch({.size = 2}) | unzip<2>({.name = "u"});
+  expect_throw_with<Error>([&] { collect(concat(e, f), options()); }, "unzip 'u': a row of 1 values; it splits rows of 2");
+}
+
+TEST(Branches, TheGraphRefusesAnOutputNeverReadOrReadTwiceAndAReaderWithoutItsNode) {
+  const auto v = range(0, 10) | fork({.count = 3, .name = "f"});
+  expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0], v[1]).def()); }, "fork 'f': output 2 is never read");
+  expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0], v[1], v[2], v[1]).def()); }, "output 1 of fork 'f' is read twice");
+  expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0], v[1], v[2], v[0]).def()); }, "output 0 of fork 'f' is read twice");
+  expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[1], v[2]).def()); },
+                    "output 1 of fork 'f' is read, but fork 'f' itself is not in the pipeline");
+  // A branch read after the merge while its fork runs on the workers.
+  expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0] | merge(), v[1], v[2]).def()); }, "read every output of a node on the same side");
+  expect_throw_with<ConfigError>([&] { Graph::build(*(zip(v[0], v[1], v[2]) | cycle({.count = 2})).def()); },
+                    "it rebuilds its upstream every pass, so it cannot contain");
+  expect_throw_with<ConfigError>([&] { output(range(0, 3), 1); }, "from: range has one output");
+  expect_throw_with<ConfigError>([&] { output(v[0], 3); }, "has outputs 1 to 2 to read");
+}
+
+TEST(Branches, TheGraphDrawsTheBranchesAndAdditionsElsewhereKeepTheKeys) {
+  auto [a, b] = range(0, 10) | fork<2>();
+  const Graph g = Graph::build(*zip(a, b | shuffle({.buffer = 3})).def());
+  std::size_t fork_at = 0, from_at = 0;
+  for (std::size_t i = 0; i < g.nodes().size(); ++i) {
+    if (g.nodes()[i].kind == "fork") fork_at = i;
+    if (g.nodes()[i].kind == "from") from_at = i;
+  }
+  EXPECT_EQ(g.nodes()[from_at].reads, fork_at);
+  EXPECT_NE(g.to_dot().find(std::to_string(fork_at) + "->" + std::to_string(from_at)), std::string::npos);
+  // A map added on output 0 leaves the shuffle of output 1 (and its key) as it was.
+  const Graph h = Graph::build(*zip(a | map(twice), b | shuffle({.buffer = 3})).def());
+  auto key_of = [](const Graph& graph, const std::string& kind) {
+    for (const auto& n : graph.nodes())
+      if (n.kind == kind) return n.key;
+    return std::string();
+  };
+  EXPECT_EQ(key_of(g, "shuffle"), key_of(h, "shuffle"));
+  EXPECT_EQ(key_of(g, "fork"), key_of(h, "fork"));
+  const auto first = collect(zip(a, b | shuffle({.buffer = 3})), options());
+  const auto second = collect(zip(a | map(twice), b | shuffle({.buffer = 3})), options());
+  ASSERT_EQ(first.size(), second.size());
+  for (std::size_t i = 0; i < first.size(); ++i) EXPECT_EQ(std::get<1>(first[i]), std::get<1>(second[i]));
+}
+
+TEST(Branches, LengthIsTheNodeReadsLengthAndADemuxCannotSay) {
+  auto [a, b] = range(0, 10) | fork<2>();
+  EXPECT_EQ(Graph::build(*concat(a, b).def()).length(Layout{}), 20u);
+  auto [c, d] = range(0, 10) | demux<2>(mod3, {.name = "d"});
+  std::string why;
+  EXPECT_EQ(Graph::build(*concat(c, d).def()).length(Layout{}, &why), std::nullopt);
+  EXPECT_NE(why.find("d (demux) cannot say"), std::string::npos) << why;
+}
+
+TEST(BranchSpecs, TheIssuesExampleAndWhatASpecMayGetWrong) {
+  const Spec s = parse_spec(R"({"pipeline": [{"op": "range", "stop": 10}, {"op": "fork", "name": "f"},
+      {"op": "map", "fn": "affine", "mul": 2}, {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 1}]]}]})");
+  const auto rows = collect(s.pipeline.get<std::vector<std::int64_t>>(), options());
+  ASSERT_EQ(rows.size(), 10u);
+  for (std::int64_t i = 0; i < 10; ++i) EXPECT_EQ(rows[static_cast<std::size_t>(i)], (std::vector<std::int64_t>{2 * i, i}));
+
+  const Spec m = parse_spec(R"({"pipeline": [{"op": "range", "stop": 12}, {"op": "demux", "name": "d", "fn": "mod"},
+      {"op": "mux", "with": [[{"op": "from", "name": "d", "output": 1}], [{"op": "from", "name": "d", "output": 2}]]}]})");
+  EXPECT_EQ(collect(m.pipeline.get<std::int64_t>(), options()), iota(0, 12));
+  const Spec u = parse_spec(R"({"pipeline": [{"op": "range", "stop": 6}, {"op": "batch", "size": 3}, {"op": "unzip", "name": "u"},
+      {"op": "concat", "with": [[{"op": "from", "name": "u", "output": 1}], [{"op": "from", "name": "u", "output": 2}]]}]})");
+  EXPECT_EQ(collect(u.pipeline.get<std::int64_t>(), options()), (std::vector<std::int64_t>{0, 3, 1, 4, 2, 5}));
+  // Without a count, an unzip has as many outputs as are read: here 3, of which output 1 is not.
+  const Spec gap = parse_spec(R"({"pipeline": [{"op": "range", "stop": 6}, {"op": "batch", "size": 3}, {"op": "unzip", "name": "u"},
+      {"op": "concat", "with": [[{"op": "from", "name": "u", "output": 2}]]}]})");
+  expect_throw_with<ConfigError>([&] { Graph::build(gap.pipeline.def()); }, "unzip 'u': output 1 is never read");
+
+  expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "from", "name": "f", "output": 1}]})"); },
+                    "pipeline[0] (from 'f'): no node named 'f' is built before this one");
+  expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "fork", "name": "f"},
+      {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 1}], [{"op": "from", "name": "f", "output": 1}]]}]})"); },
+                    "output 1 of 'f' is read twice");
+  expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "fork", "name": "f"},
+      {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 0}]]}]})"); },
+                    "output must be 1 or more");
+  expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "fork"}]})"); }, "(fork): name it");
+  expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "map", "fn": "identity", "name": "m"},
+      {"op": "zip", "with": [[{"op": "from", "name": "m", "output": 1}]]}]})"); },
+                    "from: map 'm' has one output");
+  const Spec three = parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "fork", "name": "f", "count": 3},
+      {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 1}]]}]})");
+  expect_throw_with<ConfigError>([&] { Graph::build(three.pipeline.def()); }, "fork 'f': output 2 is never read");
+}
