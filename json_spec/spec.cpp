@@ -49,38 +49,60 @@ class JsonNode;
 // chains too).
 thread_local SpecOptions t_options{};
 
-/// The branches of the spec being parsed: its named nodes as they are built (what `from` reads), the
-/// outputs its `from` nodes read (found before building, so a fork without a count knows its own), and
-/// the outputs read so far (one reader each).
+/// The branches of the spec being parsed. A `from` reads a node by name; when that node stands in a
+/// pipeline not built yet (`zip` lists the branch before the chain with the fork), the pipeline is built
+/// ahead up to it, and its build later goes on from there.
 struct Branches {
-  std::map<std::string, SpecPipeline> named;
-  std::map<std::string, std::size_t> outputs_read;  // name → 1 + the highest output a `from` reads
+  struct Place {
+    const json* chain;
+    std::size_t index;
+    std::string where;  // the chain's position, as errors name it
+  };
+  struct Built {  // a chain's nodes built so far
+    std::size_t count = 0;
+    std::optional<SpecPipeline> pipeline;
+    bool bytes = false;
+  };
+  std::map<std::string, SpecPipeline> named;         // named nodes built so far
+  std::map<std::string, Place> places;               // where each named node stands
+  std::map<std::string, std::size_t> outputs_read;   // name → 1 + the highest output a `from` reads
   std::set<std::pair<std::string, std::size_t>> taken;
+  std::map<const json*, Built> built;
+  std::set<std::string> ahead;                       // names being built ahead (met again: a cycle)
 };
 thread_local Branches* t_branches = nullptr;
 
-/// The outputs the `from` nodes of a spec read, by name (a walk with its own stack: a hostile spec may
-/// nest deeper than the call stack goes).
-std::map<std::string, std::size_t> outputs_read(const json& root) {
-  std::map<std::string, std::size_t> out;
-  std::vector<const json*> stack{&root};
+/// Where the spec's named nodes stand and the outputs its `from` nodes read (a walk with its own stack:
+/// a hostile spec may nest deeper than the call stack goes).
+void survey(const json& root, Branches& b) {
+  std::vector<std::pair<const json*, std::string>> stack{{&root, "pipeline"}};
   while (!stack.empty()) {
-    const json* j = stack.back();
+    const auto [chain, where] = stack.back();
     stack.pop_back();
-    if (j->is_object()) {
-      const auto op = j->find("op"), name = j->find("name"), output = j->find("output");
-      if (op != j->end() && *op == "from" && name != j->end() && name->is_string() && output != j->end() &&
-          output->is_number_unsigned() && output->get<std::uint64_t>() < 1024) {
-        std::size_t& n = out[name->get<std::string>()];
-        n = std::max<std::size_t>(n, output->get<std::size_t>() + 1);
+    if (!chain->is_array()) continue;
+    for (std::size_t i = 0; i < chain->size(); ++i) {
+      const json& node = (*chain)[i];
+      if (!node.is_object()) continue;
+      const auto op = node.find("op"), name = node.find("name"), output = node.find("output"), with = node.find("with");
+      const bool named = name != node.end() && name->is_string();
+      if (op != node.end() && *op == "from") {
+        if (named && output != node.end() && output->is_number_unsigned() && output->get<std::uint64_t>() < 1024) {
+          std::size_t& n = b.outputs_read[name->get<std::string>()];
+          n = std::max<std::size_t>(n, output->get<std::size_t>() + 1);
+        }
+      } else if (named) {
+        b.places.emplace(name->get<std::string>(), Branches::Place{chain, i, where});
       }
+      if (with != node.end() && with->is_array())
+        for (std::size_t k = 0; k < with->size(); ++k)
+          stack.push_back({&(*with)[k], where + "[" + std::to_string(i) + "].with[" + std::to_string(k) + "]"});
     }
-    if (j->is_structured())
-      for (const auto& child : *j) stack.push_back(&child);
   }
-  return out;
 }
+
 SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes = nullptr);
+/// Builds `chain` up to node `end` (exclusive), on from the nodes built before.
+SpecPipeline build_nodes(const json& chain, const std::string& where, std::size_t end, bool* ends_in_bytes);
 
 /// The front end's description of one op of the kind list.
 struct OpEntry {
@@ -276,12 +298,21 @@ class JsonNode {
     const auto it = t_branches ? t_branches->outputs_read.find(name) : decltype(t_branches->outputs_read)::iterator{};
     return t_branches && it != t_branches->outputs_read.end() ? std::max<std::size_t>(it->second, 1) : 1;
   }
-  /// Output `output` of the node named `name`, built before this one; each output is read once.
+  /// Output `output` of the node named `name` (built ahead when its pipeline is not built yet); each output
+  /// is read once.
   SpecPipeline read_output(const std::string& name, std::size_t output) {
-    const auto it = t_branches ? t_branches->named.find(name) : decltype(t_branches->named)::iterator{};
-    if (!t_branches || it == t_branches->named.end())
-      fail("no node named '" + name + "' is built before this one: a `from` reads a fork, demux or unzip of the "
-           "main chain or of an earlier pipeline of `with`");
+    if (!t_branches) fail("a `from` is read only in a spec");
+    auto it = t_branches->named.find(name);
+    if (it == t_branches->named.end()) {
+      const auto place = t_branches->places.find(name);
+      if (place == t_branches->places.end()) fail("no node of the spec is named '" + name + "'");
+      if (!t_branches->ahead.insert(name).second)
+        fail("'" + name + "' stands downstream of a branch it feeds: the graph would have a cycle");
+      build_nodes(*place->second.chain, place->second.where, place->second.index + 1, nullptr);
+      t_branches->ahead.erase(name);
+      it = t_branches->named.find(name);
+      if (it == t_branches->named.end()) fail("internal: '" + name + "' was not built with its pipeline");
+    }
     if (!t_branches->taken.insert({name, output}).second)
       fail("output " + std::to_string(output) + " of '" + name + "' is read twice; each output feeds one consumer (fork it again to read it twice)");
     return it->second.visit([&]<class T>(const Pipeline<T>& p) -> SpecPipeline { return dpipe::output(p, output); });
@@ -652,6 +683,12 @@ std::string reason_of(const ConfigError& e, const std::string& label) {
 constexpr int kMaxNesting = 256;
 
 SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends_in_bytes) {
+  if (!chain.is_array() || chain.empty())
+    throw PositionedError(where + ": a pipeline must be a non-empty list of nodes");
+  return build_nodes(chain, where, chain.size(), ends_in_bytes);
+}
+
+SpecPipeline build_nodes(const json& chain, const std::string& where, std::size_t end, bool* ends_in_bytes) {
   static thread_local int depth = 0;
   struct Level {
     Level() { ++depth; }
@@ -659,13 +696,12 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
   } level;
   if (depth > kMaxNesting + 1)  // the outermost pipeline is not nested
     throw PositionedError(where + ": pipelines nest more than " + std::to_string(kMaxNesting) + " levels deep through 'with'");
-  if (!chain.is_array() || chain.empty())
-    throw PositionedError(where + ": a pipeline must be a non-empty list of nodes");
-  std::optional<SpecPipeline> p;
-  bool bytes = false;  // the elements are bytes (records): Spec::bytes
-  for (std::size_t i = 0; i < chain.size(); ++i) {
+  Branches::Built scratch;
+  Branches::Built& done = t_branches ? t_branches->built[&chain] : scratch;  // on from a build ahead
+  for (std::size_t i = done.count; i < end; ++i) {
+    std::optional<SpecPipeline>& p = done.pipeline;
     JsonNode n(chain[i], where + "[" + std::to_string(i) + "]", p ? &*p : nullptr);
-    n.set_input_bytes(bytes);
+    n.set_input_bytes(done.bytes);
     const OpEntry* op = find_op(n.op());
     if (!op) {
       std::string known;
@@ -681,19 +717,23 @@ SpecPipeline build_chain(const json& chain, const std::string& where, bool* ends
     }
     if (i > 0 && op->source)
       n.fail("a source can only start a pipeline (use concat, zip or mux with \"with\" to combine sources)");
-    try {
-      p = op->build(n);
-    } catch (const PositionedError&) {
-      throw;
-    } catch (const ConfigError& e) {
-      n.fail(reason_of(e, node_label(n.op(), n.name())));
-    }
+    SpecPipeline built = [&] {
+      try {
+        return op->build(n);
+      } catch (const PositionedError&) {
+        throw;
+      } catch (const ConfigError& e) {
+        n.fail(reason_of(e, node_label(n.op(), n.name())));
+      }
+    }();
     n.finish();
-    if (t_branches && !n.name().empty() && n.op() != "from") t_branches->named.emplace(n.name(), *p);
-    bytes = bytes || n.bytes_marked();
+    if (t_branches && !n.name().empty() && n.op() != "from") t_branches->named.emplace(n.name(), built);
+    p = std::move(built);
+    done.bytes = done.bytes || n.bytes_marked();
+    done.count = i + 1;
   }
-  if (ends_in_bytes) *ends_in_bytes = bytes;
-  return *p;
+  if (ends_in_bytes) *ends_in_bytes = done.bytes;
+  return *done.pipeline;
 }
 
 }  // namespace
@@ -748,7 +788,7 @@ Spec parse_spec(std::string_view text, SpecOptions options) {
     BranchScope() { t_branches = &branches; }
     ~BranchScope() { t_branches = saved; }
   } branch_scope;
-  branch_scope.branches.outputs_read = outputs_read(j["pipeline"]);
+  survey(j["pipeline"], branch_scope.branches);
   bool bytes = false;
   SpecPipeline p = build_chain(j["pipeline"], "pipeline", &bytes);
   return Spec{seed, std::move(p), bytes};

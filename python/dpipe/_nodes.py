@@ -86,10 +86,22 @@ class Pipeline:
 _BRANCHING_OPS = ("fork", "demux", "unzip")
 
 
-def _branch_name(op, pipeline, node):
+def _branch_name(op, pipeline, node, callables):
     """The name a node of several outputs gets when none is given: a digest of what it stands on, so the
     same pipeline built twice names it the same (the names of named nodes reach the keys downstream)."""
-    text = _json.dumps([_plain(n) for n in pipeline._nodes] + [node], sort_keys=True, default=repr)
+    def stable(value):  # a callable by its qualified name, not by the id this process gave it
+        if isinstance(value, dict):
+            out = {k: stable(v) for k, v in value.items()}
+            if out.get("fn") == "external" and "id" in out:
+                fn = callables.get(out.pop("id"))
+                out["callable"] = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+            return out
+        if isinstance(value, (list, tuple)):
+            return [stable(v) for v in value]
+        return value
+
+    callables = {**pipeline._callables, **callables}
+    text = _json.dumps(stable([_plain(n) for n in pipeline._nodes] + [node]), sort_keys=True, default=repr)
     return f"{op}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -106,9 +118,9 @@ def _branch_method(op):
         count = node.get("count")
         if not isinstance(count, int) or isinstance(count, bool):
             raise TypeError(f"{op}() needs count, the number of outputs (an int), got {count!r}")
-        if node.get("name") is None:
-            node["name"] = _branch_name(op, self, node)
         callables = {**self._callables, **one._callables}
+        if node.get("name") is None:
+            node["name"] = _branch_name(op, self, node, callables)
         head = Pipeline(self._nodes + (node,), callables)
         return tuple([head] + [Pipeline([{"op": "from", "name": node["name"], "output": i}], callables)
                                for i in range(1, count)])

@@ -196,6 +196,15 @@ SPECS = {
                          {"op": "flat_map", "fn": "replicate", "times": 2, "field": "doc2", "into": "copy"},
                          {"op": "map", "fn": "affine", "mul": 0, "add": 3, "field": "doc", "into": "n"},
                          {"op": "flat_map", "fn": "range", "field": "n", "into": "k", "on_error": "skip"}],
+    # Branches: concat reads output 0 to its end first, so the node holds the other outputs' elements.
+    "fork_zip_and_concat": [R(60), {"op": "sharding_filter"}, {"op": "shuffle", "buffer": 7}, {"op": "fork", "name": "f"},
+                            {"op": "map", "fn": "affine", "mul": 2},
+                            {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 1}, {"op": "shuffle", "buffer": 3}]]},
+                            {"op": "concat", "with": [[{"op": "from", "name": "f", "output": 2}, {"op": "batch", "size": 2}]]}],
+    "demux_mux": [R(80), {"op": "sharding_filter"}, {"op": "demux", "name": "d", "fn": "mod", "count": 3, "buffer": 50},
+                  {"op": "mux", "with": [[{"op": "from", "name": "d", "output": 1}], [{"op": "from", "name": "d", "output": 2}]]}],
+    "unzip_concat": [R(50), {"op": "sharding_filter"}, {"op": "batch", "size": 2, "drop_last": True}, {"op": "unzip", "name": "u"},
+                     {"op": "concat", "with": [[{"op": "from", "name": "u", "output": 1}]]}],
     "mix_never_take": [{"op": "mix", "stop": "never", "with": [[R(9), {"op": "shuffle", "buffer": 4}], [R(105, start=100)]]},
                        {"op": "take", "count": 120}],
 }

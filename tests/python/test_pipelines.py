@@ -285,3 +285,59 @@ def test_the_package_says_its_version_and_lists_the_loader():
     version = meson_build.split("version : '", 1)[1].split("'", 1)[0]
     assert dpipe.__version__ == version
     assert "Loader" in dir(dpipe) and "batch" in dir(dpipe)
+
+
+def _resumed_everywhere(make, workers):
+    """Every breakpoint: the elements before it, then a new Loader loaded with the state taken there."""
+    whole = [plain(x) for x in dpipe.Loader(make(), seed=4, workers=workers)]
+    for at in range(len(whole) + 1):
+        loader = dpipe.Loader(make(), seed=4, workers=workers)
+        it = iter(loader)
+        head = [plain(next(it)) for _ in range(at)]
+        again = dpipe.Loader(make(), seed=4, workers=workers)
+        again.load_state_dict(loader.state_dict())
+        assert head + [plain(x) for x in again] == whole, f"{workers} workers, breakpoint {at}"
+    return whole
+
+
+def test_fork_demux_and_unzip_as_torchs_and_resumed_at_every_element():
+    a, b = dpipe.range(10).fork(2)
+    assert list(dpipe.Loader(a | dpipe.map(lambda x: x * 2) | dpipe.zip(b))) == [(2 * i, i) for i in range(10)]
+    # The branch may come first: the chain with the fork is built ahead.
+    assert list(dpipe.Loader(b | dpipe.zip(a))) == [(i, i) for i in range(10)]
+    assert len(dpipe.Loader(a | dpipe.concat(b))) == 20
+    evens, odds = dpipe.range(10).demux(2, lambda x: x % 2)
+    assert list(dpipe.Loader(odds | dpipe.concat(evens))) == [1, 3, 5, 7, 9, 0, 2, 4, 6, 8]
+    with pytest.raises(TypeError, match=r"demux-[0-9a-f]+ \(demux\) cannot say"):
+        len(dpipe.Loader(evens | dpipe.concat(odds)))
+    left, right = (dpipe.range(6) | dpipe.zip(dpipe.range(10, 16))).unzip(2)
+    assert list(dpipe.Loader(right | dpipe.concat(left))) == [10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5]
+    # Rows of a zip keep being tuples through a fork.
+    r1, r2 = (dpipe.range(3) | dpipe.zip(dpipe.range(3))).fork(2)
+    assert list(dpipe.Loader(r1 | dpipe.concat(r2))) == [(0, 0), (1, 1), (2, 2)] * 2
+
+    def forked():
+        x, y, z = (dpipe.range(40) | dpipe.sharding_filter() | dpipe.shuffle(buffer=6)).fork(3, name="f")
+        return x | dpipe.zip(y | dpipe.map(lambda v: v + 100)) | dpipe.concat(z | dpipe.batch(2))
+
+    def demuxed():
+        x, y, z = (dpipe.range(45) | dpipe.sharding_filter()).demux(3, lambda v: v % 3, buffer=60)
+        return y | dpipe.concat(x | dpipe.shuffle(buffer=4), z)
+
+    for workers in (1, 2):
+        assert len(_resumed_everywhere(forked, workers)) == 60
+        assert sorted(_resumed_everywhere(demuxed, workers)) == list(range(45))
+
+
+def test_a_branch_never_read_and_a_buffer_too_small_are_errors_naming_the_node():
+    a, b, c = dpipe.range(10).fork(3, name="f")
+    with pytest.raises(dpipe.ConfigError, match="fork 'f': output 2 is never read"):
+        list(dpipe.Loader(a | dpipe.zip(b)))
+    x, y = dpipe.range(100).fork(2, buffer=10, name="g")
+    with pytest.raises(dpipe.Error, match=r"fork 'g': output 0 is 10 elements ahead of output 1"):
+        list(dpipe.Loader(x | dpipe.concat(y)))
+    p, q = dpipe.range(10).demux(2, lambda v: 5)
+    with pytest.raises(dpipe.Error, match="its function returned 5 for an element; the outputs are 0 to 1"):
+        list(dpipe.Loader(p | dpipe.concat(q)))
+    with pytest.raises(TypeError, match="needs count"):
+        dpipe.range(3).fork(None)

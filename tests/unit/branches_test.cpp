@@ -196,7 +196,15 @@ TEST(BranchSpecs, TheIssuesExampleAndWhatASpecMayGetWrong) {
   expect_throw_with<ConfigError>([&] { Graph::build(gap.pipeline.def()); }, "unzip 'u': output 1 is never read");
 
   expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "from", "name": "f", "output": 1}]})"); },
-                    "pipeline[0] (from 'f'): no node named 'f' is built before this one");
+                    "pipeline[0] (from 'f'): no node of the spec is named 'f'");
+  // A branch listed before the chain with its fork: that chain is built ahead, up to the fork.
+  const Spec ahead = parse_spec(R"({"pipeline": [{"op": "from", "name": "f", "output": 1}, {"op": "map", "fn": "affine", "add": 10},
+      {"op": "zip", "with": [[{"op": "range", "stop": 3}, {"op": "fork", "name": "f"}, {"op": "map", "fn": "affine", "mul": 3}]]}]})");
+  EXPECT_EQ(collect(ahead.pipeline.get<std::vector<std::int64_t>>(), options()),
+            (std::vector<std::vector<std::int64_t>>{{10, 0}, {11, 3}, {12, 6}}));
+  expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "range", "stop": 3},
+      {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 1}]]}, {"op": "fork", "name": "f"}]})"); },
+                    "'f' stands downstream of a branch it feeds");
   expect_throw_with<ConfigError>([] { parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "fork", "name": "f"},
       {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 1}], [{"op": "from", "name": "f", "output": 1}]]}]})"); },
                     "output 1 of 'f' is read twice");
