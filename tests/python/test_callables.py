@@ -130,7 +130,7 @@ def test_resume_through_a_python_map_is_exact():
 
 
 def test_callables_only_where_they_run():
-    with pytest.raises(TypeError, match="Python callables run in generator, map, filter and flat_map"):
+    with pytest.raises(TypeError, match="Python callables run in generator, map, filter, flat_map and demux"):
         dpipe.parallel_map(double)
     with pytest.raises(TypeError, match="unexpected keyword argument 'out'"):
         dpipe.batch(size=2, out=int)

@@ -63,6 +63,10 @@ std::uint64_t expect_exact_resume_everywhere(const Pipeline<T>& p, const std::st
   return most_held;
 }
 
+/// A shallow worker queue: the workers stay a few elements ahead of the consumer, so a snapshot meets the
+/// node under test mid-stream instead of after its whole stream drained into the queue.
+auto near_the_consumer() { return prefetch({.depth = 2}); }
+
 auto twice = [](std::int64_t x) { return 2 * x; };
 auto plus_1000 = [](std::int64_t x) { return x + 1000; };
 auto mod3 = [](std::int64_t x) { return x % 3; };
@@ -83,11 +87,11 @@ TEST(Fork, EveryOutputSeesEveryElement) {
 TEST(Fork, ResumesExactlyAtEveryBreakpointWithItsQueuesSaved) {
   // concat reads output 0 to its end before output 1: the fork holds output 1's elements meanwhile.
   auto [a, b] = range(0, 120) | sharding_filter() | shuffle({.buffer = 7}) | fork<2>({.name = "f"});
-  const auto p = concat(a, b | map(plus_1000));
+  const auto p = concat(a, b | map(plus_1000)) | near_the_consumer();
   EXPECT_GT(expect_exact_resume_everywhere(p, "f"), 10u);
   // A zip reads the outputs in step: the fork holds at most a chunk.
   auto [c, d] = range(0, 90) | shuffle({.buffer = 5}) | fork<2>({.name = "g"});
-  expect_exact_resume_everywhere(zip(c | map(twice), d), "g");
+  expect_exact_resume_everywhere(zip(c | map(twice), d) | near_the_consumer(), "g");
 }
 
 TEST(Fork, AnOutputTooFarBehindIsAnErrorNamingTheFork) {
@@ -107,7 +111,7 @@ TEST(Demux, EachElementGoesToTheOutputItsFunctionPicks) {
 
 TEST(Demux, ResumesExactlyAtEveryBreakpointWithItsQueuesSaved) {
   auto [a, b, c] = range(0, 150) | sharding_filter() | shuffle({.buffer = 9}) | demux<3>(mod3, {.name = "d"});
-  EXPECT_GT(expect_exact_resume_everywhere(concat(b, a | map(plus_1000), c), "d"), 10u);
+  EXPECT_GT(expect_exact_resume_everywhere(concat(b, a | map(plus_1000), c) | near_the_consumer(), "d"), 10u);
 }
 
 TEST(Demux, AnOutputOutsideTheCountFailsTheRunNamingTheDemux) {
@@ -123,7 +127,7 @@ TEST(Unzip, RowsToColumns) {
   ASSERT_EQ(rows.size(), 10u);
   for (std::int64_t i = 0; i < 10; ++i) EXPECT_EQ(rows[static_cast<std::size_t>(i)], std::make_tuple(2 * i, 2 * i + 1));
   auto [c, d] = range(0, 60) | sharding_filter() | batch({.size = 2, .drop_last = true}) | unzip<2>({.name = "u"});
-  EXPECT_GT(expect_exact_resume_everywhere(concat(d, c), "u"), 5u);
+  EXPECT_GT(expect_exact_resume_everywhere(concat(d, c) | near_the_consumer(), "u"), 5u);
   auto [e, f] = range(0, 5) | batch({.size = 2}) | unzip<2>({.name = "u"});
   expect_throw_with<Error>([&] { collect(concat(e, f), options()); }, "unzip 'u': a row of 1 values; it splits rows of 2");
 }
