@@ -296,7 +296,6 @@ std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes, const std:
 
 Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
   Graph g;
-  g.key_scheme_ = scheme;
   {
     Branching branching;
     walk(output, g.nodes_, g.defs_, branching, 0);
@@ -373,17 +372,26 @@ std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
 
 std::optional<std::uint64_t> Graph::length(const Layout& layout, std::string* why) const {
   std::string unknown;  // the first node that cannot say
-  const auto label = [&](const GraphNode& n) { return n.key + (n.key == n.kind ? "" : " (" + n.kind + ")"); };
+  const auto label = [&](const GraphNode& n) { return n.key + " (" + n.kind + ")"; };
+  // A sum of workers' streams; past 2^64 - 1 it cannot be said either.
+  const auto add = [&](std::optional<std::uint64_t> sum, std::uint64_t part) -> std::optional<std::uint64_t> {
+    std::uint64_t out = 0;
+    if (!sum || __builtin_add_overflow(*sum, part, &out)) {
+      if (sum) unknown = "the workers together deliver more than 2^64 - 1 elements";
+      return std::nullopt;
+    }
+    return out;
+  };
   const auto length_of = [&](const auto& self, std::size_t i, int worker) -> std::optional<std::uint64_t> {
     const GraphNode& n = nodes_[i];
     if (n.reads != GraphNode::kNone) return self(self, n.reads, worker);  // a branch: as long as the node it reads
     const KindInfo& role = role_of(n);
     if (role.segment == SegmentRole::ends_workers) {  // merge: every worker's stream
-      std::uint64_t sum = 0;
-      for (int w = 0; w < layout.num_workers; ++w) {
+      std::optional<std::uint64_t> sum = 0;
+      for (int w = 0; w < layout.num_workers && sum; ++w) {
         const auto part = self(self, n.inputs.at(0), w);
         if (!part) return std::nullopt;
-        sum += *part;
+        sum = add(sum, *part);
       }
       return sum;
     }
@@ -411,7 +419,7 @@ std::optional<std::uint64_t> Graph::length(const Layout& layout, std::string* wh
     total = 0;
     for (int w = 0; w < layout.num_workers && total; ++w) {
       const auto part = length_of(length_of, 0, w);
-      total = part ? std::optional<std::uint64_t>(*total + *part) : std::nullopt;
+      total = part ? add(total, *part) : std::nullopt;
     }
   }
   if (!total && why) *why = unknown;

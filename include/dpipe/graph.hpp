@@ -43,7 +43,6 @@ class Graph {
   const std::vector<GraphNode>& nodes() const { return nodes_; }
   /// Keys in pre-order, the order in which iterators take them when built.
   const std::vector<std::string>& keys() const { return keys_; }
-  KeyScheme key_scheme() const { return key_scheme_; }
   /// Hash of kinds, names, parameters, element types and edges.
   /// (Of data files: path and size; their modification times are compared on restore, see is_data_param.)
   std::uint64_t fingerprint() const { return fingerprint_; }
@@ -85,7 +84,6 @@ class Graph {
   std::vector<const NodeDefBase*> defs_;  // borrowed from the pipeline
   std::uint64_t fingerprint_ = 0;
   bool has_merge_ = false;
-  KeyScheme key_scheme_ = KeyScheme::stable;
   std::string full_source_;       // a source every instance reads in full that reaches the output, if any
   unsigned covered_levels_ = 0;   // levels (rank 1, worker 2) the output is split over or replicated on purpose
 };

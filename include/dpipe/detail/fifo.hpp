@@ -25,6 +25,9 @@ class Fifo {
     items_.insert(items_.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
   }
 
+  /// Appends copies of the elements of `from`.
+  void append_copied(const std::vector<T>& from) { items_.insert(items_.end(), from.begin(), from.end()); }
+
   /// Moves up to `max` elements from the front to the end of `out`; returns how many.
   std::size_t take_into(std::vector<T>& out, std::size_t max) {
     const std::size_t n = max < size() ? max : size();

@@ -8,16 +8,16 @@
 /// A kind's Route:
 ///   std::size_t room(const Queues& queues, std::size_t output, std::size_t buffer) const;
 ///       input elements that may be pulled now for `output` (whose queue is empty); 0: the buffer is full
-///   void route(In&& x, Queues& queues);              // puts x (or its parts) in the outputs' queues
+///   void route(std::vector<In>& chunk, Queues& queues);  // puts each element (or its parts) in the queues
 ///   std::string overflow(const Queues&, std::size_t output, std::size_t buffer) const;  // why room is 0
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "dpipe/detail/fifo.hpp"
 #include "dpipe/detail/run_shared.hpp"
 #include "dpipe/pipeline.hpp"
 
@@ -40,7 +40,7 @@ struct SplitState {
 };
 
 template <class T>
-using SplitQueues = std::vector<std::deque<T>>;
+using SplitQueues = std::vector<detail::Fifo<T>>;
 
 namespace detail {
 
@@ -77,15 +77,10 @@ class SplitCore final : public SplitOutputs<Out> {
         continue;
       }
       if (room == 0) throw ConfigError(route_.overflow(queues_, output, buffer_));
-      for (auto& x : scratch_) route_.route(std::move(x), queues_);
+      route_.route(scratch_, queues_);
       scratch_.clear();
     }
-    const std::size_t n = std::min(max, q.size());
-    for (std::size_t k = 0; k < n; ++k) {
-      out.push_back(std::move(q.front()));
-      q.pop_front();
-    }
-    return n;
+    return q.take_into(out, max);
   }
 
   Iter<In>& input() const { return *input_; }
@@ -112,8 +107,9 @@ class SplitCore final : public SplitOutputs<Out> {
       r.fail("its counts add up to " + std::to_string(total) + ", it holds " + std::to_string(st.held.size()) + " elements");
     auto it = st.held.begin();
     for (std::size_t j = 0; j < queues_.size(); ++j) {
-      queues_[j].clear();
-      for (std::uint64_t k = 0; k < st.counts[j]; ++k) queues_[j].push_back(std::move(*it++));
+      const auto end = it + static_cast<std::ptrdiff_t>(st.counts[j]);
+      queues_[j].assign(std::vector<Out>(std::make_move_iterator(it), std::make_move_iterator(end)));
+      it = end;
     }
     input_done_ = st.input_done;
   }

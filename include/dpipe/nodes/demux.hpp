@@ -37,12 +37,14 @@ struct DemuxRoute {
     return held >= buffer ? 0 : buffer - held;
   }
   template <class T>
-  void route(T&& x, SplitQueues<std::decay_t<T>>& q) const {
-    const auto j = fn(std::as_const(x));
-    if (std::cmp_less(j, 0) || std::cmp_greater_equal(j, q.size()))
-      throw std::out_of_range(label + ": its function returned " + std::to_string(j) + " for an element; the outputs are 0 to " +
-                              std::to_string(q.size() - 1));
-    q[static_cast<std::size_t>(j)].push_back(std::forward<T>(x));
+  void route(std::vector<T>& chunk, SplitQueues<T>& q) const {
+    for (auto& x : chunk) {
+      const auto j = fn(std::as_const(x));
+      if (std::cmp_less(j, 0) || std::cmp_greater_equal(j, q.size()))
+        throw std::out_of_range(label + ": its function returned " + std::to_string(j) +
+                                " for an element; the outputs are 0 to " + std::to_string(q.size() - 1));
+      q[static_cast<std::size_t>(j)].push_back(std::move(x));
+    }
   }
   template <class T>
   std::string overflow(const SplitQueues<T>&, std::size_t output, std::size_t buffer) const {

@@ -32,9 +32,9 @@ struct ForkRoute {
     return room_behind_leader(longest_other_queue(q, output), buffer);
   }
   template <class T>
-  void route(T&& x, SplitQueues<std::decay_t<T>>& q) const {
-    for (std::size_t j = 1; j < q.size(); ++j) q[j].push_back(x);
-    q[0].push_back(std::forward<T>(x));
+  void route(std::vector<T>& chunk, SplitQueues<T>& q) const {
+    for (std::size_t j = 1; j < q.size(); ++j) q[j].append_copied(chunk);
+    q[0].append_moved(chunk);
   }
   template <class T>
   std::string overflow(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {

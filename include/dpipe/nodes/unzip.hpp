@@ -34,11 +34,13 @@ struct UnzipRoute {
     return lag.room(q, output, buffer);
   }
   template <class T>
-  void route(std::vector<T>&& row, SplitQueues<T>& q) const {
-    if (row.size() != q.size())
-      throw std::length_error(lag.label + ": a row of " + std::to_string(row.size()) + " values; it splits rows of " +
-                              std::to_string(q.size()));
-    for (std::size_t j = 0; j < q.size(); ++j) q[j].push_back(std::move(row[j]));
+  void route(std::vector<std::vector<T>>& rows, SplitQueues<T>& q) const {
+    for (auto& row : rows) {
+      if (row.size() != q.size())
+        throw std::length_error(lag.label + ": a row of " + std::to_string(row.size()) + " values; it splits rows of " +
+                                std::to_string(q.size()));
+      for (std::size_t j = 0; j < q.size(); ++j) q[j].push_back(std::move(row[j]));
+    }
   }
   template <class T>
   std::string overflow(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {
