@@ -10,6 +10,7 @@
 #include "dpipe/nodes/cycle.hpp"
 #include "dpipe/nodes/demux.hpp"
 #include "dpipe/nodes/dispatch.hpp"
+#include "dpipe/nodes/enumerate.hpp"
 #include "dpipe/nodes/filter.hpp"
 #include "dpipe/nodes/flat_map.hpp"
 #include "dpipe/nodes/fork.hpp"
@@ -42,6 +43,7 @@
 #include "dpipe/nodes/unbatch.hpp"
 #include "dpipe/nodes/unzip.hpp"
 #include "dpipe/nodes/zip.hpp"
+#include "dpipe/nodes/zip_longest.hpp"
 
 /// The kind list, in registry order: KIND(Name) names NameKind. PREBUILT(Name) is a kind whose NameDef<T>
 /// and NameIter<T> libdpipe compiles once for every prebuilt element type (its header declares them
@@ -52,13 +54,13 @@
   KIND(Range) KIND(FromVector) KIND(Generator) KIND(Lines) KIND(LineBlocks) KIND(Records) KIND(TokenWindows)      \
   /* one input */                                                                                              \
   KIND(Map) KIND(ParallelMap) KIND(Filter) KIND(FlatMap) PREBUILT(ShardingFilter) PREBUILT(Shuffle)               \
-  PREBUILT_SCALAR(Batch) KIND(Unbatch) PREBUILT(Take) KIND(Skip) KIND(Repeat) PREBUILT(Cycle) PREBUILT(Sampler) KIND(Replicate) \
+  PREBUILT_SCALAR(Batch) KIND(Unbatch) PREBUILT(Take) KIND(Skip) KIND(Repeat) PREBUILT(Cycle) PREBUILT(Sampler) KIND(Replicate) KIND(Enumerate) \
   /* records: text to tokens to rows */                                                                          \
   KIND(ParseJson) KIND(Tokenize) KIND(Pack) KIND(PaddedBatch) KIND(BucketByLength)                                                   \
   /* segments */                                                                                               \
   KIND(Dispatch) KIND(Merge) PREBUILT(Prefetch)                                                                 \
   /* several inputs */                                                                                         \
-  KIND(Concat) KIND(Mux) KIND(MuxLongest) KIND(Zip) KIND(Mix)                                                   \
+  KIND(Concat) KIND(Mux) KIND(MuxLongest) KIND(Zip) KIND(ZipLongest) KIND(Mix)                                                   \
   /* several outputs, and the branches that read them */                                                     \
   KIND(Fork) KIND(Demux) KIND(Unzip) KIND(From)
 

@@ -374,7 +374,7 @@ def zip_rows(nodes, tuple_inputs, branches=None):
             tuple_inputs.add(node["id"])
         if _is_source(op) or op == "unzip":
             depth = None
-        elif op == "zip":
+        elif op in ("zip", "zip_longest", "enumerate"):
             depth = 0
         elif op == "batch":
             depth = None if depth is None else depth + 1

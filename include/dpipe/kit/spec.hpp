@@ -128,6 +128,19 @@ void append_element_json(std::string& out, const T& v) {
   SpecElement<T>::append_json(out, v);
 }
 
+/// An element of a spec type as a Value: integers, strings, lists of them; values as they are (rows of
+/// inputs of several types: zip, zip_longest, enumerate).
+inline Value spec_value(SpecInt x) { return Value::integer(x); }
+inline Value spec_value(SpecStr x) { return Value::string(std::move(x)); }
+inline Value spec_value(Value x) { return x; }
+template <class T>
+Value spec_value(std::vector<T> xs) {
+  std::vector<Value> items;
+  items.reserve(xs.size());
+  for (auto& x : xs) items.push_back(spec_value(std::move(x)));
+  return Value::list(std::move(items));
+}
+
 /// A Pipeline<T> of one of the spec element types, its type known at run time.
 class SpecPipeline {
  public:

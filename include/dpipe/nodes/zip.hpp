@@ -3,12 +3,14 @@
 /// `zip(a, b, …)`: In: A, B, … → Out: std::tuple<A, B, …>.
 /// `zip_all({a, b, …})`: inputs of one type T → Out: std::vector<T> (what the spec format uses).
 /// State: whether an input has ended.
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "dpipe/kit/length.hpp"
 #include "dpipe/nodes/concat.hpp"
+#include "dpipe/nodes/zip_longest.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
 
@@ -154,17 +156,25 @@ struct ZipKind {
   };
   using State = ZipState;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
-  /// `{"op": "zip", "with": [PIPELINE, ...]}`: tuples (as lists) of one element of each input.
+  /// `{"op": "zip", "with": [PIPELINE, ...]}`: tuples (as lists) of one element of each input; inputs of
+  /// several element types give rows of values.
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     ZipOptions o{.name = s.name()};
-    return s.input().apply(
-        [&]<class T>(const Pipeline<T>& p) requires is_spec_element_v<std::vector<T>> {
-          auto all = s.template inputs<T>("with");
-          all.insert(all.begin(), p);
-          return zip_all(all, o);
-        },
-        "zips of batches of batches are deeper than specs go");
+    const std::vector<SpecPipeline> others = s.pipelines("with");
+    const bool one_type = std::all_of(others.begin(), others.end(), [&](const SpecPipeline& q) {
+      return q.visit([&]<class U>(const Pipeline<U>&) { return s.input().template holds<U>(); });
+    });
+    const bool deep = s.input().visit([]<class T>(const Pipeline<T>&) { return !is_spec_element_v<std::vector<T>>; });
+    if (one_type && !deep)
+      return s.input().apply([&]<class T>(const Pipeline<T>& p) requires is_spec_element_v<std::vector<T>> {
+        std::vector<Pipeline<T>> all{p};
+        for (const auto& q : others) all.push_back(q.template get<T>());
+        return zip_all(all, o);
+      });
+    std::vector<Pipeline<Value>> all{spec_values(s.input())};
+    for (const auto& q : others) all.push_back(spec_values(q));
+    return zip_all(all, o);
   }
 };
 

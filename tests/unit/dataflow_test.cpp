@@ -1,5 +1,6 @@
-// Nodes of several outputs (fork, demux, unzip) and the `from` branches that read them: what each output
-// gets, exact resume with held elements, the graph's checks, specs and lengths.
+// The dataflow ops beyond chains: nodes of several outputs (fork, demux, unzip) and the `from` branches
+// that read them (what each output gets, exact resume with held elements, the graph's checks, specs and
+// lengths); enumerate, zip_longest and zip of inputs of several types.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -222,4 +223,59 @@ TEST(BranchSpecs, TheIssuesExampleAndWhatASpecMayGetWrong) {
   const Spec three = parse_spec(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "fork", "name": "f", "count": 3},
       {"op": "zip", "with": [[{"op": "from", "name": "f", "output": 1}]]}]})");
   expect_throw_with<ConfigError>([&] { Graph::build(three.pipeline.def()); }, "fork 'f': output 2 is never read");
+}
+
+TEST(Enumerate, GivesEachElementItsIndexAndResumesAtEveryBreakpoint) {
+  EXPECT_EQ(collect(range(5, 8) | enumerate(), options()),
+            (std::vector<std::tuple<std::int64_t, std::int64_t>>{{0, 5}, {1, 6}, {2, 7}}));
+  const auto p = range(0, 40) | sharding_filter() | enumerate({.start = 10, .name = "e"}) | near_the_consumer();
+  for (int workers : {1, 2}) {
+    const auto whole = collect(p, options(workers));
+    ASSERT_EQ(whole.size(), 40u);
+    for (std::size_t at = 0; at <= whole.size(); ++at) EXPECT_EQ(stop_and_resume(p, options(workers), at), whole) << at;
+  }
+  // Mid-stream, the saved index is past the start.
+  Engine e;
+  auto run = e.start(p, options(1));
+  dpipe::testing::drain(run, 7);
+  const Snapshot s = run.snapshot();
+  bool met = false;
+  for (const auto& st : s.states)
+    if (st.key == "e") {
+      EnumerateState es;
+      StateReader r(st);
+      r.read(es);
+      met = es.next > 10;
+    }
+  EXPECT_TRUE(met);
+}
+
+TEST(ZipLongest, FillsForEndedInputsUntilEveryInputEnded) {
+  const auto p = zip_longest_all(std::vector{range(0, 3), range(10, 15)}, {.fill = -1, .name = "z"});
+  EXPECT_EQ(collect(p, options()),
+            (std::vector<std::vector<std::int64_t>>{{0, 10}, {1, 11}, {2, 12}, {-1, 13}, {-1, 14}}));
+  const auto q = zip_longest_all(std::vector{range(0, 300) | shuffle({.buffer = 5}), range(0, 410)}, {.fill = -1});
+  const auto whole = collect(q, options());
+  ASSERT_EQ(whole.size(), 410u);
+  for (std::size_t at : {0, 1, 150, 299, 300, 301, 409, 410}) EXPECT_EQ(stop_and_resume(q, options(), at), whole) << at;
+  EXPECT_EQ(Graph::build(*q.def()).length(Layout{}), 410u);
+}
+
+TEST(RowSpecs, ZipOfSeveralTypesZipLongestAndEnumerateGiveRowsOfValues) {
+  const Spec zip_mixed = parse_spec(R"({"pipeline": [{"op": "range", "stop": 2},
+      {"op": "zip", "with": [[{"op": "from_vector", "values": ["a", "b", "c"]}]]}]})");
+  const auto rows = collect(zip_mixed.pipeline.get<std::vector<Value>>(), options());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1], (std::vector<Value>{Value::integer(1), Value::string("b")}));
+  const Spec longest = parse_spec(R"({"pipeline": [{"op": "range", "stop": 1},
+      {"op": "zip_longest", "with": [[{"op": "from_vector", "values": ["a", "b"]}]]}]})");
+  const auto filled = collect(longest.pipeline.get<std::vector<Value>>(), options());
+  ASSERT_EQ(filled.size(), 2u);
+  EXPECT_EQ(filled[1], (std::vector<Value>{Value::none(), Value::string("b")}));
+  const Spec counted = parse_spec(R"({"pipeline": [{"op": "from_vector", "values": ["x", "y"]}, {"op": "enumerate", "start": 1}]})");
+  EXPECT_EQ(collect(counted.pipeline.get<std::vector<Value>>(), options())[1],
+            (std::vector<Value>{Value::integer(2), Value::string("y")}));
+  const Spec ints = parse_spec(R"({"pipeline": [{"op": "range", "start": 4, "stop": 6}, {"op": "enumerate"}]})");
+  EXPECT_EQ(collect(ints.pipeline.get<std::vector<std::int64_t>>(), options()),
+            (std::vector<std::vector<std::int64_t>>{{0, 4}, {1, 5}}));
 }
