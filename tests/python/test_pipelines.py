@@ -346,7 +346,7 @@ def test_a_branch_never_read_and_a_buffer_too_small_are_errors_naming_the_node()
     with pytest.raises(dpipe.ConfigError, match="fork 'f': output 2 is never read"):
         list(dpipe.Loader(a | dpipe.zip(b)))
     x, y = dpipe.range(100).fork(2, buffer=10, name="g")
-    with pytest.raises(dpipe.Error, match=r"fork 'g': output 0 is 10 elements ahead of output 1"):
+    with pytest.raises(dpipe.Error, match=r"fork 'g': output 0 is 11 elements ahead of output 1"):
         list(dpipe.Loader(x | dpipe.concat(y)))
     p, q = dpipe.range(10).demux(2, lambda v: 5)
     with pytest.raises(dpipe.Error, match="its function returned 5 for an element; the outputs are 0 to 1"):

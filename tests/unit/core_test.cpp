@@ -198,7 +198,7 @@ TEST(Kinds, EveryKindOfTheListIsRegisteredOnceWithItsRule) {
   const auto& kinds = registered_kinds();
   std::set<std::string_view> names;
   for (const auto& k : kinds) EXPECT_TRUE(names.insert(k.name).second) << k.name;
-  EXPECT_EQ(kinds.size(), 38u);
+  EXPECT_EQ(kinds.size(), 40u);
   ASSERT_NE(find_kind("batch"), nullptr);
   EXPECT_FALSE(find_kind("batch")->rescale.refuses());
   ASSERT_NE(find_kind("sharding_filter"), nullptr);

@@ -97,7 +97,8 @@ TEST(Fork, ResumesExactlyAtEveryBreakpointWithItsQueuesSaved) {
 
 TEST(Fork, AnOutputTooFarBehindIsAnErrorNamingTheFork) {
   auto [a, b] = range(0, 100) | fork<2>({.buffer = 10, .name = "f"});
-  expect_throw_with<Error>([&] { collect(concat(a, b), options()); }, "fork 'f': output 0 is 10 elements ahead of output 1");
+  expect_throw_with<Error>([&] { collect(concat(a, b), options()); },
+                           "fork 'f': output 0 is 11 elements ahead of output 1, more than its buffer (10) allows");
   // Room for the whole stream: output 0 reaches the end with the buffer full, which is no error.
   auto [c, d] = range(0, 100) | fork<2>({.buffer = 100, .name = "f"});
   EXPECT_EQ(collect(concat(c, d), options()).size(), 200u);
@@ -119,7 +120,15 @@ TEST(Demux, AnOutputOutsideTheCountFailsTheRunNamingTheDemux) {
   auto [a, b] = range(0, 10) | demux<2>([](std::int64_t x) { return x == 4 ? 7 : x % 2; }, {.name = "d"});
   expect_throw_with<Error>([&] { collect(mux(a, b), options()); }, "demux 'd': its function returned 7 for an element; the outputs are 0 to 1");
   auto [c, d] = range(0, 100) | demux<2>([](std::int64_t) { return 1; }, {.buffer = 20, .name = "d"});
-  expect_throw_with<Error>([&] { collect(mux(c, d), options()); }, "demux 'd': it holds 20 elements for its other outputs (its buffer)");
+  expect_throw_with<Error>([&] { collect(mux(c, d), options()); },
+                           "demux 'd': it holds 21 elements for outputs other than output 0, more than its buffer (20)");
+  // torch's buffer cases: the first five elements all go to output 1. A buffer of 4 fails at output 0's
+  // first element; a buffer of 5 holds them, and output 0 gets its element.
+  auto high_first = [](std::int64_t x) { return x >= 5 ? 0 : 1; };
+  auto [e, f] = range(0, 10) | demux<2>(high_first, {.buffer = 4, .name = "d"});
+  expect_throw_with<Error>([&] { collect(concat(e, f), options()); }, "it holds 5 elements for outputs other than output 0");
+  auto [g, h] = range(0, 10) | demux<2>(high_first, {.buffer = 5});
+  EXPECT_EQ(collect(concat(g, h), options()), (std::vector<std::int64_t>{5, 6, 7, 8, 9, 0, 1, 2, 3, 4}));
 }
 
 TEST(Unzip, RowsToColumns) {

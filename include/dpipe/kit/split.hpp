@@ -6,10 +6,11 @@
 /// node's state, saved in output 0's record; a `from` keeps none.
 ///
 /// A kind's Route:
-///   std::size_t room(const Queues& queues, std::size_t output, std::size_t buffer) const;
-///       input elements that may be pulled now for `output` (whose queue is empty); 0: the buffer is full
+///   std::size_t held(const Queues& queues, std::size_t output) const;
+///       what the buffer bounds while `output` (whose queue is empty) asks for more: more than `buffer`
+///       fails the run (torch's BufferError)
 ///   void route(std::vector<In>& chunk, Queues& queues);  // puts each element (or its parts) in the queues
-///   std::string overflow(const Queues&, std::size_t output, std::size_t buffer) const;  // why room is 0
+///   std::string overflow(const Queues&, std::size_t output, std::size_t buffer) const;  // the failure
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -69,16 +70,18 @@ class SplitCore final : public SplitOutputs<Out> {
     auto& q = queues_[output];
     while (q.empty()) {
       if (input_done_) return 0;
-      // With the buffer full, one more pull tells the input's end (fine) from one element too many.
-      const std::size_t room = route_.room(queues_, output, buffer_);
+      // Pulls no more than fits; with the buffer full, one element: the input's end, an element for this
+      // output (fine), or one too many.
+      const std::size_t held = route_.held(queues_, output);
+      const std::size_t room = held >= buffer_ ? 1 : buffer_ - held;
       scratch_.clear();
-      if (input_->pull(scratch_, std::min(max, std::max<std::size_t>(room, 1))) == 0) {
+      if (input_->pull(scratch_, std::min(max, room)) == 0) {
         input_done_ = true;
         continue;
       }
-      if (room == 0) throw ConfigError(route_.overflow(queues_, output, buffer_));
       route_.route(scratch_, queues_);
       scratch_.clear();
+      if (route_.held(queues_, output) > buffer_) throw ConfigError(route_.overflow(queues_, output, buffer_));
     }
     return q.take_into(out, max);
   }
@@ -183,10 +186,7 @@ inline Params split_params(const char* kind, const std::string& name, std::int64
   return {{"count", param_text(count)}, {"buffer", param_text(buffer)}};
 }
 
-/// Room for a kind whose outputs each get something of every input element (fork, unzip): the output
-/// furthest behind the one asking may lag at most `buffer` elements.
-inline std::size_t room_behind_leader(std::size_t behind, std::size_t buffer) { return behind >= buffer ? 0 : buffer - behind; }
-
+/// What a fork's or unzip's buffer bounds: how far the output asking is ahead of the one furthest behind.
 template <class T>
 std::size_t longest_other_queue(const SplitQueues<T>& q, std::size_t output) {
   std::size_t longest = 0;

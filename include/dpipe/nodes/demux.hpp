@@ -2,8 +2,8 @@
 /// Each element to the one output its function picks, as torch's demux. In: T → Out: T on each of
 /// `count` outputs; `fn(const T&)` returns the output, 0 to count − 1 (another value fails the run).
 /// `std::vector<Pipeline<T>> v = p | demux(fn, {.count = 2});` (or `demux<2>(fn)` for `auto [a, b]`).
-/// State: per output, the elements routed to it that it has not taken yet, at most `buffer` in all
-/// (more is a ConfigError naming the demux). Rescale: refused (kit/split.hpp).
+/// State: per output, the elements routed to it that it has not taken yet: at most `buffer` for the
+/// outputs other than the one asking (one more is a ConfigError naming the demux, as torch's BufferError). Rescale: refused (kit/split.hpp).
 #include <array>
 #include <concepts>
 #include <stdexcept>
@@ -30,11 +30,13 @@ template <class Fn>
 struct DemuxRoute {
   Fn fn;
   std::string label;
+  /// The elements held for the outputs other than the one asking (torch's buffer usage).
   template <class T>
-  std::size_t room(const SplitQueues<T>& q, std::size_t, std::size_t buffer) const {
-    std::size_t held = 0;
-    for (const auto& each : q) held += each.size();
-    return held >= buffer ? 0 : buffer - held;
+  std::size_t held(const SplitQueues<T>& q, std::size_t output) const {
+    std::size_t n = 0;
+    for (std::size_t j = 0; j < q.size(); ++j)
+      if (j != output) n += q[j].size();
+    return n;
   }
   template <class T>
   void route(std::vector<T>& chunk, SplitQueues<T>& q) const {
@@ -47,9 +49,10 @@ struct DemuxRoute {
     }
   }
   template <class T>
-  std::string overflow(const SplitQueues<T>&, std::size_t output, std::size_t buffer) const {
-    return label + ": it holds " + std::to_string(buffer) + " elements for its other outputs (its buffer) and none yet for output " +
-           std::to_string(output) + ": read its outputs more evenly or raise buffer";
+  std::string overflow(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {
+    return label + ": it holds " + std::to_string(held(q, output)) + " elements for outputs other than output " +
+           std::to_string(output) + ", more than its buffer (" + std::to_string(buffer) +
+           "): read its outputs more evenly or raise buffer";
   }
 };
 

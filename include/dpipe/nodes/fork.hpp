@@ -3,7 +3,7 @@
 /// `auto [a, b] = p | fork<2>();` or `std::vector<Pipeline<T>> v = p | fork({.count = 3});`; output 0
 /// continues the chain, the others are `from` nodes (nodes/from.hpp). State: per output, the elements
 /// it has not taken yet: at most `buffer` between the output furthest ahead and the one furthest behind
-/// (more is a ConfigError naming the fork). Rescale: refused (kit/split.hpp).
+/// (one more is a ConfigError naming the fork, as torch's BufferError). Rescale: refused (kit/split.hpp).
 #include <array>
 #include <string>
 #include <utility>
@@ -28,8 +28,8 @@ struct ForkOptions {
 struct ForkRoute {
   std::string label;
   template <class T>
-  std::size_t room(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {
-    return room_behind_leader(longest_other_queue(q, output), buffer);
+  std::size_t held(const SplitQueues<T>& q, std::size_t output) const {
+    return longest_other_queue(q, output);
   }
   template <class T>
   void route(std::vector<T>& chunk, SplitQueues<T>& q) const {
@@ -42,7 +42,7 @@ struct ForkRoute {
     for (std::size_t j = 0; j < q.size(); ++j)
       if (j != output && q[j].size() >= q[behind].size()) behind = j;
     return label + ": output " + std::to_string(output) + " is " + std::to_string(q[behind].size()) +
-           " elements ahead of output " + std::to_string(behind) + ", as far as its buffer (" + std::to_string(buffer) +
+           " elements ahead of output " + std::to_string(behind) + ", more than its buffer (" + std::to_string(buffer) +
            ") allows: read its outputs more evenly (zip them) or raise buffer";
   }
 };

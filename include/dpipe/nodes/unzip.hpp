@@ -30,8 +30,8 @@ struct UnzipOptions {
 struct UnzipRoute {
   ForkRoute lag;  // the same bound as a fork's
   template <class T>
-  std::size_t room(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {
-    return lag.room(q, output, buffer);
+  std::size_t held(const SplitQueues<T>& q, std::size_t output) const {
+    return lag.held(q, output);
   }
   template <class T>
   void route(std::vector<std::vector<T>>& rows, SplitQueues<T>& q) const {

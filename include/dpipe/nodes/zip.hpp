@@ -1,7 +1,8 @@
 #pragma once
 /// One tuple per position of its inputs; stops at the shortest input.
 /// `zip(a, b, …)`: In: A, B, … → Out: std::tuple<A, B, …>.
-/// `zip_all({a, b, …})`: inputs of one type T → Out: std::vector<T> (what the spec format uses).
+/// `zip_all({a, b, …})`: inputs of one type T → Out: std::vector<T> (what the spec format uses; specs zip
+/// inputs of several types as rows of values).
 /// State: whether an input has ended.
 #include <algorithm>
 #include <string>
