@@ -205,7 +205,11 @@ def test_map_filter_flatmap():  # test_map_iterdatapipe, test_filter_datapipe
     assert run(dpipe.range(10) | dpipe.filter(lambda x: x % 2 == 0)) == [0, 2, 4, 6, 8]
     same_as_torch([0, 2, 4, 6, 8], lambda W: W(range(10)).filter(lambda x: x % 2 == 0))
     # torchdata test_flatmap_iterdatapipe: each element to several; flatmap() of lists flattens.
-    assert run(dpipe.range(3) | dpipe.flat_map(lambda x: [x, x + 10])) == [0, 10, 1, 11, 2, 12]
+    assert run(dpipe.range(20) | dpipe.flat_map(lambda e: [e, e * 10])) == [v for e in range(20) for v in (e, e * 10)]
+    with pytest.raises(TypeError, match="cannot say"):
+        len(dpipe.Loader(dpipe.range(20) | dpipe.flat_map(lambda e: [e, e * 10])))
+    with pytest.raises(TypeError, match="cannot say"):  # test_filter_datapipe: a filter has no len
+        len(dpipe.Loader(dpipe.range(10) | dpipe.filter(lambda x: x >= 5)))
     assert run(dpipe.range(6) | dpipe.batch(2) | dpipe.flat_map()) == list(range(6))
 
 
@@ -214,19 +218,50 @@ def test_header_is_take():  # torchdata test_header_iterdatapipe
     assert run(dpipe.range(3) | dpipe.take(10)) == list(range(3))
     assert run(dpipe.range(3) | dpipe.take(None)) == list(range(3))
     assert len(dpipe.Loader(dpipe.range(20) | dpipe.take(5))) == 5
+    assert len(dpipe.Loader(dpipe.range(20) | dpipe.take(30))) == 20
+    assert len(dpipe.Loader(dpipe.range(20) | dpipe.take(None))) == 20
 
 
 def test_cycle_and_repeat():  # torchdata test_cycler_iterdatapipe, test_repeater_iterdatapipe
-    assert run(dpipe.range(3) | dpipe.cycle(2)) == [0, 1, 2, 0, 1, 2]
-    assert run(dpipe.range(3) | dpipe.repeat(2)) == [0, 0, 1, 1, 2, 2]
+    assert run(dpipe.range(5) | dpipe.cycle(3)) == list(range(5)) * 3
+    assert run(dpipe.range(5) | dpipe.cycle(0)) == []
+    assert len(dpipe.Loader(dpipe.range(5) | dpipe.cycle(2))) == 10
+    endless = iter(dpipe.Loader(dpipe.range(5) | dpipe.cycle()))
+    assert [next(endless) for _ in range(50)] == list(range(5)) * 10
+    with pytest.raises(TypeError, match="cannot say"):
+        len(dpipe.Loader(dpipe.range(5) | dpipe.cycle()))
     with pytest.raises(dpipe.ConfigError):
-        run(dpipe.range(3) | dpipe.cycle(-1))
+        run(dpipe.range(5) | dpipe.cycle(-1))
+    assert run(dpipe.range(5) | dpipe.repeat(3)) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    assert len(dpipe.Loader(dpipe.range(5) | dpipe.repeat(2))) == 10
+    # torchdata test_combining_infinite_iterdatapipe: an endless input zipped with a finite one ends.
+    assert run(dpipe.range(10) | dpipe.cycle() | dpipe.zip(dpipe.range(10))) == [[i, i] for i in range(10)]
 
 
 def test_enumerate():  # torchdata test_enumerator_iterdatapipe
+    letters = dpipe.from_vector(list("abcde"))
+    assert list(dpipe.Loader(letters | dpipe.enumerate())) == [(0, "a"), (1, "b"), (2, "c"), (3, "d"), (4, "e")]
+    assert list(dpipe.Loader(letters | dpipe.enumerate(start=10))) == \
+        [(10, "a"), (11, "b"), (12, "c"), (13, "d"), (14, "e")]
+    assert len(dpipe.Loader(letters | dpipe.enumerate())) == 5
     assert list(dpipe.Loader(dpipe.range(10, 13) | dpipe.enumerate())) == [(0, 10), (1, 11), (2, 12)]
-    assert list(dpipe.Loader(dpipe.range(10, 13) | dpipe.enumerate(start=5))) == [(5, 10), (6, 11), (7, 12)]
-    assert list(dpipe.Loader(dpipe.from_vector(["a", "b"]) | dpipe.enumerate())) == [(0, "a"), (1, "b")]
+
+
+def test_sharding_through_branches():  # TestSharding.test_simple_sharding, test_multi_sharding
+    def p():  # fork(2) -> map(x * 10) muxed with filter(x % 3 == 1): [0, 1, 10, 4, 20, 7]
+        a, b = dpipe.range(10).fork(2)
+        return a | dpipe.map(lambda x: x * 10) | dpipe.mux(b | dpipe.filter(lambda x: x % 3 == 1))
+    assert run(p()) == [0, 1, 10, 4, 20, 7]
+    assert run(p() | dpipe.sharding_filter(num_shards=3, shard_id=1)) == [1, 20]
+    shards = [run(p() | dpipe.sharding_filter(num_shards=3, shard_id=i)) for i in range(3)]
+    assert sorted(x for s in shards for x in s) == sorted([0, 1, 10, 4, 20, 7])
+    # Sharded, then forked and zipped.
+    a, b = (dpipe.range(13) | dpipe.sharding_filter(num_shards=3, shard_id=0)).fork(2)
+    assert run(a | dpipe.zip(b)) == [[0, 0], [3, 3], [6, 6], [9, 9], [12, 12]]
+    # test_sharding_length
+    for shard, n in enumerate((5, 4, 4)):
+        assert len(dpipe.Loader(dpipe.range(13) | dpipe.sharding_filter(num_shards=3, shard_id=shard))) == n
+    assert [len(dpipe.Loader(dpipe.range(1) | dpipe.sharding_filter(num_shards=2, shard_id=i))) for i in (0, 1)] == [1, 0]
 
 
 def test_sharding_filter():  # test_sharding_filter_datapipe: apply_sharding(3, i)
