@@ -205,6 +205,10 @@ SPECS = {
                   {"op": "mux", "with": [[{"op": "from", "name": "d", "output": 1}], [{"op": "from", "name": "d", "output": 2}]]}],
     "unzip_concat": [R(50), {"op": "sharding_filter"}, {"op": "batch", "size": 2, "drop_last": True}, {"op": "unzip", "name": "u"},
                      {"op": "concat", "with": [[{"op": "from", "name": "u", "output": 1}]]}],
+    "enumerate_shuffled": [R(40), {"op": "sharding_filter"}, {"op": "shuffle", "buffer": 5}, {"op": "enumerate", "start": 3}],
+    "zip_longest_of_two_types": [R(30), {"op": "sharding_filter"},
+                                 {"op": "zip_longest", "fill": -1,
+                                  "with": [[{"op": "from_vector", "values": ["a", "b", "c", "d", "e"]}, {"op": "cycle", "count": 2}]]}],
     "mix_never_take": [{"op": "mix", "stop": "never", "with": [[R(9), {"op": "shuffle", "buffer": 4}], [R(105, start=100)]]},
                        {"op": "take", "count": 120}],
 }

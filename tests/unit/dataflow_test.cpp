@@ -260,10 +260,10 @@ TEST(Enumerate, GivesEachElementItsIndexAndResumesAtEveryBreakpoint) {
 }
 
 TEST(ZipLongest, FillsForEndedInputsUntilEveryInputEnded) {
-  const auto p = zip_longest_all(std::vector{range(0, 3), range(10, 15)}, {.fill = -1, .name = "z"});
+  const auto p = zip_longest_all(std::vector{range(0, 3), range(10, 15)}, std::int64_t{-1}, {.name = "z"});
   EXPECT_EQ(collect(p, options()),
             (std::vector<std::vector<std::int64_t>>{{0, 10}, {1, 11}, {2, 12}, {-1, 13}, {-1, 14}}));
-  const auto q = zip_longest_all(std::vector{range(0, 300) | shuffle({.buffer = 5}), range(0, 410)}, {.fill = -1});
+  const auto q = zip_longest_all(std::vector{range(0, 300) | shuffle({.buffer = 5}), range(0, 410)}, std::int64_t{-1});
   const auto whole = collect(q, options());
   ASSERT_EQ(whole.size(), 410u);
   for (std::size_t at : {0, 1, 150, 299, 300, 301, 409, 410}) EXPECT_EQ(stop_and_resume(q, options(), at), whole) << at;

@@ -78,12 +78,7 @@ template <std::size_t N, class Fn>
 auto demux(Fn fn, DemuxOptions o = {}) {
   static_assert(N >= 1, "a demux has at least one output");
   o.count = static_cast<std::int64_t>(N);
-  return make_closure([fn = std::move(fn), o = std::move(o)](const auto& p) {
-    const auto all = outputs_of(demux_node(p, fn, o));
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::array{all[I]...};
-    }(std::make_index_sequence<N>{});
-  });
+  return make_closure([fn = std::move(fn), o = std::move(o)](const auto& p) { return outputs_array<N>(demux_node(p, fn, o)); });
 }
 
 struct DemuxKind {

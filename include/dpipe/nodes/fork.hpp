@@ -65,12 +65,7 @@ template <std::size_t N>
 auto fork(ForkOptions o = {}) {
   static_assert(N >= 1, "a fork has at least one output");
   o.count = static_cast<std::int64_t>(N);
-  return make_closure([o = std::move(o)](const auto& p) {
-    const auto all = outputs_of(fork_node(p, o));
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::array{all[I]...};
-    }(std::make_index_sequence<N>{});
-  });
+  return make_closure([o = std::move(o)](const auto& p) { return outputs_array<N>(fork_node(p, o)); });
 }
 
 struct ForkKind {

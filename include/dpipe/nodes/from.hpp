@@ -3,7 +3,9 @@
 /// that node routes them. `output(p, i)` in C++; `{"op": "from", "name": N, "output": i}` in specs
 /// (the node named N must be built before it: in the main chain, or in an earlier `with` pipeline).
 /// State: none (the node it reads holds its queue).
+#include <array>
 #include <string>
+#include <utility>
 
 #include "dpipe/kit/length.hpp"
 #include "dpipe/kit/rescale.hpp"
@@ -80,6 +82,13 @@ std::vector<Pipeline<T>> outputs_of(const Pipeline<T>& p) {
   std::vector<Pipeline<T>> out;
   for (std::size_t i = 0; i < p.def()->outputs(); ++i) out.push_back(output(p, i));
   return out;
+}
+
+/// The N outputs of a node of several outputs as an array, for `auto [a, b] = …`.
+template <std::size_t N, class T>
+std::array<Pipeline<T>, N> outputs_array(const Pipeline<T>& p) {
+  const auto all = outputs_of(p);
+  return [&]<std::size_t... I>(std::index_sequence<I...>) { return std::array{all[I]...}; }(std::make_index_sequence<N>{});
 }
 
 struct FromKind {

@@ -66,12 +66,7 @@ template <std::size_t N>
 auto unzip(UnzipOptions o = {}) {
   static_assert(N >= 1, "an unzip has at least one output");
   o.count = static_cast<std::int64_t>(N);
-  return make_closure([o = std::move(o)](const auto& p) {
-    const auto all = outputs_of(unzip_node(p, o));
-    return [&]<std::size_t... I>(std::index_sequence<I...>) {
-      return std::array{all[I]...};
-    }(std::make_index_sequence<N>{});
-  });
+  return make_closure([o = std::move(o)](const auto& p) { return outputs_array<N>(unzip_node(p, o)); });
 }
 
 struct UnzipKind {

@@ -1,6 +1,6 @@
 #pragma once
 /// One row per position of its inputs until every input ended, `fill` standing for the inputs that ended
-/// (torchdata's zip_longest). `zip_longest_all({a, b, …}, {.fill = x})`: inputs of one type T → Out:
+/// (torchdata's zip_longest). `zip_longest_all({a, b, …}, fill)`: inputs of one type T → Out:
 /// std::vector<T>. In specs the rows are batches of values (any input types), `fill` null (None) unless
 /// given. State: which inputs ended. Rescale: refused.
 #include <algorithm>
@@ -21,18 +21,16 @@ struct ZipLongestState {
   void fields(A& a) { a("ended", ended); }
 };
 
-template <class T>
 struct ZipLongestOptions {
-  T fill{};
   std::string name{};
 };
 
 template <class T>
 class ZipLongestDef final : public NodeDef<std::vector<T>> {
  public:
-  ZipLongestDef(std::vector<std::shared_ptr<const NodeDef<T>>> ins, ZipLongestOptions<T> o, Params params)
+  ZipLongestDef(std::vector<std::shared_ptr<const NodeDef<T>>> ins, T fill, const ZipLongestOptions& o, Params params)
       : NodeDef<std::vector<T>>("zip_longest", o.name, std::move(params), untyped(ins)), inputs_(std::move(ins)),
-        fill_(std::move(o.fill)) {
+        fill_(std::move(fill)) {
     check_other_input(inputs_.size(), "zip_longest", o.name);
   }
   std::unique_ptr<Iter<std::vector<T>>> instantiate(BuildContext& ctx) const override;
@@ -91,16 +89,16 @@ std::unique_ptr<Iter<std::vector<T>>> ZipLongestDef<T>::instantiate(BuildContext
   return std::make_unique<ZipLongestIter<T>>(ctx, *this);
 }
 
-/// Rows of one element of each input until all ended, `o.fill` for the ended ones.
+/// Rows of one element of each input until all ended, `fill` for the ended ones.
 template <class T>
-Pipeline<std::vector<T>> zip_longest_all(const std::vector<Pipeline<T>>& ps, ZipLongestOptions<T> o = {}) {
+Pipeline<std::vector<T>> zip_longest_all(const std::vector<Pipeline<T>>& ps, T fill = T{}, const ZipLongestOptions& o = {}) {
   Params params;
   if constexpr (is_spec_element_v<T>) {
-    std::string fill;
-    append_element_json(fill, o.fill);
-    params.push_back({"fill", fill});
+    std::string text;
+    append_element_json(text, fill);
+    params.push_back({"fill", text});
   }
-  return make_pipeline<ZipLongestDef<T>>(defs_of(ps), std::move(o), std::move(params));
+  return make_pipeline<ZipLongestDef<T>>(defs_of(ps), std::move(fill), o, std::move(params));
 }
 
 /// A spec pipeline's elements as values (zip of inputs of several types, zip_longest).
@@ -132,13 +130,12 @@ struct ZipLongestKind {
   /// `{"op": "zip_longest", "with": [PIPELINE, ...], "fill": null}`
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
-    ZipLongestOptions<Value> o{.fill = Value::none(), .name = s.name()};
+    const ZipLongestOptions o{.name = s.name()};
     std::optional<std::int64_t> fill;
     s.param("fill", fill);
-    if (fill) o.fill = Value::integer(*fill);
     std::vector<Pipeline<Value>> all{spec_values(s.input())};
     for (const auto& q : s.pipelines("with")) all.push_back(spec_values(q));
-    return zip_longest_all(all, o);
+    return zip_longest_all(all, fill ? Value::integer(*fill) : Value::none(), o);
   }
 };
 
