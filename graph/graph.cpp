@@ -68,7 +68,9 @@ void link_branches(std::vector<GraphNode>& nodes, const std::vector<const NodeDe
                         " itself is not in the pipeline: its output 0 (the node itself) must be read too");
     nodes[i].reads = it->second;
     nodes[i].output = defs[i]->reads_output();
-    read[it->second].insert(nodes[i].output);
+    if (!read[it->second].insert(nodes[i].output).second)  // two from nodes of one output
+      throw ConfigError("output " + std::to_string(nodes[i].output) + " of " + label +
+                        " is read twice; each output feeds one consumer (fork it again to read it twice)");
   }
   for (std::size_t i = 0; i < nodes.size(); ++i)
     for (std::size_t k = 1; k < nodes[i].outputs; ++k)

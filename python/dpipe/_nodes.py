@@ -355,8 +355,10 @@ def zip_rows(nodes, tuple_inputs, branches=None):
     that receive rows. A row and a batch are one C++ type (a vector); the Loader shows rows as tuples, and
     callables receive them so. A row stays a row through the nodes that keep the element type (filter,
     shuffle, take, ..., a Python map or flat_map without out=)."""
+    if branches is None:  # a fork's or demux's name → its elements' depth, from a first pass, so a branch
+        branches = {}     # read before the chain with its node (b | zip(a)) finds it
+        zip_rows(nodes, set(), branches)
     depth = None
-    branches = {} if branches is None else branches  # a fork's or demux's name → its elements' depth
     for node in nodes:
         op = node.get("op")
         for value in node.values():  # other inputs ("with"): chains of their own

@@ -81,6 +81,8 @@ def test_zip_longest():  # torchdata test_zip_longest_iterdatapipe: fill_value f
 
 
 def test_zip_of_inputs_of_several_types():  # torch zips any iterables
+    r1, r2 = (dpipe.range(3) | dpipe.zip(dpipe.range(3))).fork(2)
+    assert list(dpipe.Loader(r2 | dpipe.concat(r1))) == [(0, 0), (1, 1), (2, 2)] * 2  # rows stay tuples
     rows = list(dpipe.Loader(dpipe.range(3) | dpipe.zip(dpipe.from_vector(["a", "b", "c"]))))
     assert rows == [(0, "a"), (1, "b"), (2, "c")]
     same_as_torch([[0, "a"], [1, "b"], [2, "c"]], lambda W: W(range(3)).zip(W(["a", "b", "c"])))
@@ -253,6 +255,12 @@ def test_sharding_through_branches():  # TestSharding.test_simple_sharding, test
         return a | dpipe.map(lambda x: x * 10) | dpipe.mux(b | dpipe.filter(lambda x: x % 3 == 1))
     assert run(p()) == [0, 1, 10, 4, 20, 7]
     assert run(p() | dpipe.sharding_filter(num_shards=3, shard_id=1)) == [1, 20]
+    if IterableWrapper is not None:
+        from torch.utils.data.graph_settings import apply_sharding
+        x, y = IterableWrapper(range(10)).fork(num_instances=2)
+        sd = x.map(lambda v: v * 10).mux(y.filter(lambda v: v % 3 == 1)).sharding_filter()
+        apply_sharding(sd, 3, 1)
+        assert list(sd) == [1, 20]
     shards = [run(p() | dpipe.sharding_filter(num_shards=3, shard_id=i)) for i in range(3)]
     assert sorted(x for s in shards for x in s) == sorted([0, 1, 10, 4, 20, 7])
     # Sharded, then forked and zipped.
@@ -289,10 +297,10 @@ def test_shuffle_properties():  # test_shuffle_iterdatapipe
     # A buffer of one keeps the order, as torch's.
     assert run(dpipe.range(10) | dpipe.shuffle(buffer=1)) == list(range(10))
     same_as_torch(list(range(10)), lambda W: W(range(10)).shuffle(buffer_size=1))
-    # The same seed, the same order; and an element moves at most `buffer` places earlier.
+    # The same seed, the same order; and an element moves at most `buffer` - 1 places earlier.
     once = run(dpipe.range(100) | dpipe.shuffle(buffer=8), seed=9)
     assert once == run(dpipe.range(100) | dpipe.shuffle(buffer=8), seed=9)
-    assert all(i - pos <= 8 for pos, i in enumerate(once))
+    assert all(i - pos <= 7 for pos, i in enumerate(once))  # it enters the buffer after an output
     assert len(dpipe.Loader(dpipe.range(100) | dpipe.shuffle(buffer=20))) == 100
 
 

@@ -116,6 +116,23 @@ TEST(Demux, ResumesExactlyAtEveryBreakpointWithItsQueuesSaved) {
   EXPECT_GT(expect_exact_resume_everywhere(concat(b, a | map(plus_1000), c) | near_the_consumer(), "d"), 10u);
 }
 
+TEST(Fork, ARunDestroyedMidStreamTakesTheForkAndItsUpstreamWithIt) {
+  // The fork stands after the merge and the Run is the only owner of the pipeline: destroying it mid-stream
+  // must stop the workers below the fork before the graph and definitions go (AddressSanitizer checks).
+  Engine e;
+  for (int round = 0; round < 3; ++round) {
+    auto run = [&] {
+      auto [a, b] = range(0, 100'000) | sharding_filter() | batch({.size = 4}) | merge() | fork<2>();
+      return e.start(zip(a, b), options(2));
+    }();
+    const auto head = dpipe::testing::drain(run, 10);
+    ASSERT_EQ(head.size(), 10u);
+    EXPECT_EQ(std::get<0>(head[3]), std::get<1>(head[3]));
+  }
+  auto [c, d] = range(0, 10) | demux<2>([](std::int64_t x) { return x >= 5; });  // a bool picks output 0 or 1
+  EXPECT_EQ(collect(concat(d, c), options()), (std::vector<std::int64_t>{5, 6, 7, 8, 9, 0, 1, 2, 3, 4}));
+}
+
 TEST(Demux, AnOutputOutsideTheCountFailsTheRunNamingTheDemux) {
   auto [a, b] = range(0, 10) | demux<2>([](std::int64_t x) { return x == 4 ? 7 : x % 2; }, {.name = "d"});
   expect_throw_with<Error>([&] { collect(mux(a, b), options()); }, "demux 'd': its function returned 7 for an element; the outputs are 0 to 1");
@@ -147,6 +164,8 @@ TEST(Branches, TheGraphRefusesAnOutputNeverReadOrReadTwiceAndAReaderWithoutItsNo
   expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0], v[1]).def()); }, "fork 'f': output 2 is never read");
   expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0], v[1], v[2], v[1]).def()); }, "output 1 of fork 'f' is read twice");
   expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0], v[1], v[2], v[0]).def()); }, "output 0 of fork 'f' is read twice");
+  expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[0], v[1], v[2], output(v[0], 1)).def()); },
+                                 "output 1 of fork 'f' is read twice");
   expect_throw_with<ConfigError>([&] { Graph::build(*zip(v[1], v[2]).def()); },
                     "output 1 of fork 'f' is read, but fork 'f' itself is not in the pipeline");
   // A branch read after the merge while its fork runs on the workers.

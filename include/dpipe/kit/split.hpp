@@ -140,8 +140,10 @@ class SplitIter final : public Hooked<Out> {
       : Hooked<Out>(ctx, kind) {
     if (!ctx.shared) throw ConfigError(node_label(kind, def.name()) + ": it must run inside a Run");
     core_ = std::make_shared<Core>(input.instantiate(ctx), def.outputs(), buffer, std::move(route));
+    // The run's shared objects hold a weak reference: the core (and the upstream it owns) goes with the
+    // iterators that use it, when the run's tree is destroyed, not after the run's graph.
     ctx.shared->objects[detail::split_slot(&def, ctx.worker)] =
-        std::static_pointer_cast<void>(std::shared_ptr<detail::SplitOutputs<Out>>(core_));
+        std::make_shared<std::weak_ptr<detail::SplitOutputs<Out>>>(std::shared_ptr<detail::SplitOutputs<Out>>(core_));
   }
 
  protected:

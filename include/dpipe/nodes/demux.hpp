@@ -41,7 +41,7 @@ struct DemuxRoute {
   template <class T>
   void route(std::vector<T>& chunk, SplitQueues<T>& q) const {
     for (auto& x : chunk) {
-      const auto j = fn(std::as_const(x));
+      const auto j = static_cast<std::int64_t>(fn(std::as_const(x)));  // a bool picks output 0 or 1
       if (std::cmp_less(j, 0) || std::cmp_greater_equal(j, q.size()))
         throw std::out_of_range(label + ": its function returned " + std::to_string(j) +
                                 " for an element; the outputs are 0 to " + std::to_string(q.size() - 1));

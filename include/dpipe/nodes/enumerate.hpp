@@ -66,7 +66,10 @@ class EnumerateIter final : public Hooked<enumerated_t<T, Row>> {
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
     scratch_.clear();
     const std::size_t n = input_->pull(scratch_, max);
-    for (auto& x : scratch_) out.push_back(Row{}(st_.next++, std::move(x)));
+    for (auto& x : scratch_) {
+      out.push_back(Row{}(st_.next, std::move(x)));
+      st_.next = static_cast<std::int64_t>(static_cast<std::uint64_t>(st_.next) + 1);  // wraps, as C++20 defines it
+    }
     return n;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }

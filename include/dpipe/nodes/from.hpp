@@ -51,7 +51,8 @@ class FromIter final : public Stateless<T> {
       const auto it = shared_->objects.find(slot_);
       if (it == shared_->objects.end())
         throw ConfigError("from: the node it reads was not built on this worker (it is not part of the run)");
-      core_ = std::static_pointer_cast<detail::SplitOutputs<T>>(it->second);
+      core_ = std::static_pointer_cast<std::weak_ptr<detail::SplitOutputs<T>>>(it->second)->lock();
+      if (!core_) throw ConfigError("from: the node it reads is gone (its run is being destroyed)");
     }
     return core_->pull_output(output_, out, max);
   }
