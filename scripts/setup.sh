@@ -6,7 +6,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PACKAGES=(g++ meson ninja-build pkg-config python3 libboost-dev libcereal-dev libtbb-dev libgtest-dev libgmock-dev
           libbenchmark-dev libgoogle-perftools-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin gnuplot-nox
           python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libsimdjson-dev libsentencepiece-dev sentencepiece
-          python3-sentencepiece)
+          python3-sentencepiece python3-mesonpy python3-venv python3-pip)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@
 /// exhausted workers), so the stream is a pure function of (pipeline, seed, epoch, layout).
 /// `run.snapshot()` captures the state at the consumer's position; `engine.resume(pipeline, snapshot)`
 /// continues exactly there. A Run is an input range: `for (auto&& x : run)` is the loop.
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <iterator>
@@ -128,21 +129,57 @@ class Run {
   /// (a NodeError naming the node and worker, nesting the original) after every element before it;
   /// the run then stops its workers, and later calls throw the same error.
   std::optional<T> next() {
-    if (head_ == buf_.size()) {
-      if (failed_) std::rethrow_exception(failed_);
-      buf_.clear();
-      head_ = 0;
-      try {
-        if (root_->pull(buf_, pull_size()) == 0) return std::nullopt;
-      } catch (...) {
-        failed_ = std::current_exception();
-        root_->stop();
-        throw;
-      }
-    }
+    if (!fill()) return std::nullopt;
     ++delivered_;
     return std::move(buf_[head_++]);
   }
+
+  /// Brings the next element at hand (computing it if need be) without taking it: false at the end of the
+  /// stream. Nothing is delivered, so a snapshot taken now still counts the element as to come. (The
+  /// Python package computes this way, then raises a Ctrl-C that came meanwhile before it takes.)
+  bool fill() {
+    if (head_ < buf_.size()) return true;
+    if (failed_) std::rethrow_exception(failed_);
+    buf_.clear();
+    head_ = 0;
+    try {
+      return root_->pull(buf_, pull_size()) != 0;
+    } catch (...) {
+      failed_ = std::current_exception();
+      root_->stop();
+      throw;
+    }
+  }
+
+  /// fill() for a consumer that must be able to stop a long computation (the Python package, when the
+  /// pipeline runs inline and Ctrl-C comes): the pull is made `step` elements at a time, and after each
+  /// `stop()` may end it early. Then fewer elements than a whole pull are at hand, still in order, and
+  /// the next fill() goes on from there; only a snapshot's bytes (not what it resumes to) can tell.
+  template <class Stop>
+  bool fill_until(std::size_t step, Stop&& stop) {
+    if (head_ < buf_.size()) return true;
+    if (failed_) std::rethrow_exception(failed_);
+    buf_.clear();
+    head_ = 0;
+    const std::size_t want = pull_size();
+    step = std::max<std::size_t>(step, 1);
+    try {
+      while (buf_.size() < want) {
+        const std::size_t ask = std::min(step, want - buf_.size());
+        if (root_->pull(buf_, ask) < ask || stop()) break;  // short: the stream ended
+      }
+    } catch (...) {
+      failed_ = std::current_exception();
+      root_->stop();
+      if (buf_.empty()) throw;  // else the elements before the failure come first, then next() rethrows it
+    }
+    return !buf_.empty();
+  }
+
+  /// Whether next() will return an element it already holds: no node runs and nothing waits. (A consumer
+  /// holding a lock the workers may need takes such elements without releasing it: the Python package
+  /// keeps the GIL for them.)
+  bool at_hand() const noexcept { return head_ < buf_.size(); }
 
   /// Waits up to `limit` until next() can start without waiting for the workers (an element is at hand,
   /// a worker queue holds a chunk, or the stream has ended); false if the limit passed first. next() may

@@ -3,10 +3,12 @@ its exact position with the StatefulDataLoader protocol (state_dict / load_state
 
 import collections
 import itertools
+import json
 import os
 import sys
 
 from . import _dpipe
+from . import _fuse
 from . import _nodes
 from ._nodes import Pipeline, from_spec
 
@@ -39,27 +41,33 @@ class LoaderBase:
     """An iterable over a pipeline's elements for this rank.
 
     Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-           allow_changed_data=False, equal_steps=False, inline_workers=False, override=())
+           allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True)
 
     `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
     rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
     variables. `workers`: the pipeline's worker instances on this rank; `threads`: engine threads (0: one
     per core); `inline_workers`: run the workers in the consumer's thread, inside next() (no hand-off
     between threads: the fastest for a pipeline of Python callables with one worker, but nothing
-    overlaps with the training step); `override`: semantic parameters a loaded state may differ in, the
+    overlaps with the training step; None, the default: so when the pipeline has Python callables and
+    one worker); `fuse`: run adjacent Python stages (map, filter, flat_map) as one node, objects passing
+    between them unconverted (False: one node each, as in specs and pipelines of earlier versions);
+    `override`: semantic parameters a loaded state may differ in, the
     pipeline giving the new values (mix's "weights", or "KEY.weights" for one node; recorded in later
     states' metadata as dpipe.overrides). iter(loader) continues from a state loaded since the last iteration, else starts the
     pipeline from its beginning (of epoch `loader.epoch`)."""
 
     def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-                 allow_changed_data=False, equal_steps=False, inline_workers=False, override=()):
+                 allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True):
         spec_seed = None
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
         self.pipeline = pipeline
+        nodes, callables = pipeline.spec()["pipeline"], pipeline._callables
+        if fuse:
+            nodes, callables = _fuse.fuse(nodes, callables)
         tuple_inputs = set()
-        rows = _nodes.zip_rows(pipeline.spec()["pipeline"], tuple_inputs)
-        self._built = _dpipe.build(pipeline.to_json(), pipeline._callables, tuple_inputs, rows == 0)
+        rows = _nodes.zip_rows(nodes, tuple_inputs)
+        self._built = _dpipe.build(json.dumps({"pipeline": nodes}), callables, tuple_inputs, rows == 0)
         if (rank is None) != (world_size is None):
             raise _dpipe.ConfigError("give both rank and world_size, or neither")
         if rank is None:
@@ -69,6 +77,8 @@ class LoaderBase:
         options.epoch = int(epoch)
         options.rank, options.world_size, options.workers = int(rank), int(world_size), int(workers)
         options.threads = int(threads)
+        if inline_workers is None:  # Python callables with one worker: the consumer's thread is the fastest
+            inline_workers = int(workers) == 1 and bool(callables)
         options.inline_workers = bool(inline_workers)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)
@@ -213,7 +223,8 @@ class LoaderBase:
         loop = self._restored or self._loop
         if loop is None:
             loop = self._restored = self._start(None)
-        data, out = loop.snapshot(True, step)
+        # Threaded, the state is brought to a point that timing does not decide; inline, it is one already.
+        data, out = loop.snapshot(not self._options.inline_workers, step)
         out[STATE_KEY] = data
         out["element_type"] = self.element_type
         if self._carry:  # equal_steps' elements held for the next pass, as the Python values they are

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -312,6 +313,7 @@ struct PyCallable {
   std::string label;
   bool input_bytes = false;
   bool input_tuple = false;  // its input is zip's rows
+  bool fused = false;        // adjacent stages fused by the Python package: returns an iterable of outputs
 
   /// Under the GIL: fn(x), x converted as the consumer would see it.
   template <class In>
@@ -440,6 +442,111 @@ class PyMapDef final : public NodeDef<Out> {
   OnDataError on_error_;
 };
 
+/// Adjacent Python stages (map, filter, flat_map) that the Python package fused into one callable, which
+/// returns the outputs of one input as an iterable: the objects pass between the stages as Python made
+/// them, converted once at each end instead of at every stage. The node is a "flat_map" whose output type
+/// may differ from its input's; outputs beyond a pull's `max` wait in `pending_`, saved as flat_map's state.
+template <class Out>
+class PyFlatChainDef;
+
+template <class Out>
+class PyFlatChainIter final : public Hooked<Out> {
+ public:
+  PyFlatChainIter(BuildContext& ctx, const PyFlatChainDef<Out>& def)
+      : Hooked<Out>(ctx, "flat_map"), input_(def.make_input(ctx)), callable_(def.callable()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    std::size_t n = 0;
+    while (n < max) {
+      if (next_ < pending_.size()) {
+        const std::size_t k = std::min(max - n, pending_.size() - next_);
+        std::move(pending_.begin() + std::ptrdiff_t(next_), pending_.begin() + std::ptrdiff_t(next_ + k),
+                  std::back_inserter(out));
+        next_ += k;
+        n += k;
+        continue;
+      }
+      pending_.clear();
+      next_ = 0;
+      if (failure_) {  // raised once every output before the failing input has been delivered
+        const std::exception_ptr f = std::exchange(failure_, nullptr);
+        try {
+          std::rethrow_exception(f);
+        } catch (...) {
+          return this->fail_after(n);
+        }
+      }
+      const std::size_t got = input_->pull(max - n);
+      if (got == 0) break;
+      const GilHeld gil;  // once per chunk of inputs
+      for (std::size_t i = 0; i < got; ++i) {
+        try {
+          in_python([&] { expand(input_->call(i)); });
+        } catch (...) {
+          failure_ = std::current_exception();
+          break;
+        }
+      }
+    }
+    return n;
+  }
+  void save_state(StateWriter& w) const override {
+    if (failure_)
+      throw SnapshotError("node '" + this->key() + "' holds a failure of " + callable_.label + " behind " +
+                          std::to_string(pending_.size() - next_) +
+                          " outputs not yet delivered: a snapshot is taken before the failure or not at all");
+    w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
+  }
+  void restore_state(StateReader& r) override {
+    FlatMapState<std::vector<Out>> st;
+    r.read(st);
+    pending_ = std::move(st.pending);
+    next_ = 0;
+  }
+  std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
+  std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
+
+ private:
+  /// Under the GIL: the outputs of one input (an iterable) appended to `pending_`, each converted.
+  void expand(const py::object& result) {
+    PyObject* it = PyObject_GetIter(result.ptr());
+    if (!it) {
+      PyErr_Clear();
+      throw ResultTypeError(callable_.label + " returned " + std::string(py::str(py::type::of(result).attr("__name__"))) +
+                            ", not an iterable of outputs");
+    }
+    const py::object iterator = py::reinterpret_steal<py::object>(it);
+    while (PyObject* item = PyIter_Next(iterator.ptr()))
+      pending_.push_back(FromPython<Out>::get(py::reinterpret_steal<py::object>(item), callable_.label));
+    if (PyErr_Occurred()) throw py::error_already_set();
+  }
+
+  std::unique_ptr<PyMapInput> input_;
+  PyCallable callable_;
+  std::vector<Out> pending_;
+  std::size_t next_ = 0;
+  std::exception_ptr failure_;  // a stage's failure, held until the outputs before it are delivered
+};
+
+template <class Out>
+class PyFlatChainDef final : public NodeDef<Out> {
+ public:
+  PyFlatChainDef(std::shared_ptr<const NodeDefBase> input, MakeMapInput make, PyCallable fn)
+      : NodeDef<Out>("flat_map", "", describe_fn(fn, OnDataError::fail), {input}), input_(std::move(input)),
+        make_(make), fn_(std::move(fn)) {}
+  std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
+    return std::make_unique<PyFlatChainIter<Out>>(ctx, *this);
+  }
+  std::unique_ptr<PyMapInput> make_input(BuildContext& ctx) const { return make_(*input_, ctx, fn_); }
+  const PyCallable& callable() const { return fn_; }
+
+ private:
+  std::shared_ptr<const NodeDefBase> input_;
+  MakeMapInput make_;
+  PyCallable fn_;
+};
+
 template <class In>
 struct PyFilter : PyCallable {
   bool operator()(const In& x) const {
@@ -537,8 +644,11 @@ class PythonFunctions final : public ExternalFunctions {
     for (const auto& [k, f] : callables) {
       if (!PyCallable_Check(f.ptr())) throw ConfigError("callable " + std::string(py::str(k)) + " is not callable");
       const auto id = k.cast<std::int64_t>();
-      by_id_.emplace(id, PyCallable{.fn = std::make_shared<const PyRef>(f), .label = callable_label(f),
-                                    .input_tuple = tuple_inputs.count(id) > 0});
+      // The Python package's fused stages carry their outputs as an iterable and their stages as a label.
+      const bool fused = py::hasattr(f, "_dpipe_fused_stages");
+      by_id_.emplace(id, PyCallable{.fn = std::make_shared<const PyRef>(f),
+                                    .label = fused ? std::string(py::str(f.attr("_dpipe_fused_stages"))) : callable_label(f),
+                                    .input_tuple = tuple_inputs.count(id) > 0, .fused = fused});
     }
   }
   SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const ExternalNode& node) const override {
@@ -552,6 +662,7 @@ class PythonFunctions final : public ExternalFunctions {
       return Input{p.def(), &make_map_input<In>, SpecElement<In>::name()};
     });
     return with_element_type(out.empty() ? in.type_name : out, [&]<class Out>() -> SpecPipeline {
+      if (f.fused) return make_pipeline<PyFlatChainDef<Out>>(in.def, in.make, f);
       return make_pipeline<PyMapDef<Out>>(in.def, in.make, f, node);
     }, SpecElementTypes{});
   }
@@ -612,6 +723,95 @@ py::dict describe(const Snapshot& s) {
 /// How long a consumer waits for the workers between two looks for signals (Ctrl-C).
 constexpr std::chrono::milliseconds kSignalCheck{50};
 
+/// Ctrl-C while an inline run computes in next(): Python's handler would raise KeyboardInterrupt inside
+/// a callable, halfway through a node's chunk, and lose the elements the nodes held. While an inline
+/// loop lives, dpipe's handler stands in for Python's default one (on the main thread, the only one
+/// Python runs handlers on; a program's own handler is left alone): outside a computation it raises
+/// KeyboardInterrupt as Python's does; during one it only records the signal, and next() raises
+/// KeyboardInterrupt at the end, before it takes the element, so the run stays whole and state_dict()
+/// exact. Installing it once, not around every computation, keeps two system calls off each element.
+namespace interrupts {
+std::atomic<bool> recorded{false};
+int computing = 0;       // inline computations under way (on the main thread, counted under the GIL)
+int loops = 0;           // live loops that installed the handler
+// What it replaced, and dpipe's own: never freed (they may outlive the interpreter's objects).
+py::object* python_handler = nullptr;
+py::object* dpipe_handler = nullptr;
+
+py::object handler() {
+  return py::cpp_function([](py::args) {
+    if (computing > 0) {
+      recorded.store(true);
+      return;
+    }
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  });
+}
+
+/// With the GIL: installs the handler for one more loop; false when it is not dpipe's to install.
+bool install() {
+  try {
+    const py::module_ threading = py::module_::import("threading");
+    if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return false;
+    const py::module_ signal = py::module_::import("signal");
+    if (loops == 0) {
+      py::object current = signal.attr("getsignal")(signal.attr("SIGINT"));
+      if (!current.is(signal.attr("default_int_handler"))) return false;
+      if (!python_handler) {
+        python_handler = new py::object();
+        dpipe_handler = new py::object(handler());
+      }
+      signal.attr("signal")(signal.attr("SIGINT"), *dpipe_handler);
+      *python_handler = std::move(current);
+    }
+    ++loops;
+    return true;
+  } catch (py::error_already_set&) {
+    PyErr_Clear();
+    return false;
+  }
+}
+
+/// With the GIL: one loop less; the last puts Python's handler back (unless the program replaced ours).
+void uninstall() noexcept {
+  if (--loops > 0) return;
+  try {
+    const py::module_ signal = py::module_::import("signal");
+    const py::object current = signal.attr("getsignal")(signal.attr("SIGINT"));
+    if (current.is(*dpipe_handler)) signal.attr("signal")(signal.attr("SIGINT"), *python_handler);
+  } catch (py::error_already_set&) {
+    PyErr_Clear();
+  }
+}
+
+/// Held (with the GIL) around an inline computation; `finish()` raises a Ctrl-C that came meanwhile.
+class Computing {
+ public:
+  Computing() { ++computing; }
+  ~Computing() {
+    if (active_) --computing;
+  }
+  /// With the GIL, after the computation: runs the handlers of signals that came during C++ code (they
+  /// record), then raises KeyboardInterrupt if Ctrl-C came.
+  void finish() {
+    const bool checked = PyErr_CheckSignals() == 0;
+    --computing;
+    active_ = false;
+    if (!checked) throw py::error_already_set();
+    if (recorded.exchange(false)) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+      throw py::error_already_set();
+    }
+  }
+  Computing(const Computing&) = delete;
+  Computing& operator=(const Computing&) = delete;
+
+ private:
+  bool active_ = true;
+};
+}  // namespace interrupts
+
 class Loop {
  public:
   virtual ~Loop() = default;
@@ -670,9 +870,11 @@ class Loop {
 template <class T>
 class TypedLoop final : public Loop {
  public:
-  TypedLoop(Run<T> run, Convert convert) : run_(std::move(run)), convert_(convert) {}
+  TypedLoop(Run<T> run, Convert convert, bool inline_workers)
+      : run_(std::move(run)), convert_(convert), inline_(inline_workers) {}
   /// Stopping the run joins its workers, which may be waiting for the GIL in a Python callable.
   ~TypedLoop() override {
+    if (handler_installed_ && PyGILState_Check()) interrupts::uninstall();
     if (PyGILState_Check()) {
       py::gil_scoped_release nogil;
       run_.reset();
@@ -683,14 +885,28 @@ class TypedLoop final : public Loop {
   std::optional<py::object> next() override {
     const Call call(*this);
     std::optional<T> x;
-    {
-      py::gil_scoped_release nogil;
-      while (!run_->wait_ready(kSignalCheck)) {
-        py::gil_scoped_acquire gil;
-        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-        check_live();  // a signal handler may have invalidated this loop
-      }
+    if (run_->at_hand()) {  // taken as it is: releasing the GIL would hand it to a worker for a switch interval
       x = run_->next();
+    } else {
+      if (inline_ && !handler_checked_) {
+        handler_checked_ = true;
+        handler_installed_ = interrupts::install();
+      }
+      std::optional<interrupts::Computing> deferred;
+      if (handler_installed_) deferred.emplace();
+      bool more = false;
+      {
+        py::gil_scoped_release nogil;
+        while (!run_->wait_ready(kSignalCheck)) {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          check_live();  // a signal handler may have invalidated this loop
+        }
+        // Inline, Ctrl-C ends the pull at the next element: one element's delay, not a whole pull's.
+        more = deferred ? run_->fill_until(1, [] { return interrupts::recorded.load(); }) : run_->fill();
+      }
+      if (deferred) deferred->finish();  // before the element is taken: state_dict() stays exact
+      if (more) x = run_->next();
     }
     if (!x) return std::nullopt;
     return convert_.element(std::move(*x));
@@ -743,6 +959,8 @@ class TypedLoop final : public Loop {
  private:
   std::optional<Run<T>> run_;
   Convert convert_;
+  bool inline_;        // the workers compute inside next(), on this thread
+  bool handler_checked_ = false, handler_installed_ = false;  // dpipe's Ctrl-C handler (inline only)
   std::string bytes_;  // the last snapshot's bytes: its capacity is reused by the next
 };
 
@@ -797,8 +1015,8 @@ std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optio
   py::gil_scoped_release nogil;  // a restore may replay for a while; the engine's threads never need the GIL here
   return b.spec.pipeline.visit([&]<class T>(const Pipeline<T>& p) -> std::unique_ptr<Loop> {
     // The engine outlives the Run: it is kept by the loop through the run's shared executor.
-    if (snap) return std::make_unique<TypedLoop<T>>(engine->resume(p, *snap, ro, rz), convert);
-    return std::make_unique<TypedLoop<T>>(engine->start(p, ro), convert);
+    if (snap) return std::make_unique<TypedLoop<T>>(engine->resume(p, *snap, ro, rz), convert, o.inline_workers);
+    return std::make_unique<TypedLoop<T>>(engine->start(p, ro), convert, o.inline_workers);
   });
 }
 
