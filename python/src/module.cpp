@@ -93,12 +93,16 @@ struct Convert {
       case Value::Kind::list:
       case Value::Kind::tuple: {
         auto& items = std::get<std::vector<Value>>(v.data);
-        py::list out(items.size());
-        for (std::size_t i = 0; i < items.size(); ++i) out[i] = (*this)(std::move(items[i]));
-        if (v.kind == Value::Kind::list) return out;
-        PyObject* tuple = PySequence_Tuple(out.ptr());
-        if (!tuple) throw py::error_already_set();
-        return py::reinterpret_steal<py::object>(tuple);
+        const auto n = static_cast<Py_ssize_t>(items.size());
+        const bool list = v.kind == Value::Kind::list;
+        py::object out = py::reinterpret_steal<py::object>(list ? PyList_New(n) : PyTuple_New(n));
+        if (!out) throw py::error_already_set();
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* item = (*this)(std::move(items[static_cast<std::size_t>(i)])).release().ptr();
+          if (list) PyList_SET_ITEM(out.ptr(), i, item);
+          else PyTuple_SET_ITEM(out.ptr(), i, item);
+        }
+        return out;
       }
       case Value::Kind::dict: {
         auto& items = std::get<std::vector<Value>>(v.data);
@@ -116,9 +120,11 @@ struct Convert {
     return py::none();
   }
   template <class T>
-  py::object operator()(std::vector<T>&& v) const {  // batches of strings, batches of batches of strings
-    py::list out;
-    for (auto& x : v) out.append((*this)(std::move(x)));
+  py::object operator()(std::vector<T>&& v) const {  // batches of strings, of values, of batches of strings
+    py::object out = py::reinterpret_steal<py::object>(PyList_New(static_cast<Py_ssize_t>(v.size())));
+    if (!out) throw py::error_already_set();
+    for (std::size_t i = 0; i < v.size(); ++i)
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), (*this)(std::move(v[i])).release().ptr());
     return out;
   }
 };
@@ -242,12 +248,18 @@ struct FromPython<Value> {
     if (PyBytes_Check(o)) return Value::bytes(FromPython<std::string>::get(v, label));
     if (PyByteArray_Check(o))
       return Value::bytes(std::string(PyByteArray_AS_STRING(o), static_cast<std::size_t>(PyByteArray_GET_SIZE(o))));
-    if (PyTuple_Check(o) || PyList_Check(o)) {
-      const py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+    if (PyList_Check(o)) {  // each item held while it converts (converting may run Python code)
       std::vector<Value> items;
-      items.reserve(seq.size());
-      for (const py::handle x : seq) items.push_back(get(x, label, depth + 1));
-      return PyTuple_Check(o) ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+      items.reserve(static_cast<std::size_t>(PyList_GET_SIZE(o)));
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); ++i)
+        items.push_back(get(py::reinterpret_borrow<py::object>(PyList_GET_ITEM(o, i)), label, depth + 1));
+      return Value::list(std::move(items));
+    }
+    if (PyTuple_Check(o)) {
+      std::vector<Value> items;
+      items.reserve(static_cast<std::size_t>(PyTuple_GET_SIZE(o)));
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); ++i) items.push_back(get(PyTuple_GET_ITEM(o, i), label, depth + 1));
+      return Value::tuple(std::move(items));
     }
     if (PyDict_Check(o)) {
       std::vector<Value> items;
