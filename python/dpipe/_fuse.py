@@ -26,10 +26,19 @@ def _label(fn):
     return f"{module}.{name}" if module else name
 
 
+def _outputs(result, stage):
+    """A flat_map stage's result inside a fused run: an iterable, not a string (as flat_map checks)."""
+    if isinstance(result, (str, bytes)) or not hasattr(result, "__iter__"):
+        raise TypeError(f"flat_map stage {stage} of fused stages returned {type(result).__name__}, not an iterable "
+                        "of outputs (a list, a tuple, a generator)")
+    return result
+
+
 def compose(stages):
     """One function of an input that returns the outputs of `stages` ((op, callable) pairs) for it, as an
     iterable: a map rebinds the element, a filter drops it, a flat_map loops over what it returns."""
     env = {f"f{i}": fn for i, (_, fn) in enumerate(stages)}
+    env["_outputs"] = _outputs
     body, level, looping = [], 1, False
     for i, (op, _) in enumerate(stages):
         pad = "    " * level
@@ -42,7 +51,7 @@ def compose(stages):
             body.append(f"{pad}return f{i}(x)")
             level = 0
         else:
-            body.append(f"{pad}for x in f{i}(x):")
+            body.append(f"{pad}for x in _outputs(f{i}(x), {i}):")
             level += 1
             looping = True
     if looping:

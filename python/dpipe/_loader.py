@@ -219,7 +219,8 @@ class LoaderBase:
     def state_dict(self, step=None):
         """The position after the last element delivered, as plain Python values (pickle and torch.save
         keep it): the snapshot's bytes and what they hold, readable. A reproducible snapshot: rescaling
-        the states of every rank (dpipe.rescale) gives the same streams on every run."""
+        the states of every rank (dpipe.rescale) gives the same streams on every run (inline, a state
+        taken after a Ctrl-C holds fewer elements computed ahead: exact, other bytes)."""
         loop = self._restored or self._loop
         if loop is None:
             loop = self._restored = self._start(None)

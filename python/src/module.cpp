@@ -458,6 +458,11 @@ class PyMapDef final : public NodeDef<Out> {
 /// returns the outputs of one input as an iterable: the objects pass between the stages as Python made
 /// them, converted once at each end instead of at every stage. The node is a "flat_map" whose output type
 /// may differ from its input's; outputs beyond a pull's `max` wait in `pending_`, saved as flat_map's state.
+///
+/// On the engine's threads it takes one input when `pending_` is empty, as flat_map does: how many inputs
+/// it has used and what it holds then depend only on how many outputs it has given, which a snapshot
+/// settled to a point timing does not decide needs. Inline (one thread, pulls of sizes the program alone
+/// decides) it takes up to a pull's worth of inputs under one acquisition of the GIL.
 template <class Out>
 class PyFlatChainDef;
 
@@ -465,7 +470,8 @@ template <class Out>
 class PyFlatChainIter final : public Hooked<Out> {
  public:
   PyFlatChainIter(BuildContext& ctx, const PyFlatChainDef<Out>& def)
-      : Hooked<Out>(ctx, "flat_map"), input_(def.make_input(ctx)), callable_(def.callable()) {}
+      : Hooked<Out>(ctx, "flat_map"), input_(def.make_input(ctx)), callable_(def.callable()),
+        inputs_per_pull_(ctx.inline_workers ? 0 : 1) {}
 
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
@@ -481,30 +487,33 @@ class PyFlatChainIter final : public Hooked<Out> {
       }
       pending_.clear();
       next_ = 0;
-      if (failure_) {  // raised once every output before the failing input has been delivered
-        const std::exception_ptr f = std::exchange(failure_, nullptr);
-        try {
-          std::rethrow_exception(f);
-        } catch (...) {
-          return this->fail_after(n);
-        }
-      }
-      const std::size_t got = input_->pull(max - n);
+      if (failure_) break;
+      const std::size_t got = input_->pull(inputs_per_pull_ == 0 ? max - n : inputs_per_pull_);
       if (got == 0) break;
       const GilHeld gil;  // once per chunk of inputs
       for (std::size_t i = 0; i < got; ++i) {
+        const std::size_t before = pending_.size();
         try {
           in_python([&] { expand(input_->call(i)); });
         } catch (...) {
+          pending_.resize(before);  // a failing input yields nothing, as flat_map's does
           failure_ = std::current_exception();
           break;
         }
       }
     }
+    if (failure_ && next_ >= pending_.size()) {  // raised once every output before the failing input is out
+      const std::exception_ptr f = std::exchange(failure_, nullptr);
+      try {
+        std::rethrow_exception(f);
+      } catch (...) {
+        return this->fail_after(n);
+      }
+    }
     return n;
   }
   void save_state(StateWriter& w) const override {
-    if (failure_)
+    if (failure_)  // inline only: a pull of several inputs, one failed behind outputs not yet delivered
       throw SnapshotError("node '" + this->key() + "' holds a failure of " + callable_.label + " behind " +
                           std::to_string(pending_.size() - next_) +
                           " outputs not yet delivered: a snapshot is taken before the failure or not at all");
@@ -520,13 +529,14 @@ class PyFlatChainIter final : public Hooked<Out> {
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
-  /// Under the GIL: the outputs of one input (an iterable) appended to `pending_`, each converted.
+  /// Under the GIL: the outputs of one input (an iterable, not a string) appended to `pending_`, each converted.
   void expand(const py::object& result) {
-    PyObject* it = PyObject_GetIter(result.ptr());
+    PyObject* r = result.ptr();
+    PyObject* it = PyUnicode_Check(r) || PyBytes_Check(r) ? nullptr : PyObject_GetIter(r);
     if (!it) {
       PyErr_Clear();
       throw ResultTypeError(callable_.label + " returned " + std::string(py::str(py::type::of(result).attr("__name__"))) +
-                            ", not an iterable of outputs");
+                            ", not an iterable of outputs (a list, a tuple, a generator)");
     }
     const py::object iterator = py::reinterpret_steal<py::object>(it);
     while (PyObject* item = PyIter_Next(iterator.ptr()))
@@ -536,6 +546,7 @@ class PyFlatChainIter final : public Hooked<Out> {
 
   std::unique_ptr<PyMapInput> input_;
   PyCallable callable_;
+  std::size_t inputs_per_pull_;  // 1 on the engine's threads; 0: what the pull asks for (inline)
   std::vector<Out> pending_;
   std::size_t next_ = 0;
   std::exception_ptr failure_;  // a stage's failure, held until the outputs before it are delivered
@@ -750,30 +761,35 @@ int loops = 0;           // live loops that installed the handler
 py::object* python_handler = nullptr;
 py::object* dpipe_handler = nullptr;
 
+unsigned long main_thread = 0;  // the thread Python runs handlers on
+
+/// A first Ctrl-C during a computation is recorded; a second one, or one outside a computation, raises
+/// KeyboardInterrupt where Python is (a callable that never returns can still be stopped: the run then
+/// ends with that exception, as a callable's own would end it).
 py::object handler() {
   return py::cpp_function([](py::args) {
-    if (computing > 0) {
-      recorded.store(true);
-      return;
-    }
+    if (computing > 0 && !recorded.exchange(true)) return;
+    recorded.store(false);
     PyErr_SetNone(PyExc_KeyboardInterrupt);
     throw py::error_already_set();
   });
 }
+
+/// With the GIL: whether this is the thread Python runs signal handlers on.
+bool on_main_thread() { return main_thread != 0 && PyThread_get_thread_ident() == main_thread; }
 
 /// With the GIL: installs the handler for one more loop; false when it is not dpipe's to install.
 bool install() {
   try {
     const py::module_ threading = py::module_::import("threading");
     if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return false;
+    main_thread = PyThread_get_thread_ident();
     const py::module_ signal = py::module_::import("signal");
     if (loops == 0) {
       py::object current = signal.attr("getsignal")(signal.attr("SIGINT"));
       if (!current.is(signal.attr("default_int_handler"))) return false;
-      if (!python_handler) {
-        python_handler = new py::object();
-        dpipe_handler = new py::object(handler());
-      }
+      if (!dpipe_handler) dpipe_handler = new py::object(handler());
+      if (!python_handler) python_handler = new py::object();
       signal.attr("signal")(signal.attr("SIGINT"), *dpipe_handler);
       *python_handler = std::move(current);
     }
@@ -800,7 +816,10 @@ void uninstall() noexcept {
 /// Held (with the GIL) around an inline computation; `finish()` raises a Ctrl-C that came meanwhile.
 class Computing {
  public:
-  Computing() { ++computing; }
+  Computing() {
+    recorded.store(false);  // a Ctrl-C recorded by an earlier computation that threw is not this one's
+    ++computing;
+  }
   ~Computing() {
     if (active_) --computing;
   }
@@ -905,7 +924,7 @@ class TypedLoop final : public Loop {
         handler_installed_ = interrupts::install();
       }
       std::optional<interrupts::Computing> deferred;
-      if (handler_installed_) deferred.emplace();
+      if (handler_installed_ && interrupts::on_main_thread()) deferred.emplace();
       bool more = false;
       {
         py::gil_scoped_release nogil;

@@ -308,6 +308,27 @@ def test_a_fused_stage_that_fails_ends_the_stream_after_every_output_before_it()
     assert "flat_map(" in str(err.value) or "flat_map@" in err.value.node
     with pytest.raises(dpipe.NodeError, match="returned int, not an iterable"):
         list(dpipe.Loader(dpipe.range(0, 3) | dpipe.map(double) | dpipe.flat_map(double)))
+    # A string is no list of outputs, fused or not, last stage or inside the run.
+    for fused in (True, False):
+        with pytest.raises(dpipe.NodeError, match="str"):
+            list(dpipe.Loader(dpipe.range(0, 3) | dpipe.map(double) | dpipe.flat_map(lambda x: "ab"), fuse=fused))
+    with pytest.raises(dpipe.NodeError, match="returned str, not an iterable"):
+        list(dpipe.Loader(dpipe.range(0, 3) | dpipe.flat_map(lambda x: "ab") | dpipe.map(double)))
+
+    # The outputs a failing input gave before it failed are dropped, as flat_map drops them, on either thread.
+    def half_then_boom(x):
+        yield x
+        if x == 4:
+            raise Boom("mid-expansion")
+        yield -x
+
+    q = dpipe.range(0, 8) | dpipe.map(double) | dpipe.flat_map(half_then_boom)
+    for inline in (True, False):
+        got = []
+        with pytest.raises(dpipe.NodeError):
+            for x in dpipe.Loader(q, inline_workers=inline):
+                got.append(x)
+        assert got == [0, 0, 2, -2], (inline, got)
 
 
 def test_fused_stages_resume_exactly_at_every_element_with_outputs_held_mid_expansion(tmp_path):
