@@ -939,7 +939,19 @@ class TypedLoop final : public Loop {
       if (deferred) deferred->finish();  // before the element is taken: state_dict() stays exact
       if (more) x = run_->next();
     }
-    if (!x) return std::nullopt;
+    if (!x) {
+      // An empty or mistyped data file would otherwise be a silent empty epoch (a resumed run that had
+      // delivered before is not one).
+      if (run_->delivered() == 0 && !warned_empty_) {
+        warned_empty_ = true;
+        const Layout l = run_->layout();
+        const std::string message = "dpipe: this iteration delivered no element (rank " + std::to_string(l.rank) +
+                                    " of " + std::to_string(l.world_size) +
+                                    "): are the data files empty, or is every element filtered out?";
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) throw py::error_already_set();
+      }
+      return std::nullopt;
+    }
     return convert_.element(std::move(*x));
   }
   py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
@@ -992,6 +1004,7 @@ class TypedLoop final : public Loop {
   Convert convert_;
   bool inline_;        // the workers compute inside next(), on this thread
   bool handler_checked_ = false, handler_installed_ = false;  // dpipe's Ctrl-C handler (inline only)
+  bool warned_empty_ = false;
   std::string bytes_;  // the last snapshot's bytes: its capacity is reused by the next
 };
 

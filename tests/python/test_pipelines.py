@@ -353,3 +353,24 @@ def test_a_branch_never_read_and_a_buffer_too_small_are_errors_naming_the_node()
         list(dpipe.Loader(p | dpipe.concat(q)))
     with pytest.raises(TypeError, match="needs count"):
         dpipe.range(3).fork(None)
+
+
+def test_an_iteration_that_delivers_nothing_warns_once(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.warns(RuntimeWarning, match="delivered no element"):
+        assert list(dpipe.Loader(dpipe.lines(str(empty)))) == []
+    loader = dpipe.Loader(dpipe.range(0, 5) | dpipe.filter(lambda x: x > 9))
+    it = iter(loader)
+    with pytest.warns(RuntimeWarning, match="every element filtered out"):
+        assert list(it) == []
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(it) == []  # once per iteration
+        # A state taken at the end of an epoch resumes to nothing more, without a warning: it delivered.
+        done = dpipe.Loader(dpipe.range(0, 3))
+        assert list(done) == [0, 1, 2]
+        again = dpipe.Loader(dpipe.range(0, 3))
+        again.load_state_dict(done.state_dict())
+        assert list(again) == []
