@@ -478,11 +478,7 @@ class PyFlatChainIter final : public Hooked<Out> {
     std::size_t n = 0;
     while (n < max) {
       if (next_ < pending_.size()) {
-        const std::size_t k = std::min(max - n, pending_.size() - next_);
-        std::move(pending_.begin() + std::ptrdiff_t(next_), pending_.begin() + std::ptrdiff_t(next_ + k),
-                  std::back_inserter(out));
-        next_ += k;
-        n += k;
+        n += detail::take_pending(pending_, next_, out, max - n);
         continue;
       }
       pending_.clear();

@@ -29,6 +29,17 @@ struct FlatMapState {
   }
 };
 
+namespace detail {
+/// Moves up to `room` of the pending outputs from position `next` on into `out`; returns how many.
+template <class T>
+std::size_t take_pending(std::vector<T>& pending, std::size_t& next, std::vector<T>& out, std::size_t room) {
+  const std::size_t k = std::min(room, pending.size() - next);
+  std::move(pending.begin() + std::ptrdiff_t(next), pending.begin() + std::ptrdiff_t(next + k), std::back_inserter(out));
+  next += k;
+  return k;
+}
+}  // namespace detail
+
 struct FlatMapOptions {
   /// An input the function throws on: fail the run (after the outputs before it), or skip it.
   OnDataError on_error = OnDataError::fail;
@@ -143,11 +154,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
     std::size_t n = 0;
     while (n < max) {
       if (next_ < pending_.size()) {
-        const std::size_t k = std::min(max - n, pending_.size() - next_);
-        std::move(pending_.begin() + std::ptrdiff_t(next_), pending_.begin() + std::ptrdiff_t(next_ + k),
-                  std::back_inserter(out));
-        next_ += k;
-        n += k;
+        n += detail::take_pending(pending_, next_, out, max - n);
         continue;
       }
       scratch_.clear();
