@@ -79,6 +79,10 @@ namespace {
   throw SnapshotError("snapshot was taken from a different pipeline: " + what);
 }
 
+/// The parameter a front end names its function with (Python's callables: "module.qualname", a lambda's
+/// with a digest of its code); a resume may accept another when asked to, as an overridable parameter.
+const std::string kFunctionParam = "callable";
+
 /// The resume's overrides (ResumeOptions::overrides): which it names, and which it applied.
 struct Overrides {
   const std::vector<std::string>& asked;
@@ -107,19 +111,25 @@ void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, s
       v = stored->second;
       continue;
     }
-    if (kind && kind->is_overridable(k) && overrides.asks(b.key, k)) {  // asked for: what follows differs
+    // A front end's function (Python's "callable": module.qualname, a lambda's code digest) is the user's
+    // to vouch for, as overridable parameters are.
+    const bool vouched = k == kFunctionParam;
+    if ((vouched || (kind && kind->is_overridable(k))) && overrides.asks(b.key, k)) {  // asked for: what follows differs
       overrides.applied.push_back(b.key + "." + k + ": " + stored->second + " → " + v);
       v = stored->second;
       continue;
     }
-    if (is_data_param(k) && without_mtime(stored->second) == without_mtime(v)) {
+    if (is_data_param(k) && data_file_key(stored->second) == data_file_key(v)) {
       // Same path and size. A snapshot that recorded no modification time cannot tell: accepted.
-      if (without_mtime(stored->second) != stored->second)
+      if (data_file_key(stored->second) != stored->second)
         changed.push_back(b.key + ": " + v + ", the snapshot has " + stored->second);
       continue;
     }
     refuse_graph(b.key + ": " + k + " is " + v + ", the snapshot has " + stored->second +
-                 (kind && kind->is_overridable(k) ? " (resume with the override '" + k + "' to change it)" : ""));
+                 (vouched ? " (another function: if it computes the same, resume with the override '" + k +
+                                "', Python's Loader(same_function=True))"
+                  : kind && kind->is_overridable(k) ? " (resume with the override '" + k + "' to change it)"
+                                                    : ""));
   }
   for (const auto& [k, v] : a.params)
     if (std::none_of(b.params.begin(), b.params.end(), [&](const auto& p) { return p.first == k; }))
@@ -153,11 +163,12 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
       if (!kind) return false;
       for (const ParamSchema& p : kind->params)
         if (p.overridable && (name == p.name || name == n.key + "." + std::string(p.name))) return true;
-      return false;
+      const bool has_function = std::any_of(n.params.begin(), n.params.end(), [](const auto& p) { return p.first == kFunctionParam; });
+      return has_function && (name == kFunctionParam || name == n.key + "." + kFunctionParam);
     });
     if (!known)
       throw ConfigError("override '" + name + "': no node of this pipeline has an overridable parameter of that name (" +
-                        "PARAM or KEY.PARAM; overridable: mix's weights)");
+                        "PARAM or KEY.PARAM; overridable: mix's weights, and a Python callable's 'callable')");
   }
   Overrides overrides{r.overrides};
   for (std::size_t i = 0; i < m.graph.size(); ++i) {
@@ -176,7 +187,7 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
   if (!changed.empty() && !r.allow_changed_data) {
     std::string list;
     for (const auto& c : changed) list += (list.empty() ? "" : "; ") + c;
-    throw SnapshotError("data changed since the snapshot (same path and size, another modification time): " + list +
+    throw SnapshotError("data changed since the snapshot (same name and size, another modification time or digest): " + list +
                         ". Resume with allow_changed_data (the tool's --allow-changed-data) if the data is the same");
   }
   if (m.seed != o.seed)

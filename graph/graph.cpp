@@ -359,7 +359,7 @@ std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
     add(n.element_type);
     for (const auto& [k, v] : i < params.size() ? params[i] : n.params) {
       add(k);
-      if (is_data_param(k)) add(without_mtime(v));
+      if (is_data_param(k)) add(data_file_key(v));
       else add(v);
     }
     add("inputs");

@@ -75,6 +75,8 @@ class ExternalFunctions {
 struct SpecOptions {
   /// Resolves `"fn": "external"` (borrowed for the parse; none: such a spec is refused).
   const ExternalFunctions* external = nullptr;
+  /// Where the file sources' relative names are resolved and how their files are identified.
+  DataFiles data{};
 };
 
 /// Parses and builds a JSON spec; a ConfigError names the node by its position and kind

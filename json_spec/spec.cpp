@@ -442,6 +442,8 @@ class JsonNode {
     internal_error("has no builder for its function '" + fn + "'");
   }
 
+  /// The data root and file identity of the spec's file sources (SpecOptions::data).
+  const DataFiles& data_files() const { return t_options.data; }
   const ExternalFunctions& external() const {
     if (!t_options.external)
       fail("\"fn\": \"external\" names a function of a front end that provides them (the Python package)");

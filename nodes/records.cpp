@@ -114,11 +114,11 @@ std::string read_record(const MappedFile& file, const RecordSpan& r) {
 RecordsDef::RecordsDef(const std::vector<std::string>& files, RecordsOptions o)
     : NodeDef<std::string>("records", o.name, {{"on_error", o.on_error == OnDataError::skip ? "skip" : "fail"}}, {}) {
   if (files.empty()) throw ConfigError(node_label("records", o.name) + ": no files given");
-  for (const auto& f : files) {
-    auto m = std::make_shared<const detail::MappedFile>(f);
+  for (const auto& f : resolve_data_files(files, o.data)) {
+    auto m = std::make_shared<const detail::MappedFile>(f.path);
     detail::index_records(*m, static_cast<std::uint32_t>(maps_.size()), o.on_error, index_, skipped_);
-    // The fingerprint covers every file and its size, so a snapshot of other data is refused.
-    add_param("file" + std::to_string(maps_.size()), data_file_param(f, m->size()));
+    // The fingerprint covers every file's name and size, so a snapshot of other data is refused.
+    add_param("file" + std::to_string(maps_.size()), data_file_param(f, m->size(), o.data.identity));
     maps_.push_back(std::move(m));
   }
 }

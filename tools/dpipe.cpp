@@ -52,6 +52,8 @@ struct CommonArgs {
   int workers = 1;
   int threads = 0;
   bool stats = false;
+  std::string data_root;      // --data-root
+  bool digest_files = false;  // --file-digest
   CLI::Option* seed_opt = nullptr;
   CLI::Option* rank_opt = nullptr;
 };
@@ -137,6 +139,14 @@ void add_common(CLI::App& cmd, CommonArgs& a) {
   cmd.add_option("--workers", a.workers, "worker instances on this rank, 1 to 4096 (default 1)")->type_name("K")->check(decimal(1, 4096));
   cmd.add_option("--threads", a.threads, "threads of the engine, up to 1024 (default 0: one per core)")->type_name("T")->check(decimal(0, 1024));
   cmd.add_flag("--stats", a.stats, "report elements, seconds and per-node statistics as one JSON line")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  cmd.add_option("--data-root", a.data_root,
+                 "resolve the spec's relative file names against DIR, and name files under DIR relative to it in "
+                 "snapshots, so that they resume under another root (docs/files.md)")
+      ->type_name("DIR");
+  cmd.add_flag("--file-digest", a.digest_files,
+               "identify data files in snapshots by a digest of their bytes instead of their modification time "
+               "(reads each file once when the pipeline is built)")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
 }
 
@@ -236,6 +246,13 @@ std::string read_text(const std::string& path_or_json) {
   }
   // A regular file only (a FIFO or a device is refused, never waited on); '-' reads standard input.
   return dpipe::read_regular_file(path_or_json, dpipe::FileRole::spec);
+}
+
+/// The spec of `a.spec`, its file sources under `a`'s data root.
+dpipe::Spec read_spec(const CommonArgs& a) {
+  return dpipe::parse_spec(read_text(a.spec),
+                           {.data = {.root = a.data_root,
+                                     .identity = a.digest_files ? dpipe::FileIdentity::digest : dpipe::FileIdentity::mtime}});
 }
 
 /// Calls `f(pipeline)` with the spec's typed pipeline: the one place the tool looks inside a Spec.
@@ -483,7 +500,7 @@ std::unique_ptr<SpecRun> start_run(const dpipe::Spec& spec, dpipe::Engine& engin
 // Commands.
 
 int cmd_run(const RunArgs& a) {
-  const auto spec = dpipe::parse_spec(read_text(a.common.spec));
+  const auto spec = read_spec(a.common);
   const auto options = run_options(a.common, spec.seed);
   std::optional<std::string> output = a.output;
   if (output) {
@@ -541,7 +558,7 @@ int cmd_run(const RunArgs& a) {
 }
 
 int cmd_bench(const BenchArgs& a) {
-  const auto spec = dpipe::parse_spec(read_text(a.common.spec));
+  const auto spec = read_spec(a.common);
   const auto options = run_options(a.common, spec.seed);
   const double limit = a.seconds;
   const bool progress = ::isatty(2);

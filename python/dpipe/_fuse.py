@@ -8,6 +8,8 @@ callables at loop speed")."""
 
 import itertools
 
+from ._callables import label as _label
+
 _FUSIBLE_OPS = ("map", "filter", "flat_map")
 _FUSIBLE_KEYS = {"op", "fn", "id", "out", "on_error"}
 _fused_ids = itertools.count(-1, -1)  # negative: never one of the node functions' ids
@@ -18,12 +20,6 @@ def _fusible(node):
     (its key is the user's), no on_error="skip" (skips are counted per node)."""
     return (node.get("op") in _FUSIBLE_OPS and node.get("fn") == "external" and set(node) <= _FUSIBLE_KEYS
             and node.get("on_error", "fail") == "fail")
-
-
-def _label(fn):
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-    module = getattr(fn, "__module__", None)
-    return f"{module}.{name}" if module else name
 
 
 def _outputs(result, stage):

@@ -37,11 +37,34 @@ def _refuse_torch_workers():
             "batch_size=None) with num_workers=0, and set Loader(workers=...) instead")
 
 
+def _warn_torch_batching():
+    """torch's DataLoader(loader) batches by default (batch_size=1): each of dpipe's elements would come
+    wrapped in a batch of one, a leading dimension the user rarely means. Its iterator is being built a
+    few frames up: found there, that default is named in a warning."""
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is None:
+        return
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return
+        for value in (frame.f_locals.get("loader"), frame.f_locals.get("self")):
+            if isinstance(value, torch_data.DataLoader):
+                if value.batch_size == 1 and value.batch_sampler is not None:
+                    import warnings
+                    warnings.warn("torch.utils.data.DataLoader(loader) batches dpipe's elements again: with its "
+                                  "default batch_size=1 each element gets a leading dimension of 1. Pass "
+                                  "batch_size=None (dpipe batches with dpipe.batch)", UserWarning, stacklevel=2)
+                return
+        frame = frame.f_back
+
+
 class LoaderBase:
     """An iterable over a pipeline's elements for this rank.
 
     Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-           allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True)
+           allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True,
+           data_root=None, file_digest=False, same_function=False)
 
     `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
     rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
@@ -51,13 +74,20 @@ class LoaderBase:
     overlaps with the training step; None, the default: so when the pipeline has Python callables and
     one worker); `fuse`: run adjacent Python stages (map, filter, flat_map) as one node, objects passing
     between them unconverted (False: one node each, as in specs and pipelines of earlier versions);
+    `data_root`: the directory the file sources' relative names are resolved against; files under it
+    are recorded in states by their names relative to it, so a state resumes under another root (the
+    same files mounted elsewhere). `file_digest`: identify data files by a digest of their bytes (read
+    once when the Loader is made) instead of their modification time, so copies resume too.
+    `same_function`: a loaded state was taken with other Python callables (a lambda whose code changed,
+    a function renamed) that compute the same: True for every node, or the keys or names of the nodes.
     `override`: semantic parameters a loaded state may differ in, the
     pipeline giving the new values (mix's "weights", or "KEY.weights" for one node; recorded in later
     states' metadata as dpipe.overrides). iter(loader) continues from a state loaded since the last iteration, else starts the
     pipeline from its beginning (of epoch `loader.epoch`)."""
 
     def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
-                 allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True):
+                 allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True,
+                 data_root=None, file_digest=False, same_function=False):
         spec_seed = None
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
@@ -67,7 +97,8 @@ class LoaderBase:
             nodes, callables = _fuse.fuse(nodes, callables)
         tuple_inputs = set()
         rows = _nodes.zip_rows(nodes, tuple_inputs)
-        self._built = _dpipe.build(json.dumps({"pipeline": nodes}), callables, tuple_inputs, rows == 0)
+        self._built = _dpipe.build(json.dumps({"pipeline": nodes}), callables, tuple_inputs, rows == 0,
+                                   os.fspath(data_root) if data_root is not None else "", bool(file_digest))
         if (rank is None) != (world_size is None):
             raise _dpipe.ConfigError("give both rank and world_size, or neither")
         if rank is None:
@@ -83,6 +114,11 @@ class LoaderBase:
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)
         self._overrides = [override] if isinstance(override, str) else [str(o) for o in override]
+        if same_function is True:
+            self._overrides.append("callable")
+        elif same_function:
+            names = [same_function] if isinstance(same_function, str) else list(same_function)
+            self._overrides += [f"{n}.callable" for n in names]
         self._equal_steps = bool(equal_steps)
         if self._equal_steps:
             dist = sys.modules.get("torch.distributed")
@@ -166,6 +202,7 @@ class LoaderBase:
 
     def __iter__(self):
         _refuse_torch_workers()
+        _warn_torch_batching()
         loop, self._restored = self._restored, None
         if loop is None:
             loop = self._start(None)

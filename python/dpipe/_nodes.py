@@ -6,6 +6,8 @@ import hashlib
 import inspect
 import itertools
 import json as _json
+import operator
+import os
 
 from . import _dpipe
 
@@ -231,7 +233,7 @@ def _check_fn_params(op, entry, fn, fn_params):
         return
     if not isinstance(fn, str):
         raise TypeError(f"{op}(): fn must be a builtin function's name or a Python callable, got "
-                        f"{type(fn).__name__}")
+                        f"{_kind_of(fn)}")
     for f in entry.get("functions", ()):
         if f["name"] == fn and fn != "external":
             known = [q["name"] for q in f["params"]]
@@ -243,6 +245,100 @@ def _check_fn_params(op, entry, fn, fn_params):
                                     f"{', '.join(known) if known else 'no parameters'})")
             return
     # An unknown function name is the spec's to refuse, with the known ones, when the Loader builds.
+
+
+def _kind_of(value):
+    """How a message names what was given: its type, and what to do for an iterator."""
+    if inspect.isgenerator(value) or (hasattr(value, "__next__") and hasattr(value, "__iter__")):
+        return f"a {type(value).__name__} object (an iterator: pass list(...) of it, or to generator() the " \
+               "function that makes it)"
+    return type(value).__name__
+
+
+def _integer(value):
+    """An int (numpy integers too), or None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _as_list(value):
+    """A list of a list, tuple or 1-D numpy array; None for anything else."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray" and value.ndim == 1:
+        return value.tolist()
+    return None
+
+
+def _checked_param(op, p, value):
+    """`value` of parameter `p` as the spec writes it (a JSON value); TypeError naming the parameter and
+    what it needs when it is not of the schema's type. None (absent) passes."""
+    if value is None:
+        return value
+    kind, name = p["type"], p["name"]
+
+    def bad(want):
+        raise TypeError(f"{op}(): {name} must be {want}, got {_kind_of(value)}")
+
+    if kind == "integer":
+        x = _integer(value)
+        return x if x is not None else bad("an int")
+    if kind == "number":
+        x = _integer(value)
+        if x is not None:
+            return x
+        return float(value) if isinstance(value, float) else bad("a number")
+    if kind == "boolean":
+        return value if isinstance(value, bool) else bad("True or False")
+    if kind in ("string", "choice"):
+        return value if isinstance(value, str) else bad("a str")
+    if kind in ("list of integers", "list of numbers"):
+        items = _as_list(value)
+        if items is None:
+            bad("a list of ints" if kind == "list of integers" else "a list of numbers")
+        out = []
+        for x in items:
+            i = _integer(x)
+            if i is None and kind == "list of numbers" and isinstance(x, float):
+                i = x
+            if i is None:
+                bad(f"a list of {'ints' if kind == 'list of integers' else 'numbers'} (item {len(out)} is "
+                    f"{type(x).__name__})")
+            out.append(i)
+        return out
+    if kind == "list of strings":  # file names: str or os.PathLike, one or a list
+        if isinstance(value, (str, os.PathLike)):
+            value = [value]
+        items = _as_list(value)
+        if items is None or not all(isinstance(x, (str, os.PathLike)) for x in items):
+            bad("a str or a list of str")
+        return [os.fspath(x) for x in items]
+    if kind == "list of integers or strings":
+        items = _as_list(value)
+        if items is None:
+            bad("a list of ints or a list of str")
+        if items and all(isinstance(x, str) for x in items):
+            return items
+        ints = [_integer(x) for x in items]
+        if any(i is None for i in ints):
+            bad("a list of ints or a list of str (not mixed, no floats)")
+        return ints
+    return value
+
+
+def _checked_out(op, out):
+    """map's out=: a Python type of _OUT_TYPES or an element type name."""
+    if isinstance(out, str):
+        return out
+    if out in _OUT_TYPES:
+        return _OUT_TYPES[out]
+    hint = " (a float result: out=object)" if out is float else ""
+    raise TypeError(f"{op}(): out= must be int, str, bytes, object or an element type name such as 'batch of "
+                    f"integer', got {getattr(out, '__name__', type(out).__name__)}{hint}")
 
 
 def _node_function(op):
@@ -318,13 +414,12 @@ def _node_function(op):
         if params.get("out") is not None:
             if not callable(fn):
                 raise TypeError(f"{op}(): out= is for a Python callable")
-            out = params["out"]
-            params["out"] = _OUT_TYPES.get(out, out)
+            params["out"] = _checked_out(op, params["out"])
         else:
             params.pop("out", None)
-        for p in entry["params"]:  # a single file name stands for a list of one
-            if p["type"] == "list of strings" and isinstance(params.get(p["name"]), str):
-                params[p["name"]] = [params[p["name"]]]
+        for p in entry["params"]:  # each value of the schema's type, or a TypeError here, at the call
+            if p["name"] in params and p["type"] not in ("function", "list of pipelines"):
+                params[p["name"]] = _checked_param(op, p, params[p["name"]])
         node = {"op": op}
         node.update(params)
         return Pipeline([node], callables)

@@ -157,12 +157,19 @@ class PythonCallError : public std::runtime_error {
   bool interrupts;
 };
 
-/// Under the GIL, in a catch of error_already_set: the exception as a PythonCallError ("ValueError: …").
-[[noreturn]] void rethrow_python(py::error_already_set& e) {
+/// Under the GIL, in a catch of error_already_set: the exception as a PythonCallError ("ValueError: …",
+/// then `where` it was raised). The exception keeps its traceback, so the Python NodeError's __cause__ shows
+/// the frames of the user's callable.
+[[noreturn]] void rethrow_python(py::error_already_set& e, const std::string& where = {}) {
   const py::object value = e.value();
+  if (e.trace() && PyExceptionInstance_Check(value.ptr())) {
+    const py::object had = py::reinterpret_steal<py::object>(PyException_GetTraceback(value.ptr()));
+    if (!had) PyException_SetTraceback(value.ptr(), e.trace().ptr());
+  }
   std::string what = py::str(py::type::handle_of(value).attr("__name__"));
   const std::string text = py::str(value);
   if (!text.empty()) what += ": " + text;
+  what += where;
   const bool interrupts = !PyErr_GivenExceptionMatches(value.ptr(), PyExc_Exception);
   throw PythonCallError(what, std::make_shared<const PyRef>(value), interrupts);
 }
@@ -181,15 +188,26 @@ struct ResultTypeError : std::runtime_error {
 template <>
 struct FromPython<SpecInt> {
   static SpecInt get(const py::handle& v, const std::string& label) {
+    int overflow = 0;
     if (PyLong_CheckExact(v.ptr())) {
-      const long long x = PyLong_AsLongLong(v.ptr());
+      const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+      if (overflow) too_wide(v, label);
       if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
       return x;
     }
-    if (!PyIndex_Check(v.ptr())) wrong_type(v, "an integer", label);
-    const long long x = PyLong_AsLongLong(py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr())).ptr());
+    if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr())) wrong_type(v, "an integer", label);
+    const auto index = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+    if (!index) throw py::error_already_set();
+    const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (overflow) too_wide(v, label);
     if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
     return x;
+  }
+  [[noreturn]] static void too_wide(const py::handle& v, const std::string& label) {
+    std::string text = py::str(v);
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    throw ResultTypeError("the Python callable " + label + " returned the integer " + text +
+                          ", outside the 64 bits dpipe's integers hold");
   }
 };
 template <>
@@ -205,10 +223,16 @@ struct FromPython<std::string> {
 template <>
 struct FromPython<std::vector<SpecInt>> {
   static std::vector<SpecInt> get(const py::handle& v, const std::string& label) {
-    if (PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr())) wrong_type(v, "a 1-D array or a list of integers", label);
+    if (PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()) || !py::isinstance<py::iterable>(v))
+      wrong_type(v, "a 1-D array or a list of integers", label);
     if (py::isinstance<py::array>(v)) {
+      const auto given = py::reinterpret_borrow<py::array>(v);
+      const char kind = given.dtype().kind();
+      if ((kind != 'i' && kind != 'u') || given.ndim() != 1)
+        throw ResultTypeError("the Python callable " + label + " returned a " + std::to_string(given.ndim()) +
+                              "-D array of " + std::string(py::str(given.dtype())) + ", expected a 1-D integer array");
       auto a = py::array_t<SpecInt, py::array::c_style | py::array::forcecast>::ensure(v);
-      if (!a || a.ndim() != 1) wrong_type(v, "a 1-D integer array", label);
+      if (!a) throw py::error_already_set();
       return std::vector<SpecInt>(a.data(), a.data() + a.size());
     }
     std::vector<SpecInt> out;
@@ -289,13 +313,11 @@ struct FromPython<Value> {
   }
 };
 
-/// What a Python callable is, for the fingerprint and messages: "module.qualname".
+/// What a Python callable is, for the fingerprint and messages: "module.qualname", and for a lambda a digest
+/// of its code (dpipe/_callables.py).
 std::string callable_label(const py::handle& f) {
-  const py::object module = py::getattr(f, "__module__", py::none());
-  const py::object name = py::getattr(f, "__qualname__", py::getattr(f, "__name__", py::str(py::type::handle_of(f).attr("__name__"))));
-  std::string label = py::str(name);
-  if (!module.is_none()) label = std::string(py::str(module)) + "." + label;
-  return label;
+  static const auto* label = new py::object(py::module_::import("dpipe._callables").attr("label"));
+  return py::str((*label)(f));
 }
 
 /// Held by map and filter over one chunk of calls: one acquisition of the GIL per chunk, not per element.
@@ -328,11 +350,21 @@ struct PyCallable {
   bool fused = false;        // adjacent stages fused by the Python package: returns an iterable of outputs
 
   /// Under the GIL: fn(x), x converted as the consumer would see it.
+  /// Elements this copy was given (one copy per node instance, made when the run starts or resumes).
+  mutable std::uint64_t calls = 0;
+
+  /// Under the GIL: fn(x), x converted as the consumer would see it. An exception it raises is a
+  /// PythonCallError naming the callable and the element's index.
   template <class In>
   py::object call(In&& x) const {
     const py::object arg = Convert{.bytes = input_bytes, .tuple_row = input_tuple}.element(std::forward<In>(x));
+    const std::uint64_t index = calls++;
     PyObject* r = PyObject_CallOneArg(fn->p, arg.ptr());
-    if (!r) throw py::error_already_set();
+    if (!r) {
+      py::error_already_set e;
+      rethrow_python(e, " (raised by " + label + " on element " + std::to_string(index) +
+                            " of its input on this instance, counted from where the run started or resumed)");
+    }
     return py::reinterpret_steal<py::object>(r);
   }
   Params describe() const { return {{"fn", "python"}, {"callable", label}}; }
@@ -1012,9 +1044,10 @@ struct BuiltSpec {
 };
 
 BuiltSpec build(const std::string& json_text, const py::dict& callables, const std::set<std::int64_t>& tuple_inputs,
-                bool tuple_rows) {
+                bool tuple_rows, const std::string& data_root, bool file_digest) {
   const PythonFunctions functions(callables, tuple_inputs);
-  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions}), tuple_rows};
+  const DataFiles data{.root = data_root, .identity = file_digest ? FileIdentity::digest : FileIdentity::mtime};
+  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions, .data = data}), tuple_rows};
 }
 
 /// A NodeError reaches Python as dpipe.NodeError (with `node` and `worker`), and the exception a Python
@@ -1136,9 +1169,11 @@ PYBIND11_MODULE(_dpipe, m) {
           "(elements the rank delivers in an epoch, or None; which node cannot say)");
   m.def("build", &build, py::arg("spec_json"), py::arg("callables") = py::dict(),
         py::arg("tuple_inputs") = std::set<std::int64_t>(), py::arg("tuple_rows") = false,
+        py::arg("data_root") = std::string(), py::arg("file_digest") = false,
         "Builds a JSON spec into a typed pipeline; `callables` maps the ids of \"fn\": \"external\" to Python "
         "callables, `tuple_inputs` names those that receive zip's rows (as tuples), and `tuple_rows` says whether "
-        "the pipeline's elements are such rows.");
+        "the pipeline's elements are such rows; `data_root` and `file_digest`: where the file sources' names are "
+        "resolved and whether their files are identified by a digest of their bytes.");
 
   py::class_<LoopOptions>(m, "LoopOptions")
       .def(py::init<>())

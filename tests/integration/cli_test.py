@@ -352,6 +352,37 @@ def _():
     assert r.returncode == 1 and "names step 1300" in r.stderr and "step 1200" in r.stderr, r.stderr
 
 
+@case("resume/data_root_moves_with_the_files_and_digests_accept_copies")
+def _():
+    here, there = os.path.join(TMP, "root-here"), os.path.join(TMP, "moved", "root-there")
+    os.makedirs(os.path.join(here, "text"))
+    with open(os.path.join(here, "text", "a.txt"), "w") as f:
+        f.write("".join(f"line {i}\n" for i in range(40)))
+    spec = json.dumps({"pipeline": [{"op": "lines", "files": ["text/a.txt"], "logical_shards": 4},
+                                     {"op": "shuffle", "buffer": 8}]})
+    everything = lines(dpipe("run", spec, "--seed", 3, "--data-root", here).stdout)
+    snap = os.path.join(TMP, "rooted.snap")
+    head = lines(dpipe("run", spec, "--seed", 3, "--data-root", here, "--take", 9, "--snapshot-out", snap).stdout)
+    os.makedirs(os.path.dirname(there))
+    os.rename(here, there)
+    rest = lines(dpipe("run", spec, "--seed", 3, "--data-root", there, "--resume", snap).stdout)
+    assert head + rest == everything and len(everything) == 40, (head, rest)
+    # Named by absolute path without a root, the file is another pipeline's.
+    absolute = spec.replace('"text/a.txt"', json.dumps(os.path.join(there, "text", "a.txt")))
+    r = dpipe("run", absolute, "--seed", 3, "--resume", snap, check=False)
+    assert r.returncode == 1 and "text/a.txt" in r.stderr and "snapshot" in r.stderr, r.stderr
+    # With digests, a copy with a new modification time resumes; without, it is changed data.
+    digest_snap = os.path.join(TMP, "digest.snap")
+    dpipe("run", spec, "--seed", 3, "--data-root", there, "--file-digest", "--take", 9, "--snapshot-out", digest_snap)
+    copy = os.path.join(TMP, "root-copy")
+    shutil.copytree(there, copy, copy_function=shutil.copy)
+    st = os.stat(os.path.join(there, "text", "a.txt"))
+    os.utime(os.path.join(copy, "text", "a.txt"), ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    assert lines(dpipe("run", spec, "--seed", 3, "--data-root", copy, "--file-digest", "--resume", digest_snap).stdout) == rest
+    r = dpipe("run", spec, "--seed", 3, "--data-root", copy, "--resume", snap, check=False)
+    assert r.returncode == 1 and "data changed since the snapshot" in r.stderr, r.stderr
+
+
 @case("resume/changed_data_refused_unless_allowed_and_tuning_free")
 def _():
     data = os.path.join(TMP, "changing.txt")

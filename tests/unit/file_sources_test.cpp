@@ -243,6 +243,131 @@ TEST(FileSources, AFileRewrittenAtTheSameSizeIsRefusedUnlessAccepted) {
   EXPECT_EQ(testing::drain(accepted).size(), 3u);  // lines read before the snapshot come from it, the rest from the file
 }
 
+// ---- the data root: checkpoints that move with their files ----
+
+/// Writes the files of the data-root tests under `root`: two text files in a subfolder, a TFRecord file
+/// and a token file.
+void write_rooted_files(const fs::path& root) {
+  fs::create_directories(root / "text");
+  std::string a, b;
+  for (int i = 0; i < 300; ++i) (i % 2 ? a : b) += "line " + std::to_string(i) + "\n";
+  write_bytes((root / "text" / "a.txt").string(), a);
+  write_bytes((root / "text" / "b.txt").string(), b);
+  std::vector<std::string> records_;
+  for (int i = 0; i < 200; ++i) records_.push_back("record " + std::to_string(i));
+  write_records((root / "r.tfrecord").string(), records_);
+  write_bytes((root / "t.bin").string(), counting_tokens(2000));
+}
+
+/// One pipeline of every file source, their elements as strings, with `names` under `data`.
+Pipeline<std::string> every_file_source(const std::vector<std::string>& names, const DataFiles& data) {
+  auto text = lines({names[0], names[1]}, {.logical_shards = 8, .data = data}) | shuffle({.buffer = 16});
+  auto recs = records({names[2]}, {.data = data}) | sampler();
+  auto windows = token_windows({names[3]}, {.seq_len = 7, .data = data}) | sampler() |
+                 map([](const std::vector<I64>& w) { return std::to_string(w.front()); });
+  return concat(text, recs, windows);
+}
+
+// A checkpoint taken with the files under one root resumes with the same files under another (the folder
+// moved, as another mount point shows it): exactly the uninterrupted run's remaining elements.
+TEST(DataRoot, ASnapshotTakenUnderOneRootResumesUnderAnother) {
+  TempDir d;
+  const fs::path first = d.path() / "mounted-here", second = d.path() / "elsewhere" / "mounted-there";
+  write_rooted_files(first);
+  const auto absolute_under = [](const fs::path& root) {
+    return std::vector<std::string>{(root / "text/a.txt").string(), (root / "text/b.txt").string(),
+                                    (root / "r.tfrecord").string(), (root / "t.bin").string()};
+  };
+  const std::vector<std::string> relative = {"text/a.txt", "text/./b.txt", "r.tfrecord", "t.bin"};
+  const RunOptions o{.seed = 9, .layout = Layout{0, 1, 2}};
+  Engine e;
+  const auto taken = every_file_source(absolute_under(first), {.root = first.string() + "/"});
+  const auto all = testing::collect(taken, o);
+  ASSERT_EQ(all.size(), 300u + 200u + 285u);
+  auto run = e.start(taken, o);
+  const auto before = testing::drain(run, 333);  // mid-stream: the shuffle holds elements
+  const auto s = run.snapshot();
+  run = e.start(taken, o);  // the run holds the files mapped: let it go before the folder moves
+  fs::create_directories(second.parent_path());
+  fs::rename(first, second);  // keeps the files' modification times, as a mount point does
+
+  const auto moved = every_file_source(relative, {.root = second.string()});
+  EXPECT_EQ(Graph::build(*moved.def()).fingerprint(), Graph::build(*taken.def()).fingerprint());
+  auto resumed = e.resume(moved, s, o);
+  auto rest = testing::drain(resumed);
+  std::vector<std::string> joined = before;
+  joined.insert(joined.end(), rest.begin(), rest.end());
+  EXPECT_EQ(joined, all);
+  // Absolute names under the new root say the same.
+  auto again = e.resume(every_file_source(absolute_under(second), {.root = second.string()}), s, o);
+  EXPECT_EQ(testing::drain(again), rest);
+
+  // Without a root the names are the paths: another place is another pipeline, refused naming the file.
+  testing::expect_throw_with<SnapshotError>(
+      [&] { e.resume(every_file_source(absolute_under(second), {}), s, o); }, "text/a.txt");
+  // A file moved within the root is another name: refused.
+  fs::rename(second / "t.bin", second / "text" / "t.bin");
+  testing::expect_throw_with<SnapshotError>(
+      [&] { e.resume(every_file_source({"text/a.txt", "text/b.txt", "r.tfrecord", "text/t.bin"}, {.root = second.string()}), s, o); },
+      "text/t.bin");
+}
+
+TEST(DataRoot, RelativeNamesOutsideTheRootAndMissingFilesAreClearErrors) {
+  TempDir d;
+  write_rooted_files(d.path());
+  testing::expect_throw_with<ConfigError>([&] { lines({"../text/a.txt"}, {.data = {.root = d.file("text")}}); },
+                                          "outside the data root");
+  testing::expect_throw_with<Error>([&] { lines({"text/none.txt"}, {.data = {.root = d.path().string()}}); },
+                                    d.file("text/none.txt"));
+  // An absolute name outside the root stays absolute (it does not move with the root).
+  const auto p = lines({d.file("text/a.txt")}, {.data = {.root = d.file("r.tfrecord")}});
+  EXPECT_EQ(p.def()->params().back().second.rfind(d.file("text/a.txt") + " (", 0), 0u);
+}
+
+// A copy has a new modification time: refused as changed data, unless the files are identified by a
+// digest of their bytes; then a copy resumes and a file whose bytes changed (same size) is refused.
+TEST(DataRoot, ADigestIdentifiesCopiesAndTellsChangedBytes) {
+  TempDir d;
+  const fs::path first = d.path() / "one", copy = d.path() / "two";
+  write_rooted_files(first);
+  const std::vector<std::string> names = {"text/a.txt", "text/b.txt", "r.tfrecord", "t.bin"};
+  const RunOptions o{.seed = 4, .layout = Layout{0, 1, 1}};
+  Engine e;
+  for (const FileIdentity identity : {FileIdentity::mtime, FileIdentity::digest}) {
+    SCOPED_TRACE(identity == FileIdentity::digest ? "digest" : "mtime");
+    fs::remove_all(copy);
+    const auto taken = every_file_source(names, {.root = first.string(), .identity = identity});
+    const auto all = testing::collect(taken, o);
+    auto run = e.start(taken, o);
+    const auto before = testing::drain(run, 100);
+    const auto s = run.snapshot();
+    fs::copy(first, copy, fs::copy_options::recursive);
+    for (const auto& n : names)  // the copies are written later than the originals
+      fs::last_write_time(copy / n, fs::last_write_time(first / n) + std::chrono::seconds(3));
+    const auto copied = every_file_source(names, {.root = copy.string(), .identity = identity});
+    if (identity == FileIdentity::mtime) {
+      testing::expect_throw_with<SnapshotError>([&] { e.resume(copied, s, o); }, "data changed since the snapshot");
+      continue;
+    }
+    auto resumed = e.resume(copied, s, o);
+    auto joined = before;
+    for (auto& x : testing::drain(resumed)) joined.push_back(std::move(x));
+    EXPECT_EQ(joined, all);
+    std::string b;
+    {
+      std::ifstream in(copy / "text/b.txt", std::ios::binary);
+      b.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    b[0] = 'L';  // same size, other bytes
+    write_bytes((copy / "text/b.txt").string(), b);
+    testing::expect_throw_with<SnapshotError>(
+        [&] { e.resume(every_file_source(names, {.root = copy.string(), .identity = identity}), s, o); },
+        "text/b.txt");
+  }
+  EXPECT_NE(content_digest("abc"), content_digest("abd"));
+  EXPECT_NE(content_digest(std::string(64, 'a')), content_digest(std::string(64, 'a') + "a"));
+}
+
 TEST(FileSources, SampledRecordsRescaleWithEveryRecordOnce) {
   TempDir d;
   std::vector<std::string> a, b;

@@ -38,11 +38,16 @@ class LineShardTable {
     std::uint64_t begin, end;  // byte range of the file in this shard
   };
 
-  /// Checks the options (ConfigError naming `who`) and reads the files' sizes (DataError).
-  LineShardTable(std::vector<std::string> files, std::int64_t logical_shards, std::int64_t epochs, bool shuffled,
-                 const std::string& who)
-      : files_(std::move(files)), epochs_(static_cast<std::uint64_t>(epochs)), shuffled_(shuffled) {
-    if (files_.empty()) throw ConfigError(who + ": no files given");
+  /// Checks the options (ConfigError naming `who`), resolves the names under the data root and reads the
+  /// files' sizes (DataError).
+  LineShardTable(const std::vector<std::string>& names, const DataFiles& data, std::int64_t logical_shards,
+                 std::int64_t epochs, bool shuffled, const std::string& who)
+      : epochs_(static_cast<std::uint64_t>(epochs)), shuffled_(shuffled), identity_(data.identity) {
+    if (names.empty()) throw ConfigError(who + ": no files given");
+    for (auto& f : resolve_data_files(names, data)) {
+      files_.push_back(std::move(f.path));
+      names_.push_back(std::move(f.name));
+    }
     if (logical_shards < 1 || logical_shards > (1 << 24))
       throw ConfigError(who + ": logical_shards must be between 1 and 16777216, got " + param_text(logical_shards));
     if (epochs < 1) throw ConfigError(who + ": epochs must be at least 1, got " + param_text(epochs));
@@ -77,14 +82,15 @@ class LineShardTable {
     empty_ = total == 0;
   }
 
-  /// The fingerprint parameters: every file and its size, so a snapshot of other data is refused.
+  /// The fingerprint parameters: every file's name and size, so a snapshot of other data is refused.
   std::vector<std::pair<std::string, std::string>> file_params() const {
     std::vector<std::pair<std::string, std::string>> out;
     for (std::size_t i = 0; i < files_.size(); ++i)
-      out.emplace_back("file" + std::to_string(i), data_file_param(files_[i], sizes_[i]));
+      out.emplace_back("file" + std::to_string(i), data_file_param({files_[i], names_[i]}, sizes_[i], identity_));
     return out;
   }
 
+  /// The paths the files are opened at.
   const std::vector<std::string>& files() const { return files_; }
   /// File f's size when the table was built.
   std::uint64_t file_size(std::uint32_t f) const { return sizes_[f]; }
@@ -95,10 +101,11 @@ class LineShardTable {
   bool empty() const { return empty_; }  // the files hold no bytes at all
 
  private:
-  std::vector<std::string> files_;
+  std::vector<std::string> files_, names_;  // paths, and names under the data root
   std::vector<std::uint64_t> sizes_;
   std::uint64_t epochs_;
   bool shuffled_;
+  FileIdentity identity_;
   std::vector<std::vector<Segment>> shards_;
   bool empty_ = false;
 };

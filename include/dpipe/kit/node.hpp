@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dpipe/kit/codec.hpp"
+#include "dpipe/data_files.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/layout.hpp"
 #include "dpipe/rng.hpp"
@@ -33,17 +34,6 @@ template <class T>
 inline constexpr bool is_bulk_element_v = detail::is_vector_v<T>;
 
 using Params = std::vector<std::pair<std::string, std::string>>;
-
-/// Data identity. A source names each data file it reads in a parameter "file<i>" whose value is
-/// "PATH (N bytes, mtime S.NNNNNNNNN)" (data_file_param, in nodes/files/read_file.cpp). The fingerprint covers
-/// path and size; the modification time is compared when a snapshot is restored, so a file rewritten in
-/// place is refused unless the resume accepts changed data (and ranks on machines whose copies differ
-/// only in mtime still form one set).
-bool is_data_param(std::string_view key);
-/// The value of a data parameter without its modification time: what the fingerprint covers.
-std::string without_mtime(std::string_view value);
-/// The parameter value for data file `path` of `size` bytes, with the file's modification time.
-std::string data_file_param(const std::string& path, std::uint64_t size);
 
 /// "batch 'b'" for a named node, "batch" otherwise: how error messages name a node.
 inline std::string node_label(const std::string& kind, const std::string& name) {

@@ -34,6 +34,8 @@ struct LineBlocksOptions {
   /// A block ends after the last whole line within this many bytes of its start (at least one line).
   std::int64_t block_bytes = 64 << 10;
   std::string name{};
+  /// The data root the file names are resolved against and how the files are identified in snapshots.
+  DataFiles data{};
 };
 
 namespace detail {
@@ -82,7 +84,7 @@ class LineBlocksDef final : public NodeDef<TextBlock> {
                             {"epochs", param_text(o.epochs)},
                             {"shuffle_shards", param_text(o.shuffle_shards)},
                             {"block_bytes", param_text(o.block_bytes)}}),
-        table_(std::move(files), o.logical_shards, o.epochs, o.shuffle_shards, node_label("line_blocks", o.name)),
+        table_(files, o.data, o.logical_shards, o.epochs, o.shuffle_shards, node_label("line_blocks", o.name)),
         block_bytes_(o.block_bytes) {
     if (block_bytes_ < 1 || block_bytes_ > (std::int64_t{1} << 30))
       throw ConfigError(node_label("line_blocks", o.name) + ": block_bytes must be between 1 and 1073741824, got " +
@@ -237,7 +239,7 @@ struct LineBlocksKind {
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     std::vector<std::string> files;
-    LineBlocksOptions o{.name = s.name()};
+    LineBlocksOptions o{.name = s.name(), .data = s.data_files()};
     s.required("files", files);
     s.param("logical_shards", o.logical_shards);
     s.param("epochs", o.epochs);

@@ -22,6 +22,8 @@ struct LinesOptions {
   std::int64_t epochs = 1;
   bool shuffle_shards = true;
   std::string name{};
+  /// The data root the file names are resolved against and how the files are identified in snapshots.
+  DataFiles data{};
 };
 
 class LinesDef final : public NodeDef<std::string> {
@@ -30,7 +32,7 @@ class LinesDef final : public NodeDef<std::string> {
       : NodeDef<std::string>("lines", o.name,
                              {{"logical_shards", param_text(o.logical_shards)}, {"epochs", param_text(o.epochs)},
                               {"shuffle_shards", param_text(o.shuffle_shards)}}),
-        table_(std::move(files), o.logical_shards, o.epochs, o.shuffle_shards, node_label("lines", o.name)) {
+        table_(files, o.data, o.logical_shards, o.epochs, o.shuffle_shards, node_label("lines", o.name)) {
     for (auto& [key, value] : table_.file_params()) add_param(std::move(key), std::move(value));
   }
   // Declared inline (it is defined below the Iter): a class without a non-inline virtual has its vtable
@@ -110,7 +112,7 @@ struct LinesKind {
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     std::vector<std::string> files;
-    LinesOptions o{.name = s.name()};
+    LinesOptions o{.name = s.name(), .data = s.data_files()};
     s.required("files", files);
     s.param("logical_shards", o.logical_shards);
     s.param("epochs", o.epochs);

@@ -29,6 +29,8 @@ namespace dpipe {
 struct RecordsOptions {
   OnDataError on_error = OnDataError::fail;
   std::string name{};
+  /// The data root the file names are resolved against and how the files are identified in snapshots.
+  DataFiles data{};
 };
 
 /// Writes `records` as a TFRecord file through AtomicFileWriter (atomic_file.hpp); throws FileError.
@@ -112,7 +114,7 @@ struct RecordsKind {
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     std::vector<std::string> files;
-    RecordsOptions o{.name = s.name()};
+    RecordsOptions o{.name = s.name(), .data = s.data_files()};
     s.required("files", files);
     s.choice("on_error", o.on_error, {{"fail", OnDataError::fail}, {"skip", OnDataError::skip}});
     return s.bytes(records(files, o));

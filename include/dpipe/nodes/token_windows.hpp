@@ -25,12 +25,16 @@ struct TokenWindowsOptions {
   TokenType dtype = TokenType::uint16;
   std::int64_t seq_len = 1024;
   std::string name{};
+  /// The data root the file names are resolved against and how the files are identified in snapshots.
+  DataFiles data{};
 };
 
 template <class Token = std::int64_t>
 class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomAccess<std::vector<Token>> {
  public:
-  TokenWindowsDef(const std::vector<std::string>& files, TokenWindowsOptions o)
+  TokenWindowsDef(const std::vector<std::string>& names, const TokenWindowsOptions& o)
+      : TokenWindowsDef(resolve_data_files(names, o.data), o) {}
+  TokenWindowsDef(const std::vector<DataFile>& files, TokenWindowsOptions o)
       : NodeDef<std::vector<Token>>("token_windows", o.name, describe(files, o), {}), opts_(std::move(o)) {
     const std::string who = node_label("token_windows", opts_.name);
     if (files.empty()) throw ConfigError(who + ": no files given");
@@ -38,7 +42,8 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
     const std::size_t width = opts_.dtype == TokenType::uint16 ? 2 : 4;
     const auto len = static_cast<std::uint64_t>(opts_.seq_len);
     first_.push_back(0);
-    for (const auto& f : files) {
+    for (const auto& file : files) {
+      const std::string& f = file.path;
       auto m = std::make_shared<const detail::MappedFile>(f);
       if (m->size() % width != 0)
         throw DataError("token file '" + f + "' is " + std::to_string(m->size()) + " bytes, not a whole number of " +
@@ -90,13 +95,14 @@ class TokenWindowsDef final : public NodeDef<std::vector<Token>>, public RandomA
   }
   // The fingerprint covers the file list, the files' sizes and the window shape, and a restore compares
   // the files' modification times, so a snapshot of other data is refused.
-  static Params describe(const std::vector<std::string>& files, const TokenWindowsOptions& o) {
+  static Params describe(const std::vector<DataFile>& files, const TokenWindowsOptions& o) {
     Params p{{"dtype", o.dtype == TokenType::uint16 ? "uint16" : "uint32"}, {"seq_len", param_text(o.seq_len)}};
     for (std::size_t i = 0; i < files.size(); ++i) {
       std::error_code ec;
-      const auto bytes = std::filesystem::file_size(files[i], ec);
-      p.emplace_back("file" + std::to_string(i),
-                     ec ? files[i] + " (? bytes)" : data_file_param(files[i], static_cast<std::uint64_t>(bytes)));
+      const auto bytes = std::filesystem::file_size(files[i].path, ec);
+      // A file that cannot be sized is refused by the constructor's body, naming it.
+      p.emplace_back("file" + std::to_string(i), ec ? files[i].name + " (? bytes)"
+                                                    : data_file_param(files[i], static_cast<std::uint64_t>(bytes), o.data.identity));
     }
     return p;
   }
@@ -134,7 +140,7 @@ struct TokenWindowsKind {
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     std::vector<std::string> files;
-    TokenWindowsOptions o{.name = s.name()};
+    TokenWindowsOptions o{.name = s.name(), .data = s.data_files()};
     s.required("files", files);
     s.choice("dtype", o.dtype, {{"uint16", TokenType::uint16}, {"uint32", TokenType::uint32}});
     s.required("seq_len", o.seq_len);

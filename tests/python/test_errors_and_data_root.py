@@ -1,0 +1,160 @@
+"""Mistakes a Python user makes, each a clear error at the call or naming the callable (with its traceback
+and the element's index); a lambda's fingerprint holds a digest of its code; and checkpoints that move
+with their data (data_root=, file_digest=)."""
+import os
+import shutil
+import traceback
+
+import numpy as np
+import pytest
+
+import dpipe
+
+
+def explode_at(x):
+    if x == 7:
+        raise ValueError("seven is not welcome")
+    return x
+
+
+def test_a_node_error_names_the_callable_and_the_element_and_keeps_the_traceback():
+    for inline in (True, False):
+        loader = dpipe.Loader(dpipe.range(0, 20) | dpipe.map(explode_at), inline_workers=inline)
+        got = []
+        with pytest.raises(dpipe.NodeError) as err:
+            for x in loader:
+                got.append(x)
+        assert got == list(range(7))
+        message = str(err.value)
+        assert f"{__name__}.explode_at" in message and "on element 7 of its input" in message
+        cause = err.value.__cause__
+        assert isinstance(cause, ValueError)
+        frames = traceback.extract_tb(cause.__traceback__)
+        assert any(f.name == "explode_at" and f.filename == __file__ for f in frames), frames
+
+
+def test_mistakes_at_the_call_are_type_errors_naming_what_is_wrong():
+    with pytest.raises(TypeError, match=r"map\(\): out= must be .* got float \(a float result: out=object\)"):
+        dpipe.range(0, 3) | dpipe.map(lambda x: x / 2, out=float)
+    with pytest.raises(TypeError, match=r"from_vector\(\): values must be .* got a generator object"):
+        dpipe.from_vector(x for x in range(3))
+    with pytest.raises(TypeError, match=r"generator\(\): fn must be .* got a generator object"):
+        dpipe.generator((x for x in range(3)))
+    with pytest.raises(TypeError, match=r"map\(\): fn must be .* got a generator object"):
+        dpipe.map((x for x in range(3)))
+    with pytest.raises(TypeError, match=r"batch\(\): size must be an int, got str"):
+        dpipe.batch("8")
+    with pytest.raises(TypeError, match=r"lines\(\): files must be a str or a list of str, got int"):
+        dpipe.lines(3)
+    # What numpy gives is taken as the plain value it stands for.
+    batches = dpipe.Loader(dpipe.from_vector(np.arange(4)) | dpipe.batch(np.int64(2)))
+    assert [list(b) for b in batches] == [[0, 1], [2, 3]]
+
+
+def test_results_of_the_wrong_kind_name_the_callable():
+    def floats(x):
+        return np.array([0.5, 1.5])
+
+    def huge(x):
+        return 2 ** 70
+
+    def not_iterable(x):
+        return 3
+
+    cases = [
+        (dpipe.map(floats, out="batch of integer"), r"floats returned a 1-D array of float64, expected a 1-D integer array"),
+        (dpipe.map(huge, out=int), r"huge returned the integer 1180591620717411303424, outside the 64 bits"),
+        (dpipe.flat_map(not_iterable), r"not_iterable returned int"),
+    ]
+    for node, pattern in cases:
+        with pytest.raises(dpipe.NodeError, match=pattern):
+            list(dpipe.Loader(dpipe.range(0, 3) | node, fuse=False))
+
+
+def test_a_changed_lambda_is_refused_at_resume_unless_the_user_vouches_for_it():
+    def pipeline(fn):
+        return dpipe.range(0, 50) | dpipe.shuffle(8) | dpipe.map(fn)
+
+    first = dpipe.Loader(pipeline(lambda x: x + 1), seed=3)
+    it = iter(first)
+    head = [next(it) for _ in range(10)]
+    state = first.state_dict()
+    assert len(head) == 10
+    # The same code (another lambda object) resumes.
+    same = dpipe.Loader(pipeline(lambda x: x + 1), seed=3)
+    same.load_state_dict(state)
+    assert head + list(same) == [x + 1 for x in list(dpipe.Loader(dpipe.range(0, 50) | dpipe.shuffle(8), seed=3))]
+    changed = dpipe.Loader(pipeline(lambda x: x + 2), seed=3)
+    with pytest.raises(dpipe.SnapshotError, match=r"callable is .*<lambda>#[0-9a-f]{12}, the snapshot has .*same_function"):
+        changed.load_state_dict(state)
+        list(changed)
+    vouched = dpipe.Loader(pipeline(lambda x: x + 2), seed=3, same_function=True)
+    vouched.load_state_dict(state)
+    assert len(list(vouched)) == 40
+
+
+def write_text(root, name, lines):
+    path = os.path.join(root, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def test_a_state_taken_under_one_data_root_resumes_under_another(tmp_path):
+    first, second = tmp_path / "here", tmp_path / "there" / "data"
+    write_text(first, "a/x.txt", [f"x{i}" for i in range(100)])
+    write_text(first, "y.txt", [f"y{i}" for i in range(80)])
+
+    def pipeline(names):
+        return dpipe.lines(names, logical_shards=4) | dpipe.shuffle(16) | dpipe.batch(5)
+
+    everything = list(dpipe.Loader(pipeline(["a/x.txt", "y.txt"]), seed=5, data_root=first))
+    loader = dpipe.Loader(pipeline([str(first / "a/x.txt"), str(first / "y.txt")]), seed=5, data_root=first)
+    it = iter(loader)
+    head = [next(it) for _ in range(11)]
+    state = loader.state_dict()
+    del it, loader
+    second.parent.mkdir()
+    os.rename(first, second)  # the same files at another place, with their modification times
+    moved = dpipe.Loader(pipeline(["a/x.txt", "y.txt"]), seed=5, data_root=str(second))
+    moved.load_state_dict(state)
+    assert head + list(moved) == everything
+    # Without the root, the absolute names are another pipeline: refused, naming the file.
+    elsewhere = dpipe.Loader(pipeline([str(second / "a/x.txt"), str(second / "y.txt")]), seed=5)
+    with pytest.raises(dpipe.SnapshotError, match="a/x.txt"):
+        elsewhere.load_state_dict(state)
+        list(elsewhere)
+    # A copy has other modification times: refused as changed data, unless identified by a digest.
+    copy = tmp_path / "copy"
+    shutil.copytree(second, copy, copy_function=shutil.copy)
+    for name in ("a/x.txt", "y.txt"):
+        st = os.stat(second / name)
+        os.utime(copy / name, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    copied = dpipe.Loader(pipeline(["a/x.txt", "y.txt"]), seed=5, data_root=copy)
+    with pytest.raises(dpipe.SnapshotError, match="data changed since the snapshot"):
+        copied.load_state_dict(state)
+        list(copied)
+    digests = dpipe.Loader(pipeline(["a/x.txt", "y.txt"]), seed=5, data_root=second, file_digest=True)
+    it = iter(digests)
+    head = [next(it) for _ in range(4)]
+    state = digests.state_dict()
+    del it
+    resumed = dpipe.Loader(pipeline(["a/x.txt", "y.txt"]), seed=5, data_root=copy, file_digest=True)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == everything
+
+
+def test_a_torch_dataloader_with_its_default_batch_size_warns_and_batch_size_none_does_not():
+    import warnings
+
+    import torch
+
+    loader = dpipe.Loader(dpipe.range(0, 4))
+    with pytest.warns(UserWarning, match="batch_size=None"):
+        got = list(torch.utils.data.DataLoader(loader))
+    assert [t.tolist() for t in got] == [[0], [1], [2], [3]]  # what the warning says happens
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [int(t) for t in torch.utils.data.DataLoader(loader, batch_size=None)] == [0, 1, 2, 3]
+        assert [t.tolist() for t in torch.utils.data.DataLoader(loader, batch_size=2)] == [[0, 1], [2, 3]]
