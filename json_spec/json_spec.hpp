@@ -2,6 +2,7 @@
 /// The JSON spec front end (the `dpipe` tool's): a spec's JSON text → a typed pipeline, through each node
 /// kind's own builder (dpipe/kit/spec.hpp). Not installed: a C++ user writes the pipeline itself.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -52,6 +53,8 @@ struct ExternalNode {
   std::string name;
   bool input_bytes = false;
   OnDataError on_error = OnDataError::fail;
+  /// A parallel_map's max_in_flight (elements mapped at once, checked by the node); none: a map.
+  std::optional<std::int64_t> max_in_flight{};
 };
 
 /// Functions a front end provides besides the builtins (the Python package's callables), named in a spec
@@ -61,7 +64,8 @@ struct ExternalNode {
 class ExternalFunctions {
  public:
   virtual ~ExternalFunctions() = default;
-  /// `input | map(function id)`; `out`: the element type it returns (empty: the input's).
+  /// `input | map(function id)`, or a parallel_map when `node.max_in_flight` is given; `out`: the element type
+  /// it returns (empty: the input's).
   virtual SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const ExternalNode& node) const = 0;
   virtual SpecPipeline filter(const SpecPipeline& input, std::int64_t id, const ExternalNode& node) const = 0;
   /// A source: the function is called once per instance and returns an iterable of `out` elements.

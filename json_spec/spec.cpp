@@ -163,7 +163,7 @@ constexpr FunctionSchema kFunctions[] = {
     {"mod", "demux", "an integer x → output x mod count (floor modulo)"},
     {"count", "generator", "0, 1, …, count−1", kCountParams},
     {"random_ints", "generator", "`count` integers drawn from [lo, hi) by the node's generator", kRandomIntsParams},
-    {"external", "map generator", "a Python callable (the Python package writes this)", kExternalOutParams},
+    {"external", "map parallel_map generator", "a Python callable (the Python package writes this)", kExternalOutParams},
     {"external", "filter flat_map demux", "a Python callable (the Python package writes this)", kExternalParams},
 };
 
@@ -331,15 +331,17 @@ class JsonNode {
   /// Whether this node's input carries bytes (records) as strings.
   void set_input_bytes(bool b) { input_bytes_ = b; }
 
+  /// `max_in_flight`: parallel_map's window, which a front end's function needs to be told.
   template <class Apply>
-  SpecPipeline map_function(Apply apply, OnDataError on_error = OnDataError::fail) {
+  SpecPipeline map_function(Apply apply, OnDataError on_error = OnDataError::fail,
+                            std::optional<std::int64_t> max_in_flight = std::nullopt) {
     const std::string fn = function();
     const std::optional<FieldInto> on = field_into();
     if (fn == "external") {
       if (on) fail(kPythonField);
       std::string out;
       param("out", out);
-      return external().map(input(), external_id(), out, {name(), input_bytes_, on_error});
+      return external().map(input(), external_id(), out, {name(), input_bytes_, on_error, max_in_flight});
     }
     if (fn == "affine") {
       builtins::Affine f;

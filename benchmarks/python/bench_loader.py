@@ -14,7 +14,7 @@ is noisy; absolute rates drift). Run by hand, on an idle machine, from a build t
    the mapped elements taken in batches of 256 (on the engine's thread, and inline in the consumer's
    thread, the default) and one by one; a JSONL chain of callables (json.loads, filter, tokenize,
    windows, batch) against the same plain loop; Ctrl-C's delay while an inline pipeline computes; and
-   2 workers against 1 on a function that releases the GIL (numpy work).
+   2 workers against 1 on a function that releases the GIL (numpy work), and parallel_map of it against map.
 5. The LLM example (examples/llm_pretrain: parse_json → tokenize → mix → pack(1024) → padded_batch(8),
    2 workers) consumed in Python as dicts of numpy arrays, against the C++ Run of the same spec."""
 
@@ -198,6 +198,9 @@ def main():
     one = rate(lambda: consume(dpipe.Loader(work, workers=1, threads=2)), k, repeats=2)
     two = rate(lambda: consume(dpipe.Loader(work, workers=2, threads=2)), k, repeats=2)
     figures.append(("map(numpy fn), 2 workers / 1 worker", two / one, ">= 1.5"))
+    overlapped = dpipe.range(0, k) | dpipe.batch(size=1) | dpipe.parallel_map(heavy, max_in_flight=8)
+    par = rate(lambda: consume(dpipe.Loader(overlapped, workers=1, threads=2)), k, repeats=2)
+    figures.append(("parallel_map(numpy fn), 1 worker / map, 1 worker", par / one, ">= 1.5"))
 
     # 5. The LLM example's pipeline, on its generated corpora.
     spec = importlib.util.spec_from_file_location(

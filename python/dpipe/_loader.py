@@ -59,6 +59,19 @@ def _warn_torch_batching():
         frame = frame.f_back
 
 
+def _has_op(nodes, op):
+    """Whether a node of `nodes` (a spec's list, other inputs included) is an `op`."""
+    for node in nodes:
+        if not isinstance(node, dict):
+            continue
+        if node.get("op") == op:
+            return True
+        for value in node.values():
+            if isinstance(value, list) and any(isinstance(v, list) and _has_op(v, op) for v in value):
+                return True
+    return False
+
+
 class LoaderBase:
     """An iterable over a pipeline's elements for this rank.
 
@@ -72,7 +85,7 @@ class LoaderBase:
     per core); `inline_workers`: run the workers in the consumer's thread, inside next() (no hand-off
     between threads: the fastest for a pipeline of Python callables with one worker, but nothing
     overlaps with the training step; None, the default: so when the pipeline has Python callables and
-    one worker); `fuse`: run adjacent Python stages (map, filter, flat_map) as one node, objects passing
+    one worker and no parallel_map); `fuse`: run adjacent Python stages (map, filter, flat_map) as one node, objects passing
     between them unconverted (False: one node each, as in specs and pipelines of earlier versions);
     `data_root`: the directory the file sources' relative names are resolved against; files under it
     are recorded in states by their names relative to it, so a state resumes under another root (the
@@ -108,8 +121,9 @@ class LoaderBase:
         options.epoch = int(epoch)
         options.rank, options.world_size, options.workers = int(rank), int(world_size), int(workers)
         options.threads = int(threads)
-        if inline_workers is None:  # Python callables with one worker: the consumer's thread is the fastest
-            inline_workers = int(workers) == 1 and bool(callables)
+        if inline_workers is None:  # Python callables with one worker: the consumer's thread is the fastest,
+            # unless a parallel_map is to overlap its calls on the engine's threads
+            inline_workers = int(workers) == 1 and bool(callables) and not _has_op(nodes, "parallel_map")
         options.inline_workers = bool(inline_workers)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)

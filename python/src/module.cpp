@@ -356,9 +356,9 @@ struct PyCallable {
   /// Under the GIL: fn(x), x converted as the consumer would see it. An exception it raises is a
   /// PythonCallError naming the callable and the element's index.
   template <class In>
-  py::object call(In&& x) const {
+  py::object call(In&& x, std::optional<std::uint64_t> at = std::nullopt) const {
     const py::object arg = Convert{.bytes = input_bytes, .tuple_row = input_tuple}.element(std::forward<In>(x));
-    const std::uint64_t index = calls++;
+    const std::uint64_t index = at ? *at : calls++;
     PyObject* r = PyObject_CallOneArg(fn->p, arg.ptr());
     if (!r) {
       py::error_already_set e;
@@ -401,9 +401,12 @@ class TypedMapInput final : public PyMapInput {
   TypedMapInput(std::unique_ptr<Iter<In>> input, const PyCallable& fn) : input_(std::move(input)), fn_(fn) {}
   std::size_t pull(std::size_t max) override {
     chunk_.clear();  // keeps its capacity
-    return input_->pull(chunk_, max);
+    base_ = pulled_;
+    const std::size_t n = input_->pull(chunk_, max);
+    pulled_ += n;
+    return n;
   }
-  py::object call(std::size_t i) override { return fn_.call(std::move(chunk_[i])); }
+  py::object call(std::size_t i) override { return fn_.call(std::move(chunk_[i]), base_ + i); }
   IterBase* iter() const override { return input_.get(); }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
@@ -411,6 +414,7 @@ class TypedMapInput final : public PyMapInput {
   std::unique_ptr<Iter<In>> input_;
   PyCallable fn_;  // a copy per worker
   std::vector<In> chunk_;
+  std::uint64_t pulled_ = 0, base_ = 0;  // elements pulled since the run started or resumed; before this chunk
 };
 
 /// Instantiates a map's input (a NodeDef<In>) on one instance, behind PyMapInput.
@@ -484,6 +488,84 @@ class PyMapDef final : public NodeDef<Out> {
   MakeMapInput make_;
   PyCallable fn_;
   OnDataError on_error_;
+};
+
+/// parallel_map over a Python callable: up to `max_in_flight` elements of a pulled chunk are mapped at once
+/// on the engine's threads, each call taking the GIL for itself (so calls overlap only where the callable
+/// releases it: numpy, a C tokenizer). The output keeps the input's order; nothing is in flight between
+/// pulls, so it needs no state (as dpipe::parallel_map). Inline, the calls run one after another.
+template <class Out>
+class PyParallelMapDef;
+
+template <class Out>
+class PyParallelMapIter final : public Stateless<Out> {
+ public:
+  PyParallelMapIter(BuildContext& ctx, const PyParallelMapDef<Out>& def)
+      : Stateless<Out>(ctx, "parallel_map"), input_(def.make_input(ctx)), label_(def.callable().label),
+        executor_(ctx.inline_workers ? nullptr : ctx.executor), window_(def.max_in_flight()) {}
+
+ protected:
+  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    const std::size_t n = input_->pull(std::min(max, window_));  // without the GIL
+    if (n == 0) return 0;
+    results_.assign(n, std::nullopt);
+    errors_.assign(n, nullptr);
+    auto apply = [&](std::size_t i) {
+      try {
+        results_[i].emplace(in_python([&] { return FromPython<Out>::get(input_->call(i), label_); }));
+      } catch (...) {
+        errors_[i] = std::current_exception();
+      }
+    };
+    if (executor_) {
+      executor_->parallel_for(n, apply);
+    } else {
+      const GilHeld gil;
+      for (std::size_t i = 0; i < n; ++i) apply(i);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (errors_[i]) {  // the elements before the first failure go on; the failure follows them
+        try {
+          std::rethrow_exception(errors_[i]);
+        } catch (...) {
+          return this->fail_after(i);
+        }
+      }
+      out.push_back(std::move(*results_[i]));
+    }
+    return n;
+  }
+  std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
+  std::size_t min_useful_pull() const override { return window_; }
+
+ private:
+  std::unique_ptr<PyMapInput> input_;
+  std::string label_;
+  detail::Executor* executor_;  // borrowed; null: map in this thread
+  std::size_t window_;
+  std::vector<std::optional<Out>> results_;
+  std::vector<std::exception_ptr> errors_;
+};
+
+template <class Out>
+class PyParallelMapDef final : public NodeDef<Out> {
+ public:
+  PyParallelMapDef(std::shared_ptr<const NodeDefBase> input, MakeMapInput make, PyCallable fn, const ExternalNode& node)
+      : NodeDef<Out>("parallel_map", node.name,
+                     checked_params(describe_fn(fn), {.max_in_flight = *node.max_in_flight, .name = node.name}), {input}),
+        input_(std::move(input)), make_(make), fn_(std::move(fn)), window_(static_cast<std::size_t>(*node.max_in_flight)) {}
+  std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
+    return std::make_unique<PyParallelMapIter<Out>>(ctx, *this);
+  }
+  std::unique_ptr<PyMapInput> make_input(BuildContext& ctx) const { return make_(*input_, ctx, fn_); }
+  const PyCallable& callable() const { return fn_; }
+  std::size_t max_in_flight() const { return window_; }
+
+ private:
+  std::shared_ptr<const NodeDefBase> input_;
+  MakeMapInput make_;
+  PyCallable fn_;
+  std::size_t window_;
 };
 
 /// Adjacent Python stages (map, filter, flat_map) that the Python package fused into one callable, which
@@ -714,6 +796,7 @@ class PythonFunctions final : public ExternalFunctions {
     });
     return with_element_type(out.empty() ? in.type_name : out, [&]<class Out>() -> SpecPipeline {
       if (f.fused) return make_pipeline<PyFlatChainDef<Out>>(in.def, in.make, f);
+      if (node.max_in_flight) return make_pipeline<PyParallelMapDef<Out>>(in.def, in.make, f, node);
       return make_pipeline<PyMapDef<Out>>(in.def, in.make, f, node);
     }, SpecElementTypes{});
   }

@@ -158,3 +158,28 @@ def test_a_torch_dataloader_with_its_default_batch_size_warns_and_batch_size_non
         warnings.simplefilter("error")
         assert [int(t) for t in torch.utils.data.DataLoader(loader, batch_size=None)] == [0, 1, 2, 3]
         assert [t.tolist() for t in torch.utils.data.DataLoader(loader, batch_size=2)] == [[0, 1], [2, 3]]
+
+
+def test_parallel_map_runs_a_python_callable_in_order_and_resumes_exactly():
+    def pipeline():
+        return dpipe.range(0, 300) | dpipe.sharding_filter() | dpipe.shuffle(16) | dpipe.parallel_map(lambda x: (x, x * x), max_in_flight=8,
+                                                                            out=object)
+    for workers in (1, 2):
+        full = list(dpipe.Loader(pipeline(), seed=2, workers=workers))
+        assert sorted(full) == [(x, x * x) for x in range(300)]
+        loader = dpipe.Loader(pipeline(), seed=2, workers=workers)
+        it = iter(loader)
+        head = [next(it) for _ in range(101)]
+        state = loader.state_dict()
+        resumed = dpipe.Loader(pipeline(), seed=2, workers=workers)
+        resumed.load_state_dict(state)
+        assert head + list(resumed) == full
+    # A failure ends the stream after the elements before it, naming the callable and the element.
+    loader = dpipe.Loader(dpipe.range(0, 20) | dpipe.parallel_map(explode_at, max_in_flight=4))
+    got = []
+    with pytest.raises(dpipe.NodeError, match=r"explode_at on element 7 of its input") as err:
+        for x in loader:
+            got.append(x)
+    assert got == list(range(7)) and isinstance(err.value.__cause__, ValueError)
+    with pytest.raises(dpipe.ConfigError, match="max_in_flight must be between 1"):
+        dpipe.Loader(dpipe.range(0, 3) | dpipe.parallel_map(explode_at, max_in_flight=0))

@@ -116,7 +116,7 @@ struct ParallelMapKind {
   static constexpr std::string_view doc =
       "`map` with the function applied to up to `max_in_flight` elements at once; the output keeps the input's order.";
   static constexpr ParamSchema params[] = {
-      {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name (no Python callable)", .positional = true},
+      {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable (each call takes the GIL: it pays where the callable releases it, numpy, a C tokenizer)", .positional = true},
       {.name = "max_in_flight", .type = ParamType::integer, .doc = "elements mapped at once", .fallback = "64", .tuning = true},
   };
   using State = void;
@@ -128,7 +128,8 @@ struct ParallelMapKind {
   static SpecPipeline from_spec(Spec& s) {
     ParallelMapOptions o{.name = s.name()};
     s.param("max_in_flight", o.max_in_flight);
-    return s.map_function([&](const auto& p, auto fn) { return p | parallel_map(std::move(fn), o); });
+    return s.map_function([&](const auto& p, auto fn) { return p | parallel_map(std::move(fn), o); }, OnDataError::fail,
+                          o.max_in_flight);
   }
 };
 
