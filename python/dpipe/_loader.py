@@ -105,13 +105,24 @@ class LoaderBase:
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
         self.pipeline = pipeline
-        nodes, callables = pipeline.spec()["pipeline"], pipeline._callables
-        if fuse:
-            nodes, callables = _fuse.fuse(nodes, callables)
-        tuple_inputs = set()
-        rows = _nodes.zip_rows(nodes, tuple_inputs)
-        self._built = _dpipe.build(json.dumps({"pipeline": nodes}), callables, tuple_inputs, rows == 0,
-                                   os.fspath(data_root) if data_root is not None else "", bool(file_digest))
+        given, given_callables = pipeline.spec()["pipeline"], pipeline._callables
+        data = (os.fspath(data_root) if data_root is not None else "", bool(file_digest))
+
+        def build(nodes, callables):
+            tuple_inputs = set()
+            rows = _nodes.zip_rows(nodes, tuple_inputs)
+            return _dpipe.build(json.dumps({"pipeline": nodes}), callables, tuple_inputs, rows == 0, *data)
+
+        nodes, callables = _fuse.fuse(given, given_callables) if fuse else (given, given_callables)
+        try:
+            self._built = build(nodes, callables)
+        except _dpipe.ConfigError:
+            if nodes is given:
+                raise
+            # A ConfigError names the node by its position, which fusing shifted: the pipeline as given
+            # names it where the user put it (and fails the same way).
+            build(given, given_callables)
+            raise
         if (rank is None) != (world_size is None):
             raise _dpipe.ConfigError("give both rank and world_size, or neither")
         if rank is None:

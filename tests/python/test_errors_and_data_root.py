@@ -183,3 +183,10 @@ def test_parallel_map_runs_a_python_callable_in_order_and_resumes_exactly():
     assert got == list(range(7)) and isinstance(err.value.__cause__, ValueError)
     with pytest.raises(dpipe.ConfigError, match="max_in_flight must be between 1"):
         dpipe.Loader(dpipe.range(0, 3) | dpipe.parallel_map(explode_at, max_in_flight=0))
+
+
+def test_a_config_error_names_the_node_where_the_user_put_it_though_stages_before_it_fused():
+    p = dpipe.range(0, 5) | dpipe.map(explode_at) | dpipe.map(explode_at) | dpipe.batch(0)
+    for fuse in (True, False):
+        with pytest.raises(dpipe.ConfigError, match=r"^pipeline\[3\] \(batch\): size must be positive"):
+            dpipe.Loader(p, fuse=fuse)
