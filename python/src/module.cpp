@@ -523,17 +523,7 @@ class PyParallelMapIter final : public Stateless<Out> {
       const GilHeld gil;
       for (std::size_t i = 0; i < n; ++i) apply(i);
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (errors_[i]) {  // the elements before the first failure go on; the failure follows them
-        try {
-          std::rethrow_exception(errors_[i]);
-        } catch (...) {
-          return this->fail_after(i);
-        }
-      }
-      out.push_back(std::move(*results_[i]));
-    }
-    return n;
+    return detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
   }
   std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
   std::size_t min_useful_pull() const override { return window_; }

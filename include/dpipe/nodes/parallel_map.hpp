@@ -4,8 +4,10 @@
 /// from its input and returns only when all of them are mapped, so no element is ever in flight
 /// between pulls and a snapshot needs no state of its own. The function must be safe to call
 /// concurrently. In: T → Out: fn(T). State: none.
+#include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dpipe/kit/length.hpp"
 #include "dpipe/detail/executor.hpp"
@@ -33,6 +35,26 @@ inline Params checked_params(Params fn_params, const ParallelMapOptions& o) {
   return fn_params;
 }
 
+namespace detail {
+/// The results of a chunk mapped at once, in order, up to the first failure: the elements before it go on
+/// and `fail(i)` (a node's fail_after, called while the failure is being handled) decides what follows.
+template <class Out, class Fail>
+std::size_t deliver_until_failure(std::vector<Out>& out, std::vector<std::optional<Out>>& results,
+                                  const std::vector<std::exception_ptr>& errors, Fail fail) {
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (errors[i]) {
+      try {
+        std::rethrow_exception(errors[i]);
+      } catch (...) {
+        return fail(i);
+      }
+    }
+    out.push_back(std::move(*results[i]));
+  }
+  return results.size();
+}
+}  // namespace detail
+
 template <class In, class Fn>
 class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
  public:
@@ -57,17 +79,7 @@ class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
     };
     if (executor_) executor_->parallel_for(n, apply);
     else for (std::size_t i = 0; i < n; ++i) apply(i);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (errors_[i]) {  // the elements before the first failure go on; the failure follows them
-        try {
-          std::rethrow_exception(errors_[i]);
-        } catch (...) {
-          return this->fail_after(i);
-        }
-      }
-      out.push_back(std::move(*results_[i]));
-    }
-    return n;
+    return detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return window_; }
