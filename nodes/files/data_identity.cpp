@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -77,14 +78,19 @@ std::uint64_t file_digest(const std::string& path, std::uint64_t size) {
   std::vector<char> buf(1 << 20);
   std::uint64_t h = 0, at = 0;
   while (at < size) {
+    // Whole 1 MiB chunks (the last one shorter): the digest never depends on how reads come back.
     const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - at));
-    const ssize_t got = ::pread(file.fd(), buf.data(), want, static_cast<off_t>(at));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      throw DataError("cannot read data file '" + path + "' for its digest: " +
-                      (got < 0 ? std::string(std::strerror(errno)) : "it shrank"));
-    h = content_digest(std::string_view(buf.data(), static_cast<std::size_t>(got)), h);
-    at += static_cast<std::uint64_t>(got);
+    std::size_t filled = 0;
+    while (filled < want) {
+      const ssize_t got = ::pread(file.fd(), buf.data() + filled, want - filled, static_cast<off_t>(at + filled));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        throw DataError("cannot read data file '" + path + "' for its digest: " +
+                        (got < 0 ? std::string(std::strerror(errno)) : "it shrank"));
+      filled += static_cast<std::size_t>(got);
+    }
+    h = content_digest(std::string_view(buf.data(), want), h);
+    at += want;
   }
   return h;
 }
@@ -100,10 +106,13 @@ bool is_data_param(std::string_view key) {
 
 std::string data_file_key(std::string_view value) {
   if (value.empty() || value.back() != ')') return std::string(value);
-  for (const std::string_view stamp : {", mtime ", ", digest "})
-    if (const auto at = value.rfind(stamp); at != std::string_view::npos)
-      return std::string(value.substr(0, at)) + ")";  // "NAME (N bytes)", as snapshots before mtimes wrote it
-  return std::string(value);
+  // The stamp is the last one in the text (a file name may hold ", mtime " itself).
+  const auto mtime = value.rfind(", mtime "), digest = value.rfind(", digest ");
+  const auto at = mtime == std::string_view::npos ? digest
+                  : digest == std::string_view::npos ? mtime
+                                                     : std::max(mtime, digest);
+  if (at == std::string_view::npos) return std::string(value);
+  return std::string(value.substr(0, at)) + ")";  // "NAME (N bytes)", as snapshots before mtimes wrote it
 }
 
 std::string data_file_param(const DataFile& file, std::uint64_t size, FileIdentity identity) {

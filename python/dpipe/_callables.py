@@ -17,14 +17,23 @@ def _feed(h, code):
         if isinstance(const, types.CodeType):
             _feed(h, const)
         else:
-            h.update(repr(const).encode() if isinstance(const, _PLAIN + (tuple, frozenset)) else
-                     type(const).__name__.encode())
+            h.update(_stable_repr(const).encode())
+
+
+def _stable_repr(value):
+    """A constant's text, the same in every process: a frozenset's members sorted (its own order follows
+    the string hash, which differs from process to process)."""
+    if isinstance(value, frozenset):
+        return "frozenset(" + repr(sorted(_stable_repr(v) for v in value)) + ")"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_stable_repr(v) for v in value) + ",)"
+    return repr(value) if isinstance(value, _PLAIN) else type(value).__name__
 
 
 def _value(h, value):
     """A default or a captured variable: plain values by their repr, others by their type."""
-    if isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
-        h.update(repr(value).encode())
+    if isinstance(value, _PLAIN + (frozenset,)) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
+        h.update(_stable_repr(value).encode())
     else:
         h.update(type(value).__qualname__.encode())
 

@@ -195,7 +195,7 @@ struct FromPython<SpecInt> {
       if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
       return x;
     }
-    if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr())) wrong_type(v, "an integer", label);
+    if (!PyIndex_Check(v.ptr())) wrong_type(v, "an integer", label);  // a bool is the int it is
     const auto index = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
     if (!index) throw py::error_already_set();
     const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
@@ -228,7 +228,7 @@ struct FromPython<std::vector<SpecInt>> {
     if (py::isinstance<py::array>(v)) {
       const auto given = py::reinterpret_borrow<py::array>(v);
       const char kind = given.dtype().kind();
-      if ((kind != 'i' && kind != 'u') || given.ndim() != 1)
+      if ((kind != 'i' && kind != 'u' && kind != 'b') || given.ndim() != 1)
         throw ResultTypeError("the Python callable " + label + " returned a " + std::to_string(given.ndim()) +
                               "-D array of " + std::string(py::str(given.dtype())) + ", expected a 1-D integer array");
       auto a = py::array_t<SpecInt, py::array::c_style | py::array::forcecast>::ensure(v);

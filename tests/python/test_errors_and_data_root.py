@@ -190,3 +190,17 @@ def test_a_config_error_names_the_node_where_the_user_put_it_though_stages_befor
     for fuse in (True, False):
         with pytest.raises(dpipe.ConfigError, match=r"^pipeline\[3\] \(batch\): size must be positive"):
             dpipe.Loader(p, fuse=fuse)
+
+
+def test_a_lambdas_digest_is_the_same_in_every_process():
+    import subprocess
+    import sys
+    code = ("from dpipe import _callables; "
+            "print(_callables.label(lambda s: s in {'en', 'de', 'es', 'fr', 'it'}))")
+    labels = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
+    assert len(labels) == 1 and "#" in labels.pop()
+
+
+def test_a_bool_result_is_the_int_it_is():
+    assert list(dpipe.Loader(dpipe.range(0, 4) | dpipe.map(lambda x: x > 1), fuse=False)) == [0, 0, 1, 1]
