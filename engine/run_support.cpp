@@ -96,16 +96,16 @@ struct Overrides {
 /// Compares the snapshot's description of node `a` with this pipeline's node `b`: the first parameter that
 /// differs is named. Tuning parameters may differ, and overridable ones the resume names (the saved values
 /// go into `saved` for the fingerprint); a data file whose modification time differs is listed in `changed`.
-void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, std::vector<std::string>& changed,
-                  Overrides& overrides) {
+void compare_node(const GraphNodeRecord& a, const GraphNode& b, const std::string& label, Params& saved,
+                  std::vector<std::string>& changed, Overrides& overrides) {
   if (a.segment != segment_name(b.segment))
-    refuse_graph(b.key + " runs in the " + segment_name(b.segment) + " segment here, in the " + a.segment +
+    refuse_graph(label + " runs in the " + segment_name(b.segment) + " segment here, in the " + a.segment +
                  " segment in the snapshot");
   const KindInfo* kind = find_kind(b.kind);
   saved = b.params;
   for (auto& [k, v] : saved) {
     const auto stored = std::find_if(a.params.begin(), a.params.end(), [&](const auto& p) { return p.first == k; });
-    if (stored == a.params.end()) refuse_graph(b.key + ": " + k + " is " + v + ", the snapshot has no " + k);
+    if (stored == a.params.end()) refuse_graph(label + ": " + k + " is " + v + ", the snapshot has no " + k);
     if (stored->second == v) continue;
     if (kind && kind->is_tuning(k)) {  // changes no element: restore into the new value
       v = stored->second;
@@ -122,10 +122,10 @@ void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, s
     if (is_data_param(k) && data_file_key(stored->second) == data_file_key(v)) {
       // Same path and size. A snapshot that recorded no modification time cannot tell: accepted.
       if (data_file_key(stored->second) != stored->second)
-        changed.push_back(b.key + ": " + v + ", the snapshot has " + stored->second);
+        changed.push_back(label + ": " + v + ", the snapshot has " + stored->second);
       continue;
     }
-    refuse_graph(b.key + ": " + k + " is " + v + ", the snapshot has " + stored->second +
+    refuse_graph(label + ": " + k + " is " + v + ", the snapshot has " + stored->second +
                  (vouched ? " (another function: if it computes the same, resume with the override '" + k +
                                 "', Python's Loader(same_function=True))"
                   : kind && kind->is_overridable(k) ? " (resume with the override '" + k + "' to change it)"
@@ -133,7 +133,7 @@ void compare_node(const GraphNodeRecord& a, const GraphNode& b, Params& saved, s
   }
   for (const auto& [k, v] : a.params)
     if (std::none_of(b.params.begin(), b.params.end(), [&](const auto& p) { return p.first == k; }))
-      refuse_graph(b.key + ": the snapshot has " + k + " = " + v + ", this pipeline has no " + k);
+      refuse_graph(label + ": the snapshot has " + k + " = " + v + ", this pipeline has no " + k);
 }
 
 }  // namespace
@@ -175,9 +175,9 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
     const auto& a = m.graph[i];
     const auto& b = g.nodes()[i];
     if (a.key != b.key || a.kind != b.kind || a.element_type != b.element_type)
-      refuse_graph("node " + std::to_string(i) + " is " + a.key + " (" + a.kind + ", " + a.element_type +
-                   ") in the snapshot and " + b.key + " (" + b.kind + ", " + b.element_type + ") here");
-    if (details) compare_node(a, b, saved[i], changed, overrides);
+      refuse_graph(g.labels()[i] + " is " + b.key + " (" + b.kind + ", " + b.element_type + ") here and " + a.key +
+                   " (" + a.kind + ", " + a.element_type + ") in the snapshot");
+    if (details) compare_node(a, b, g.labels()[i], saved[i], changed, overrides);
   }
   const std::uint64_t expected = details ? g.fingerprint_with(saved) : g.fingerprint();
   if (m.fingerprint != expected)
@@ -206,7 +206,7 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
     if (st.mode == StateMode::replay)
       for (const auto& f : st.fields)
         if (f.name == "count" && f.type == FieldType::u64 && f.u > r.max_replay)
-          throw SnapshotError("snapshot node '" + st.key + "' (instance " + std::to_string(st.instance) + ") would replay " +
+          throw SnapshotError(g.label_of(st.key) + " (instance " + std::to_string(st.instance) + ") would replay " +
                               std::to_string(f.u) + " elements, more than max_replay " + std::to_string(r.max_replay) +
                               " (ResumeOptions::max_replay, the tool's --max-replay)");
     const KindInfo* kind = find_kind(st.kind);

@@ -7,6 +7,7 @@
 #include <boost/graph/graphviz.hpp>
 #include <boost/graph/topological_sort.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <iterator>
 #include <map>
@@ -25,30 +26,75 @@ bool valid_name(const std::string& n) {
   return true;
 }
 
-/// The nodes of several outputs and their `from` nodes met so far: each may stand once in a graph.
-using Branching = std::set<const NodeDefBase*>;
+/// How messages name a node once it has its place: "pipeline[3] (batch 'b')".
+std::string label(const GraphNode& n) { return n.place + " (" + node_label(n.kind, n.name) + ")"; }
+
+/// The nodes of several outputs and their `from` nodes met so far: each may stand once in a graph. A
+/// second meeting is recorded (the node index it got, not walked again) and refused once nodes have places.
+struct Branching {
+  std::set<const NodeDefBase*> met;
+  std::vector<std::size_t> again;
+};
 
 void walk(const NodeDefBase& def, std::vector<GraphNode>& nodes, std::vector<const NodeDefBase*>& defs,
           Branching& branching, std::size_t depth) {
   if (depth > 10'000) throw ConfigError("pipeline is nested more than 10000 nodes deep");
-  if ((def.outputs() > 1 || def.reads()) && !branching.insert(&def).second) {
-    const NodeDefBase& owner = def.reads() ? *def.reads() : def;
-    throw ConfigError("output " + std::to_string(def.reads_output()) + " of " + node_label(owner.kind(), owner.name()) +
-                      " is read twice; each output feeds one consumer (fork it again to read it twice)");
-  }
+  const bool again = (def.outputs() > 1 || def.reads()) && !branching.met.insert(&def).second;
   const std::size_t index = nodes.size();
+  if (again) branching.again.push_back(index);
   GraphNode& n = nodes.emplace_back();
   n.kind = def.kind();
   n.name = def.name();
+  n.place = def.place();
   n.element_type = def.element_type_tag();
   n.params = def.params();
   n.outputs = def.outputs();
   defs.push_back(&def);
+  if (again) return;  // its inputs stand where it was met first
   for (const auto& in : def.inputs()) {
     if (!in) throw ConfigError(node_label(def.kind(), def.name()) + ": an input is missing");
     const std::size_t child = nodes.size();
     nodes[index].inputs.push_back(child);
     walk(*in, nodes, defs, branching, depth + 1);
+  }
+}
+
+/// Gives every node a place: one its front end set, else its consumer's when it feeds input 0 of a placed
+/// node (an op of a spec built of several nodes), else counted from the source along its chain: input 0
+/// continues a node's chain, input k >= 1 starts the chain "<node's place>.with[k-1]", the output's chain
+/// is "pipeline".
+void assign_places(std::vector<GraphNode>& nodes) {
+  const std::size_t n = nodes.size();
+  std::vector<std::size_t> parent(n, GraphNode::kNone), slot(n, 0), chain(n, 0), depth(n, 0);
+  std::vector<std::size_t> chain_length{1};  // chain 0: the output's
+  std::vector<std::pair<std::size_t, std::size_t>> chain_start{{GraphNode::kNone, 0}};  // (node, input)
+  for (std::size_t i = 0; i < n; ++i) {  // pre-order: a node comes before its inputs
+    for (std::size_t k = 0; k < nodes[i].inputs.size(); ++k) {
+      const std::size_t c = nodes[i].inputs[k];
+      parent[c] = i;
+      slot[c] = k;
+      if (k == 0) {
+        chain[c] = chain[i];
+        depth[c] = depth[i] + 1;
+      } else {
+        chain[c] = chain_length.size();
+        chain_length.push_back(1);
+        chain_start.push_back({i, k});
+      }
+      chain_length[chain[c]] = std::max(chain_length[chain[c]], depth[c] + 1);
+    }
+  }
+  const bool front_end = std::any_of(nodes.begin(), nodes.end(), [](const GraphNode& g) { return !g.place.empty(); });
+  for (std::size_t i = 0; i < n; ++i) {  // pre-order: a consumer's place is known before its inputs'
+    if (!nodes[i].place.empty()) continue;
+    if (front_end && parent[i] != GraphNode::kNone && slot[i] == 0) {
+      nodes[i].place = nodes[parent[i]].place;
+      continue;
+    }
+    const auto [start, input] = chain_start[chain[i]];
+    const std::string name =
+        start == GraphNode::kNone ? "pipeline" : nodes[start].place + ".with[" + std::to_string(input - 1) + "]";
+    nodes[i].place = name + "[" + std::to_string(chain_length[chain[i]] - 1 - depth[i]) + "]";
   }
 }
 
@@ -61,8 +107,8 @@ void link_branches(std::vector<GraphNode>& nodes, const std::vector<const NodeDe
   for (std::size_t i = 0; i < defs.size(); ++i) {
     const NodeDefBase* owner = defs[i]->reads();
     if (!owner) continue;
-    const std::string label = node_label(owner->kind(), owner->name());
     const auto it = index_of.find(owner);
+    const std::string label = it == index_of.end() ? node_label(owner->kind(), owner->name()) : dpipe::label(nodes[it->second]);
     if (it == index_of.end())
       throw ConfigError("output " + std::to_string(defs[i]->reads_output()) + " of " + label + " is read, but " + label +
                         " itself is not in the pipeline: its output 0 (the node itself) must be read too");
@@ -75,7 +121,7 @@ void link_branches(std::vector<GraphNode>& nodes, const std::vector<const NodeDe
   for (std::size_t i = 0; i < nodes.size(); ++i)
     for (std::size_t k = 1; k < nodes[i].outputs; ++k)
       if (!read[i].count(k))
-        throw ConfigError(node_label(nodes[i].kind, nodes[i].name) + ": output " + std::to_string(k) +
+        throw ConfigError(label(nodes[i]) + ": output " + std::to_string(k) +
                           " is never read; every output must be (the node would hold its elements until its buffer "
                           "fills): give a smaller count or read it");
 }
@@ -173,11 +219,11 @@ void check_segments(std::vector<GraphNode>& nodes) {
     GraphNode& n = nodes[f.node];
     n.segment = f.seg;  // merge itself runs after the workers, dispatch once per worker
     scope[f.node] = f.scope;
-    const std::string label = node_label(n.kind, n.name);
+    const std::string label = dpipe::label(n);
     const KindInfo& role = role_of(n);
     if (!f.cycle.empty() && (n.outputs > 1 || n.reads != GraphNode::kNone))
       throw ConfigError(f.cycle + ": it rebuilds its upstream every pass, so it cannot contain " +
-                        (n.reads != GraphNode::kNone ? "a branch read from " + node_label(nodes[n.reads].kind, nodes[n.reads].name)
+                        (n.reads != GraphNode::kNone ? "a branch read from " + dpipe::label(nodes[n.reads])
                                                      : label));
     const std::size_t below_scope =
         role.segment == SegmentRole::ends_workers || role.segment == SegmentRole::starts_workers ? f.node : f.scope;
@@ -209,10 +255,10 @@ void check_segments(std::vector<GraphNode>& nodes) {
     const GraphNode& n = nodes[i];
     if (n.reads == GraphNode::kNone || scope[i] == scope[n.reads]) continue;
     const GraphNode& owner = nodes[n.reads];
-    throw ConfigError("output " + std::to_string(n.output) + " of " + node_label(owner.kind, owner.name) + " is read in the " +
-                      segment_name(n.segment) + " segment" + (scope[i] == GraphNode::kNone ? "" : " of " + nodes[scope[i]].key) +
+    throw ConfigError("output " + std::to_string(n.output) + " of " + label(owner) + " is read in the " +
+                      segment_name(n.segment) + " segment" + (scope[i] == GraphNode::kNone ? "" : " of " + label(nodes[scope[i]])) +
                       ", the node stands in the " + segment_name(owner.segment) + " segment" +
-                      (scope[n.reads] == GraphNode::kNone ? "" : " of " + nodes[scope[n.reads]].key) +
+                      (scope[n.reads] == GraphNode::kNone ? "" : " of " + label(nodes[scope[n.reads]])) +
                       ": read every output of a node on the same side of dispatch and merge");
   }
 }
@@ -251,7 +297,7 @@ std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes, const std:
       continue;
     }
     const KindInfo* kind = find_kind(n.kind);
-    const std::string label = n.key + " (" + n.kind + ")";
+    const std::string label = dpipe::label(n);
     if (kind && kind->deals) {  // its input, if any, is read by index through it, never in full
       f.dealt = f.covered = n.segment == Segment::worker ? Flow::kRank | Flow::kWorker : Flow::kRank;
       f.dealer = i;
@@ -277,8 +323,7 @@ std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes, const std:
     }
     if (const unsigned levels = levels_of(n, split.shards)) {
       if (f.dealt & levels)
-        throw ConfigError(label + " shards over " + describe_levels(levels) + ", but " + nodes[f.dealer].key + " (" +
-                          nodes[f.dealer].kind + ") already deals its stream to " + describe_levels(f.dealt) +
+        throw ConfigError(label + " shards over " + describe_levels(levels) + ", but " + dpipe::label(nodes[f.dealer]) + " already deals its stream to " + describe_levels(f.dealt) +
                           ": each instance would keep a fraction of its own share and the rest would be lost. "
                           "Remove the " + n.kind);
       f.dealt |= levels;
@@ -298,9 +343,16 @@ std::vector<Flow> sharding_flows(const std::vector<GraphNode>& nodes, const std:
 
 Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
   Graph g;
-  {
-    Branching branching;
-    walk(output, g.nodes_, g.defs_, branching, 0);
+  Branching branching;
+  walk(output, g.nodes_, g.defs_, branching, 0);
+  assign_places(g.nodes_);
+  for (const std::size_t i : branching.again) {  // an output read twice, named where its node stands
+    const NodeDefBase* owner = g.defs_[i]->reads() ? g.defs_[i]->reads() : g.defs_[i];
+    const auto first = std::find(g.defs_.begin(), g.defs_.end(), owner);
+    throw ConfigError("output " + std::to_string(g.defs_[i]->reads_output()) + " of " +
+                      (first == g.defs_.end() ? node_label(owner->kind(), owner->name())
+                                              : label(g.nodes_[static_cast<std::size_t>(first - g.defs_.begin())])) +
+                      " is read twice; each output feeds one consumer (fork it again to read it twice)");
   }
   link_branches(g.nodes_, g.defs_);
   {
@@ -320,10 +372,10 @@ Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
   for (const auto& n : g.nodes_) {
     if (n.name.empty()) continue;
     if (!valid_name(n.name))
-      throw ConfigError(node_label(n.kind, n.name) +
+      throw ConfigError(label(n) +
                         ": a node name must be 1 to 128 letters, digits, '_', '-' or '.'");
     if (n.name == "run")  // the key of the engine's own record in every snapshot
-      throw ConfigError(node_label(n.kind, n.name) + ": the name 'run' is reserved by the engine's snapshots");
+      throw ConfigError(label(n) + ": the name 'run' is reserved by the engine's snapshots");
     if (!names.insert(n.name).second)
       throw ConfigError("the name '" + n.name + "' is used by more than one node; node names must be unique");
   }
@@ -332,6 +384,7 @@ Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
     if (n.name.empty() && names.count(n.key))
       throw ConfigError("the name '" + n.key + "' collides with the key of an unnamed node");
     g.keys_.push_back(n.key);
+    g.labels_.push_back(label(n));
   }
 
   check_segments(g.nodes_);
@@ -344,6 +397,12 @@ Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
 
   g.fingerprint_ = g.fingerprint_with({});
   return g;
+}
+
+std::string Graph::label_of(const std::string& key) const {
+  for (std::size_t i = 0; i < keys_.size(); ++i)
+    if (keys_[i] == key) return labels_[i];
+  return "node '" + key + "'";
 }
 
 std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
@@ -374,7 +433,6 @@ std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
 
 std::optional<std::uint64_t> Graph::length(const Layout& layout, std::string* why) const {
   std::string unknown;  // the first node that cannot say
-  const auto label = [&](const GraphNode& n) { return n.key + " (" + n.kind + ")"; };
   // A sum of workers' streams; past 2^64 - 1 it cannot be said either.
   const auto add = [&](std::optional<std::uint64_t> sum, std::uint64_t part) -> std::optional<std::uint64_t> {
     std::uint64_t out = 0;

@@ -81,6 +81,9 @@ struct SpecOptions {
   const ExternalFunctions* external = nullptr;
   /// Where the file sources' relative names are resolved and how their files are identified.
   DataFiles data{};
+  /// A front end that rewrites the user's pipeline (the Python package fuses stages) gives each node the
+  /// place the user put it at in an "at" string ("pipeline[4]", "pipeline[1..3]"): messages name it so.
+  bool places = false;
 };
 
 /// Parses and builds a JSON spec; a ConfigError names the node by its position and kind

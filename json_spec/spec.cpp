@@ -192,6 +192,12 @@ class JsonNode {
     if (it == j_.end() || !it->is_string()) throw PositionedError(where_ + ": the node has no \"op\" string");
     op_ = it->get<std::string>();
     used_.insert("op");
+    if (const auto at = j_.find("at"); t_options.places && at != j_.end()) {
+      if (!at->is_string() || at->get_ref<const std::string&>().empty() || at->get_ref<const std::string&>().size() > 256)
+        throw PositionedError(where_ + ": \"at\" must be a place of 1 to 256 characters");
+      where_ = at->get<std::string>();
+      used_.insert("at");
+    }
     std::string name;
     param("name", name);
     name_ = name;
@@ -731,6 +737,7 @@ SpecPipeline build_nodes(const json& chain, const std::string& where, std::size_
       }
     }();
     n.finish();
+    built.def().set_place(n.where());  // nodes the op made below it take this place too (Graph::labels)
     if (t_branches && !n.name().empty() && n.op() != "from") t_branches->named.emplace(n.name(), built);
     p = std::move(built);
     done.bytes = done.bytes || n.bytes_marked();

@@ -611,13 +611,47 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
   detail::fsync_directory(dir, dir);
 }
 
+/// Refuses to write `s` into `dir` when this rank's file there under another name belongs to another run
+/// (another pipeline or seed): the write would remove it as this rank's older file and break that run's
+/// set. An older file of this run (another step or epoch) is replaced as before; one that cannot be read
+/// is no set anybody can resume, and is replaced too. Reads the metadata of this rank's files only.
+void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const std::string& name) {
+  const std::string prefix = "rank-" + std::to_string(s.meta.layout.rank) + "-of-";
+  std::vector<std::string> others;
+  {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) throw SnapshotError("cannot list '" + dir + "' for this rank's older files: " + std::strerror(errno));
+    while (const dirent* e = ::readdir(d)) {
+      const std::string_view n = e->d_name;
+      if (!n.starts_with(prefix) || n == name) continue;
+      const auto f = SnapshotSet::parse_file_name(n);
+      if (f && f->world_size == s.meta.layout.world_size && f->rank == s.meta.layout.rank) others.emplace_back(n);
+    }
+    ::closedir(d);
+  }
+  for (const auto& other : others) {
+    SnapshotMeta m;
+    try {
+      m = Snapshot::read_meta((fs::path(dir) / other).string());
+    } catch (const Error&) {
+      continue;
+    }
+    if (m.fingerprint == s.meta.fingerprint && m.seed == s.meta.seed) continue;
+    throw SnapshotError("snapshot set directory '" + dir + "' holds the set of another run ('" + other + "': seed " +
+                        std::to_string(m.seed) + ", graph fingerprint " + hex_id(m.fingerprint) + "; this snapshot: seed " +
+                        std::to_string(s.meta.seed) + ", graph fingerprint " + hex_id(s.meta.fingerprint) +
+                        "): writing would replace that run's files. Write into another directory, or remove that set first");
+  }
+}
+
 }  // namespace
 
 void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   create_set_dir(dir);
-  drop_manifest(dir);  // before this rank's file changes
   const SetIdentity set = identity_of(s.meta);
   const std::string name = tagged_name(s.meta.layout.rank, set);
+  refuse_another_runs_set(dir, s, name);  // before anything of that set changes
+  drop_manifest(dir);  // before this rank's file changes
   s.write_file((fs::path(dir) / name).string());
   // Again now that the file changed: an index another rank was building from this rank's older file
   // while the first removal ran may have been written since (its own check sees the change only if it

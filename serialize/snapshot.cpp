@@ -98,7 +98,13 @@ SnapshotMeta decode_meta(ByteReader& r) {
     n.element_type = r.str();
     m.graph.push_back(std::move(n));
   }
-  get_string_pairs(r, [&](std::string k, std::string v) { m.user_metadata[std::move(k)] = std::move(v); });
+  // Written in key order, each key once: anything else would lose a pair or read as another file's.
+  get_string_pairs(r, [&](std::string k, std::string v) {
+    if (!m.user_metadata.empty() && !(m.user_metadata.rbegin()->first < k))
+      r.fail("its user metadata key '" + k.substr(0, 64) + (k.size() > 64 ? "…" : "") + "' " +
+             (m.user_metadata.rbegin()->first == k ? "is given twice" : "comes after a greater key (keys are sorted)"));
+    m.user_metadata.emplace_hint(m.user_metadata.end(), std::move(k), std::move(v));
+  });
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the metadata");
   return m;
 }
@@ -561,6 +567,22 @@ SnapshotIdentity Snapshot::read_identity(const std::string& path) {
   const std::string body = file.section(*e);
   ByteReader r(body, "snapshot identity");
   decode_identity(r, out.id, out.step);
+  return out;
+}
+
+SnapshotMeta Snapshot::read_meta(const std::string& path) {
+  const SnapshotFileParts file(path);
+  const auto* meta = file.find(kMeta);
+  if (!meta) throw file.fail("snapshot lacks its metadata section");
+  const std::string body = file.section(*meta);
+  ByteReader r(body, "snapshot metadata");
+  SnapshotMeta out = decode_meta(r);
+  out.format_version = file.version();
+  if (const auto* identity = file.find(kIdentity)) {
+    const std::string id = file.section(*identity);
+    ByteReader ir(id, "snapshot identity");
+    decode_identity(ir, out.id, out.step);
+  }
   return out;
 }
 

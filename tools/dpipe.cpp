@@ -94,6 +94,7 @@ struct Cli {
   RunArgs run_args;
   BenchArgs bench_args;
   std::string graph_spec;
+  std::string graph_data_root;
   std::string show_path;
   RescaleArgs rescale_args;
   struct {
@@ -176,7 +177,7 @@ void build_cli(Cli& c) {
   auto* resume = c.run->add_option("--resume", r.resume, "resume from the snapshot file PATH")->type_name("PATH");
   auto* resume_dir = c.run->add_option("--resume-dir", r.resume_dir, "resume this rank from the snapshot set DIR")->type_name("DIR");
   resume->excludes(resume_dir);
-  c.run->add_option("--step", r.step, "record N as the snapshot's step (a set of mixed steps is refused)")
+  c.run->add_option("--step", r.step, "record N as the snapshot's step (a set of mixed steps is refused; with --snapshot-dir and --take it defaults to the resumed step + the --take count)")
       ->type_name("N")
       ->check(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
   c.run->add_option("--max-replay", r.max_replay,
@@ -218,6 +219,8 @@ void build_cli(Cli& c) {
 
   c.graph = app.add_subcommand("graph", "Prints the pipeline's graph in Graphviz DOT.");
   c.graph->add_option("SPEC", c.graph_spec, kSpecHelp)->type_name("")->required();
+  c.graph->add_option("--data-root", c.graph_data_root, "resolve the spec's relative file names against DIR (as run does)")
+      ->type_name("DIR");
 
   auto* snapshot = app.add_subcommand("snapshot", "Shows or rescales snapshots.");
   snapshot->require_subcommand(1);
@@ -499,6 +502,22 @@ std::unique_ptr<SpecRun> start_run(const dpipe::Spec& spec, dpipe::Engine& engin
 // ---------------------------------------------------------------------------------------------------
 // Commands.
 
+/// The step a set write records: --step, else, with --take, where the run stands as every rank was asked
+/// to: the resumed snapshot's step (else the elements its rank had delivered; 0 for a new run) plus
+/// --take. Ranks writing at one moment then name the same step though none talks to another, and a set
+/// mixing two moments (a job killed between two ranks' writes) is refused naming ranks and steps. Without
+/// --take the run reads to the end of its stream, and its snapshot has no step unless given.
+std::optional<std::uint64_t> set_step(const RunArgs& a, const SpecRun& run, std::optional<std::uint64_t> take) {
+  if (a.step || !take) return a.step;
+  const dpipe::RestoreReport& resumed = run.restore_report();
+  const std::uint64_t base = resumed.step ? *resumed.step : resumed.delivered;
+  std::uint64_t step = 0;
+  if (__builtin_add_overflow(base, *take, &step))
+    throw dpipe::ConfigError("the set's step would pass 2^64 - 1 (the resumed step " + std::to_string(base) + " + --take " +
+                             std::to_string(*take) + "): give --step");
+  return step;
+}
+
 int cmd_run(const RunArgs& a) {
   const auto spec = read_spec(a.common);
   const auto options = run_options(a.common, spec.seed);
@@ -543,7 +562,7 @@ int cmd_run(const RunArgs& a) {
   const double secs = seconds_since(t0);
   const std::map<std::string, std::string> meta{{"elements_delivered_by_this_run", std::to_string(n)}};
   if (a.snapshot_out) run->snapshot(meta, a.step).write_file(*a.snapshot_out);
-  if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run->reproducible_snapshot(meta, a.step));
+  if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run->reproducible_snapshot(meta, set_step(a, *run, take)));
   if (a.common.stats)
     print_run_stats(RunFigures{.elements = n,
                                .seconds = secs,
@@ -592,8 +611,8 @@ int cmd_bench(const BenchArgs& a) {
   return 0;
 }
 
-int cmd_graph(const std::string& spec_text) {
-  const auto spec = dpipe::parse_spec(read_text(spec_text));
+int cmd_graph(const std::string& spec_text, const std::string& data_root) {
+  const auto spec = dpipe::parse_spec(read_text(spec_text), {.data = {.root = data_root}});
   with_pipeline(spec, [](const auto& p) { std::cout << dpipe::Graph::build(*p.def()).to_dot(); });
   return 0;
 }
@@ -739,7 +758,7 @@ int main(int argc, char** argv) {
     int rc = 0;
     if (*cli.run) rc = cmd_run(cli.run_args);
     else if (*cli.bench) rc = cmd_bench(cli.bench_args);
-    else if (*cli.graph) rc = cmd_graph(cli.graph_spec);
+    else if (*cli.graph) rc = cmd_graph(cli.graph_spec, cli.graph_data_root);
     else if (*cli.show) rc = cmd_show(cli.show_path);
     else if (*cli.rescale) rc = cmd_rescale(cli.rescale_args);
     else if (*cli.ops) rc = cmd_ops(cli.ops_args.op, cli.ops_args.json, cli.ops_args.markdown);

@@ -334,7 +334,7 @@ Run<T>::Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> execu
   graph_->check_layout(layout_);
   warnings_ = graph_->warnings(layout_);
   shared_ = std::make_unique<detail::RunShared>();
-  BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_->keys(), 0};
+  BuildContext ctx{options_.seed, options_.epoch, layout_, 0, &graph_->keys(), 0, &graph_->labels()};
   ctx.executor = executor_.get();
   ctx.shared = shared_.get();
   ctx.inline_workers = options_.inline_workers;
@@ -358,6 +358,8 @@ void Run<T>::restore(const Snapshot& s, const ResumeOptions& resume) {
   r.read(record);
   r.finish();
   delivered_ = record.delivered;
+  report_.step = s.meta.step;
+  report_.delivered = record.delivered;
   buf_ = std::move(record.pending);
   head_ = 0;
   root_->restore(index, report_);

@@ -38,21 +38,29 @@ class FileError : public Error {
   using Error::Error;
 };
 
-/// A user function threw. The original exception is nested (std::rethrow_if_nested).
+/// A user function threw. The original exception is nested (std::rethrow_if_nested). The message names the
+/// node by its label (Graph::labels: "pipeline[3] (map 'tok')"); node_key() is its key in snapshots.
 class NodeError : public Error, public std::nested_exception {
  public:
-  NodeError(std::string node_key, int worker, const std::string& cause)
-      : Error("node '" + node_key + "' (worker " + std::to_string(worker) + ") failed: " + cause),
+  NodeError(std::string node_key, const std::string& label, int worker, const std::string& cause)
+      : Error((label.empty() ? "node '" + node_key + "'" : label) + " failed (worker " + std::to_string(worker) +
+              "): " + cause),
         node_key_(std::move(node_key)),
+        label_(label.empty() ? "node '" + node_key_ + "'" : label),
         worker_(worker),
         cause_(cause) {}
+  NodeError(std::string node_key, int worker, const std::string& cause)
+      : NodeError(std::move(node_key), std::string(), worker, cause) {}
   const std::string& node_key() const { return node_key_; }
+  /// How the message names the node: "pipeline[3] (map 'tok')".
+  const std::string& label() const { return label_; }
   int worker() const { return worker_; }
   /// The original exception's message.
   const std::string& cause() const { return cause_; }
 
  private:
   std::string node_key_;
+  std::string label_;
   int worker_;
   std::string cause_;
 };
@@ -82,12 +90,13 @@ struct FailureRecord {
   /// The failure as a NodeError. The original exception did not survive the snapshot, so the one
   /// nested in it is a std::runtime_error carrying the original's message (never an empty nest, which
   /// would make std::rethrow_if_nested terminate the process).
-  std::exception_ptr to_exception() const {
+  /// `label`: how messages name the node (Graph::label_of), empty for its key.
+  std::exception_ptr to_exception(const std::string& label = {}) const {
     if (cause.empty()) return nullptr;
     try {
       throw std::runtime_error(cause);
     } catch (...) {
-      return std::make_exception_ptr(NodeError(node, static_cast<int>(worker), cause));
+      return std::make_exception_ptr(NodeError(node, label, static_cast<int>(worker), cause));
     }
   }
 };

@@ -22,6 +22,7 @@ struct GraphNode {
   std::string key;   // the node's name, or "<kind>@…" for unnamed nodes (KeyScheme)
   std::string kind;
   std::string name;
+  std::string place;  // where the user put it: "pipeline[3]" (see NodeDefBase::place)
   std::string element_type;
   Params params;
   std::vector<std::size_t> inputs;  // indices into Graph::nodes()
@@ -43,6 +44,11 @@ class Graph {
   const std::vector<GraphNode>& nodes() const { return nodes_; }
   /// Keys in pre-order, the order in which iterators take them when built.
   const std::vector<std::string>& keys() const { return keys_; }
+  /// How every message names node i: its place counted from the source, its kind and its name when it has
+  /// one ("pipeline[3] (batch)", "pipeline[1].with[0][2] (map 'tok')"); in pre-order, as keys().
+  const std::vector<std::string>& labels() const { return labels_; }
+  /// The label of the node keyed `key`, else "node 'KEY'" (a snapshot's node this graph lacks).
+  std::string label_of(const std::string& key) const;
   /// Hash of kinds, names, parameters, element types and edges.
   /// (Of data files: path and size; their modification times are compared on restore, see is_data_param.)
   std::uint64_t fingerprint() const { return fingerprint_; }
@@ -80,6 +86,7 @@ class Graph {
  private:
   std::vector<GraphNode> nodes_;
   std::vector<std::string> keys_;
+  std::vector<std::string> labels_;
   std::vector<std::size_t> topo_;
   std::vector<const NodeDefBase*> defs_;  // borrowed from the pipeline
   std::uint64_t fingerprint_ = 0;

@@ -170,6 +170,9 @@ class Snapshot {
   /// The id and step of the snapshot file at `path`, reading its header, section table and identity
   /// section only (checksums verified); throws SnapshotError.
   static SnapshotIdentity read_identity(const std::string& path);
+  /// The metadata of the snapshot file at `path` (section 1 and the identity), reading no node state
+  /// (checksums verified); throws SnapshotError.
+  static SnapshotMeta read_meta(const std::string& path);
   /// A JSON rendering for people; native element types are decoded, others shown as hex.
   std::string to_json() const;
 

@@ -11,7 +11,7 @@ import itertools
 from ._callables import label as _label
 
 _FUSIBLE_OPS = ("map", "filter", "flat_map")
-_FUSIBLE_KEYS = {"op", "fn", "id", "out", "on_error"}
+_FUSIBLE_KEYS = {"op", "fn", "id", "out", "on_error", "at"}
 _fused_ids = itertools.count(-1, -1)  # negative: never one of the node functions' ids
 
 
@@ -63,42 +63,46 @@ def compose(stages):
 
 def fuse(nodes, callables):
     """The spec's chain `nodes` with each run of two or more fusible nodes as one map node of a fused
-    callable (other inputs' chains too), and the callables by id with the fused ones added."""
+    callable (other inputs' chains too), and the callables by id with the fused ones added. Each node
+    carries the place the user put it at ("at": "pipeline[4]", a fused run "pipeline[1..3]"), which
+    messages name it by (the spec is built with places=True)."""
     callables = dict(callables)
 
-    def chain(nodes):
-        out, run = [], []
+    def chain(nodes, where):
+        out, run = [], []  # run: (index, node) of the fusible nodes met in a row
 
         def flush():
             if len(run) == 1:
-                out.append(run[0])
+                out.append(run[0][1])
             elif run:
-                stages = [(n["op"], callables[n["id"]]) for n in run]
+                stages = [(n["op"], callables[n["id"]]) for _, n in run]
                 out_type = None  # the last map's out=, else the input's type (filter and flat_map keep it)
-                for n in run:
+                for _, n in run:
                     if n["op"] == "map" and n.get("out") is not None:
                         out_type = n["out"]
                 fid = next(_fused_ids)
                 callables[fid] = compose(stages)
-                node = {"op": "map", "fn": "external", "id": fid}
+                node = {"op": "map", "fn": "external", "id": fid, "at": f"{where}[{run[0][0]}..{run[-1][0]}]"}
                 if out_type is not None:
                     node["out"] = out_type
                 out.append(node)
             run.clear()
 
-        for node in nodes:
-            node = {k: ([chain(v) if isinstance(v, list) else v for v in value]
+        for i, node in enumerate(nodes):
+            place = f"{where}[{i}]"
+            node = {k: ([chain(v, f"{place}.{k}[{j}]") if isinstance(v, list) else v for j, v in enumerate(value)]
                         if isinstance(value, list) and any(isinstance(v, list) for v in value) else value)
                     for k, value in node.items()}
+            node["at"] = place
             if _fusible(node):
                 # A map whose out= is a plain type converts there: the stage after it starts a new run.
-                if run and run[-1]["op"] == "map" and run[-1].get("out") not in (None, "value"):
+                if run and run[-1][1]["op"] == "map" and run[-1][1].get("out") not in (None, "value"):
                     flush()
-                run.append(node)
+                run.append((i, node))
             else:
                 flush()
                 out.append(node)
         flush()
         return out
 
-    return chain(list(nodes)), callables
+    return chain(list(nodes), "pipeline"), callables

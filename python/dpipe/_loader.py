@@ -44,7 +44,10 @@ def _warn_torch_batching():
     torch_data = sys.modules.get("torch.utils.data")
     if torch_data is None:
         return
-    frame = sys._getframe(2)
+    try:
+        frame = sys._getframe(2)
+    except (AttributeError, ValueError):  # an interpreter without frames, or a shallower stack
+        return
     for _ in range(8):
         if frame is None:
             return
@@ -108,21 +111,14 @@ class LoaderBase:
         given, given_callables = pipeline.spec()["pipeline"], pipeline._callables
         data = (os.fspath(data_root) if data_root is not None else "", bool(file_digest))
 
-        def build(nodes, callables):
+        def build(nodes, callables, places):
             tuple_inputs = set()
             rows = _nodes.zip_rows(nodes, tuple_inputs)
-            return _dpipe.build(json.dumps({"pipeline": nodes}), callables, tuple_inputs, rows == 0, *data)
+            return _dpipe.build(json.dumps({"pipeline": nodes}), callables, tuple_inputs, rows == 0, *data, places)
 
+        # Fused, each node carries the place the user gave it, which every message names it by.
         nodes, callables = _fuse.fuse(given, given_callables) if fuse else (given, given_callables)
-        try:
-            self._built = build(nodes, callables)
-        except _dpipe.ConfigError:
-            if nodes is given:
-                raise
-            # A ConfigError names the node by its position, which fusing shifted: the pipeline as given
-            # names it where the user put it (and fails the same way).
-            build(given, given_callables)
-            raise
+        self._built = build(nodes, callables, fuse)
         if (rank is None) != (world_size is None):
             raise _dpipe.ConfigError("give both rank and world_size, or neither")
         if rank is None:
@@ -140,7 +136,8 @@ class LoaderBase:
         self._allow_changed_data = bool(allow_changed_data)
         self._overrides = [override] if isinstance(override, str) else [str(o) for o in override]
         if same_function is True:
-            self._overrides.append("callable")
+            if given_callables:  # else no node has a function to vouch for
+                self._overrides.append("callable")
         elif same_function:
             names = [same_function] if isinstance(same_function, str) else list(same_function)
             self._overrides += [f"{n}.callable" for n in names]

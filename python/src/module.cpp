@@ -614,7 +614,7 @@ class PyFlatChainIter final : public Hooked<Out> {
   }
   void save_state(StateWriter& w) const override {
     if (failure_)  // inline only: a pull of several inputs, one failed behind outputs not yet delivered
-      throw SnapshotError("node '" + this->key() + "' holds a failure of " + callable_.label + " behind " +
+      throw SnapshotError(this->label() + " holds a failure of " + callable_.label + " behind " +
                           std::to_string(pending_.size() - next_) +
                           " outputs not yet delivered: a snapshot is taken before the failure or not at all");
     w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
@@ -1117,17 +1117,18 @@ struct BuiltSpec {
 };
 
 BuiltSpec build(const std::string& json_text, const py::dict& callables, const std::set<std::int64_t>& tuple_inputs,
-                bool tuple_rows, const std::string& data_root, bool file_digest) {
+                bool tuple_rows, const std::string& data_root, bool file_digest, bool places) {
   const PythonFunctions functions(callables, tuple_inputs);
   const DataFiles data{.root = data_root, .identity = file_digest ? FileIdentity::digest : FileIdentity::mtime};
-  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions, .data = data}), tuple_rows};
+  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions, .data = data, .places = places}), tuple_rows};
 }
 
-/// A NodeError reaches Python as dpipe.NodeError (with `node` and `worker`), and the exception a Python
+/// A NodeError reaches Python as dpipe.NodeError (with `node`: its key, `label`: its place and kind, `worker`), and the exception a Python
 /// callable raised as its __cause__.
 void translate_node_error(const dpipe::NodeError& e, const py::object& node_error_type) {
   py::object exc = node_error_type(e.what());
   exc.attr("node") = e.node_key();
+  exc.attr("label") = e.label();
   exc.attr("worker") = e.worker();
   try {
     if (e.nested_ptr()) std::rethrow_exception(e.nested_ptr());
@@ -1242,11 +1243,12 @@ PYBIND11_MODULE(_dpipe, m) {
           "(elements the rank delivers in an epoch, or None; which node cannot say)");
   m.def("build", &build, py::arg("spec_json"), py::arg("callables") = py::dict(),
         py::arg("tuple_inputs") = std::set<std::int64_t>(), py::arg("tuple_rows") = false,
-        py::arg("data_root") = std::string(), py::arg("file_digest") = false,
+        py::arg("data_root") = std::string(), py::arg("file_digest") = false, py::arg("places") = false,
         "Builds a JSON spec into a typed pipeline; `callables` maps the ids of \"fn\": \"external\" to Python "
         "callables, `tuple_inputs` names those that receive zip's rows (as tuples), and `tuple_rows` says whether "
         "the pipeline's elements are such rows; `data_root` and `file_digest`: where the file sources' names are "
-        "resolved and whether their files are identified by a digest of their bytes.");
+        "resolved and whether their files are identified by a digest of their bytes; `places`: nodes carry the "
+        "user's place of each in \"at\" (a rewritten pipeline).");
 
   py::class_<LoopOptions>(m, "LoopOptions")
       .def(py::init<>())

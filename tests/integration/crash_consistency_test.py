@@ -173,13 +173,15 @@ def manifest_names_present_files(d):
 
 def snapshot_dir_rank():
     d = os.path.join(TMP, "set")
+    # One step given to every write, so rank 1's file keeps its name while its content changes.
     for r in (0, 1):
-        run([DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take", "100", "--snapshot-dir", d])
+        run([DPIPE, "run", SET_SPEC, "--rank", str(r), "--world-size", "2", "--take", "100", "--snapshot-dir", d,
+             "--step", "1"])
     assert os.path.exists(os.path.join(d, MANIFEST))
     path = rank_file(d, 1, 2)
     summary = snapshot_writer("snapshot_dir", 40, path,
                               lambda take: [DPIPE, "run", SET_SPEC, "--rank", "1", "--world-size", "2", "--take",
-                                            str(take), "--snapshot-dir", d])
+                                            str(take), "--snapshot-dir", d, "--step", "1"])
     # The untouched rank is intact and the set reads as a whole.
     assert snapshot_state(rank_file(d, 0, 2)) == 100
     run([DPIPE, "snapshot", "show", d])

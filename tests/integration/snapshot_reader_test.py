@@ -256,17 +256,18 @@ def main():
         names = sorted(os.listdir(set_dir))
         assert len(names) == 4 and names[2:] == ["set.dpipe-index", "set.dpipe-manifest"], names
         names = names[:2]
-        assert all(re.fullmatch(rf"rank-{r}-of-2\.w2\.[0-9a-f]{{16}}\.dpipe", n) for r, n in enumerate(names)), names
+        # With --take and no --step, the tool records the step where it was asked to stop (13).
+        assert all(re.fullmatch(rf"rank-{r}-of-2\.w2\.s13\.[0-9a-f]{{16}}\.dpipe", n) for r, n in enumerate(names)), names
         for r in range(2):
             files[f"set rank {r}"] = os.path.join(set_dir, names[r])
-    check("set: two ranks write rank-R-of-2.w2.TAG.dpipe, the index and the manifest", make_set)
+    check("set: two ranks write rank-R-of-2.w2.s13.TAG.dpipe, the index and the manifest", make_set)
 
     def manifest_as_documented():
         """The manifest line, rebuilt from the document: the set's world, workers, step and the TAG of its
         file names, then the CRC-32C of everything before " crc32c=", as 8 lowercase hex digits."""
         text = open(os.path.join(set_dir, "set.dpipe-manifest"), "rb").read()
-        tag = re.fullmatch(r"rank-0-of-2\.w2\.([0-9a-f]{16})\.dpipe", os.path.basename(files["set rank 0"])).group(1)
-        body = f"dpipe-set 1 world=2 workers=2 step=- tag={tag}".encode()
+        tag = re.fullmatch(r"rank-0-of-2\.w2\.s13\.([0-9a-f]{16})\.dpipe", os.path.basename(files["set rank 0"])).group(1)
+        body = f"dpipe-set 1 world=2 workers=2 step=13 tag={tag}".encode()
         assert text == body + b" crc32c=" + f"{sr.crc32c(body):08x}".encode() + b"\n", text
     check("set: the manifest reads as documented, its checksum included", manifest_as_documented)
 
@@ -407,7 +408,7 @@ def main():
         spec["pipeline"][3] = {"op": "replicate"}
         r = dpipe("run", json.dumps(spec), "--resume", os.path.join(vdir, "canonical.dpipe"), check=False)
         assert r.returncode != 0, r.stdout[:200]
-        assert "node 1 is map@1 (map, i64) in the snapshot and replicate@1 (replicate, i64) here" in r.stderr, r.stderr
+        assert "pipeline[3] (replicate) is replicate@1 (replicate, i64) here and map@1 (map, i64) in the snapshot" in r.stderr, r.stderr
     check("v3/canonical: another pipeline is refused naming the node that differs",
           old_file_of_another_pipeline_is_refused_naming_the_node)
 

@@ -204,3 +204,45 @@ def test_a_lambdas_digest_is_the_same_in_every_process():
 
 def test_a_bool_result_is_the_int_it_is():
     assert list(dpipe.Loader(dpipe.range(0, 4) | dpipe.map(lambda x: x > 1), fuse=False)) == [0, 0, 1, 1]
+
+
+def test_every_message_names_a_node_by_the_place_the_user_gave_it():
+    def ident(x):
+        return x
+
+    def wants_big(x):
+        return x > -1
+
+    def first_error(pipeline, **options):
+        with pytest.raises(dpipe.NodeError) as err:
+            list(dpipe.Loader(pipeline, **options))
+        return err.value
+
+    # A named node, alone (not fused): its place, kind and name, in the message and in .label.
+    e = first_error(dpipe.range(0, 20) | dpipe.map(explode_at, name="fragile"))
+    assert e.label == "pipeline[1] (map 'fragile')" and str(e).startswith("pipeline[1] (map 'fragile') failed (worker 0)")
+    assert e.node == "fragile"
+    # A node after fused stages keeps the place the user gave it; a fused run names its places.
+    after = dpipe.range(0, 20) | dpipe.map(ident) | dpipe.filter(wants_big) | dpipe.parallel_map(explode_at)
+    for fuse in (True, False):
+        assert first_error(after, fuse=fuse).label == "pipeline[3] (parallel_map)"
+    inside = dpipe.range(0, 20) | dpipe.map(ident) | dpipe.filter(wants_big) | dpipe.map(explode_at) | dpipe.batch(2)
+    e = first_error(inside)  # one node of the graph, which runs the stages as one flat_map
+    assert e.label == "pipeline[1..3] (flat_map)" and "map(" in str(e) and "filter(" in str(e)
+    assert first_error(inside, fuse=False).label == "pipeline[3] (map)"
+    # Inside another input's pipeline, as a spec writes it.
+    nested = dpipe.range(0, 20) | dpipe.zip(dpipe.range(0, 20) | dpipe.map(explode_at))
+    assert first_error(nested).label == "pipeline[1].with[0][1] (map)"
+    # A ConfigError names the same node the same way.
+    with pytest.raises(dpipe.ConfigError, match=r"^pipeline\[4\] \(batch\): size must be positive"):
+        dpipe.Loader(dpipe.range(0, 20) | dpipe.map(ident) | dpipe.filter(wants_big) | dpipe.map(ident) | dpipe.batch(0))
+
+
+def test_same_function_on_a_pipeline_without_callables_vouches_for_nothing_and_resumes():
+    first = dpipe.Loader(dpipe.range(0, 10) | dpipe.shuffle(4), seed=2)
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    again = dpipe.Loader(dpipe.range(0, 10) | dpipe.shuffle(4), seed=2, same_function=True)
+    again.load_state_dict(state)
+    assert head + list(again) == list(dpipe.Loader(dpipe.range(0, 10) | dpipe.shuffle(4), seed=2))

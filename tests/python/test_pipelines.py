@@ -278,7 +278,7 @@ def test_len_of_a_loader_is_what_each_rank_delivers_when_every_node_can_say(tmp_
     assert len(dpipe.Loader(dpipe.range(0), workers=2)) == 0
     # A node that cannot say makes len() a TypeError naming it; the loader still iterates.
     unknown = dpipe.Loader(dpipe.range(10) | dpipe.filter(lambda x: x % 2) | dpipe.batch(2, name="b"))
-    with pytest.raises(TypeError, match=r"filter@[0-9a-f]{8} \(filter\) cannot say how many elements"):
+    with pytest.raises(TypeError, match=r"unknown: pipeline\[1\] \(filter\) cannot say how many elements"):
         len(unknown)
     assert len(list(unknown)) == 3
     path = tmp_path / "a.txt"
@@ -320,7 +320,7 @@ def test_fork_demux_and_unzip_as_torchs_and_resumed_at_every_element():
     assert len(dpipe.Loader(a | dpipe.concat(b))) == 20
     evens, odds = dpipe.range(10).demux(2, lambda x: x % 2)
     assert list(dpipe.Loader(odds | dpipe.concat(evens))) == [1, 3, 5, 7, 9, 0, 2, 4, 6, 8]
-    with pytest.raises(TypeError, match=r"demux-[0-9a-f]+ \(demux\) cannot say"):
+    with pytest.raises(TypeError, match=r"pipeline\[1\] \(demux 'demux-[0-9a-f]+'\) cannot say"):
         len(dpipe.Loader(evens | dpipe.concat(odds)))
     left, right = (dpipe.range(6) | dpipe.zip(dpipe.range(10, 16))).unzip(2)
     assert list(dpipe.Loader(right | dpipe.concat(left))) == [10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5]
@@ -343,10 +343,10 @@ def test_fork_demux_and_unzip_as_torchs_and_resumed_at_every_element():
 
 def test_a_branch_never_read_and_a_buffer_too_small_are_errors_naming_the_node():
     a, b, c = dpipe.range(10).fork(3, name="f")
-    with pytest.raises(dpipe.ConfigError, match="fork 'f': output 2 is never read"):
+    with pytest.raises(dpipe.ConfigError, match=r"^pipeline\[1\] \(fork 'f'\): output 2 is never read"):
         list(dpipe.Loader(a | dpipe.zip(b)))
     x, y = dpipe.range(100).fork(2, buffer=10, name="g")
-    with pytest.raises(dpipe.Error, match=r"fork 'g': output 0 is 11 elements ahead of output 1"):
+    with pytest.raises(dpipe.Error, match=r"^pipeline\[\d+\] \(fork 'g'\): output 0 is 11 elements ahead of output 1"):
         list(dpipe.Loader(x | dpipe.concat(y)))
     p, q = dpipe.range(10).demux(2, lambda v: 5)
     with pytest.raises(dpipe.Error, match="its function returned 5 for an element; the outputs are 0 to 1"):

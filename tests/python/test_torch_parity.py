@@ -105,11 +105,11 @@ def test_fork():  # test_fork_iterdatapipe
 def test_fork_reading_one_output_to_its_end_needs_the_buffer_for_the_other():
     # test_fork_iterdatapipe: buffer_size=4, output 0 may take 4 elements, the 5th raises BufferError.
     a, b = dpipe.range(10).fork(2, buffer=4, name="f")
-    with pytest.raises(dpipe.Error, match="fork 'f': output 0 is 5 elements ahead of output 1, more than its buffer"):
+    with pytest.raises(dpipe.Error, match="fork 'f'\\): output 0 is 5 elements ahead of output 1, more than its buffer"):
         run(a | dpipe.concat(b))
     # buffer_size=5, reading output 1 to its end first raises too.
     a, b = dpipe.range(10).fork(2, buffer=5, name="f")
-    with pytest.raises(dpipe.Error, match="fork 'f': output 1 is 6 elements ahead of output 0"):
+    with pytest.raises(dpipe.Error, match="fork 'f'\\): output 1 is 6 elements ahead of output 0"):
         run(b | dpipe.concat(a))
     if IterableWrapper is not None:
         x, y = IterableWrapper(range(10)).fork(num_instances=2, buffer_size=4)
@@ -144,7 +144,7 @@ def test_demux_buffer_and_classifier_errors():
     # element, buffer_size=5 gives range(5, 10) then range(5).
     high_first = lambda x: 0 if x >= 5 else 1  # noqa: E731
     a, b = dpipe.range(10).demux(2, high_first, buffer=4, name="d")
-    with pytest.raises(dpipe.Error, match="demux 'd': it holds 5 elements for outputs other than output 0"):
+    with pytest.raises(dpipe.Error, match="demux 'd'\\): it holds 5 elements for outputs other than output 0"):
         run(a | dpipe.concat(b))
     a, b = dpipe.range(10).demux(2, high_first, buffer=5)
     assert run(a | dpipe.concat(b)) == list(range(5, 10)) + list(range(5))

@@ -577,6 +577,44 @@ TEST(NodeErrors, UserFunctionExceptionsNameTheNodeAndNestTheCause) {
   }
 }
 
+// One naming scheme: a node is its place counted from the source, its kind and its name, in a graph's
+// ConfigError, a NodeError and a refused resume alike; a spec's places are the ones it was written with.
+TEST(NodeErrors, EveryMessageNamesANodeByItsPlaceKindAndName) {
+  const auto three = [](std::int64_t x) {
+    if (x == 3) throw std::invalid_argument("bad three");
+    return x;
+  };
+  auto p = zip(range(0, 10) | map([](std::int64_t x) { return x; }, {.name = "decode"}), range(0, 10) | map(three));
+  const Graph g = Graph::build(*p.def());
+  EXPECT_EQ(g.labels(), (std::vector<std::string>{"pipeline[2] (zip)", "pipeline[1] (map 'decode')", "pipeline[0] (range)",
+                                                   "pipeline[2].with[0][1] (map)", "pipeline[2].with[0][0] (range)"}));
+  Engine e;
+  auto run = e.start(p, testing::options());
+  try {
+    testing::drain(run);
+    FAIL() << "no error";
+  } catch (const NodeError& err) {
+    EXPECT_EQ(err.label(), "pipeline[2].with[0][1] (map)");
+    EXPECT_EQ(std::string(err.what()).rfind("pipeline[2].with[0][1] (map) failed (worker 0): bad three", 0), 0u) << err.what();
+    EXPECT_EQ(err.node_key().rfind("map@", 0), 0u) << err.node_key();
+  }
+  // A spec's places, and the nodes an op makes below itself (unbatch of every level) share its place.
+  const Spec spec = parse_spec(R"({"pipeline": [{"op": "range", "stop": 8}, {"op": "batch", "size": 2},
+      {"op": "batch", "size": 2}, {"op": "unbatch", "level": -1},
+      {"op": "concat", "with": [[{"op": "range", "stop": 2}, {"op": "take", "count": 1, "name": "one"}]]}]})");
+  const Graph sg = Graph::build(spec.pipeline.def());
+  std::multiset<std::string> labels(sg.labels().begin(), sg.labels().end());
+  EXPECT_EQ(labels, (std::multiset<std::string>{"pipeline[0] (range)", "pipeline[1] (batch)", "pipeline[2] (batch)",
+                                                 "pipeline[3] (unbatch)", "pipeline[3] (unbatch)", "pipeline[4] (concat)",
+                                                 "pipeline[4].with[0][0] (range)", "pipeline[4].with[0][1] (take 'one')"}));
+  // A resume refused for a node that differs names it the same way.
+  auto four = range(0, 20) | shuffle({.buffer = 4});
+  auto started = e.start(four, testing::options());
+  started.next();
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(range(0, 20) | shuffle({.buffer = 5}), started.snapshot(), testing::options()); },
+                                            "pipeline[1] (shuffle): buffer is 5, the snapshot has 4");
+}
+
 TEST(NodeErrors, AFailureRestoredFromASnapshotStillNestsItsCause) {
   // A snapshot keeps a failure as text; the NodeError rebuilt from it must nest something, or
   // std::rethrow_if_nested would end the process.
@@ -724,16 +762,14 @@ TEST(Sharding, ASecondShardingOfADealtStreamIsRefusedNamingBothNodes) {
   const RunOptions two_workers{.layout = Layout{0, 1, 2}};
   testing::expect_throw_with<ConfigError>(
       [&] { e.start(range(0, 100) | sampler() | sharding_filter(), two_workers); },
-      "(sharding_filter) shards over every rank and worker, but sampler@");
-  testing::expect_throw_with<ConfigError>(
-      [&] { e.start(range(0, 100) | sampler() | sharding_filter(), two_workers); }, "(sampler) already deals");
+      "pipeline[2] (sharding_filter) shards over every rank and worker, but pipeline[1] (sampler) already deals");
   testing::expect_throw_with<ConfigError>(
       [&] { e.start(range(0, 100) | sampler() | map([](std::int64_t x) { return x; }) | sharding_filter({.level = ShardLevel::worker}), two_workers); },
       "Remove the sharding_filter");
   // Dealt to the ranks before dispatch, then round-robin to the workers: sharding the workers again loses data.
   testing::expect_throw_with<ConfigError>(
       [&] { e.start(range(0, 100) | sharding_filter({.level = ShardLevel::rank}) | dispatch() | sharding_filter({.level = ShardLevel::worker}) | merge(), two_workers); },
-      "dispatch@");
+      "pipeline[3] (sharding_filter) shards over the workers, but pipeline[2] (dispatch) already deals");
   // Legitimate: the ranks' share broadcast to every worker, then split by worker; explicit shards.
   auto split = e.start(range(0, 100) | sharding_filter({.level = ShardLevel::rank}) | dispatch(broadcast) |
                            sharding_filter({.level = ShardLevel::worker}) | merge(),
@@ -747,7 +783,7 @@ TEST(Sharding, AReplicatedSourceWarnsUnlessMarked) {
   const RunOptions two_workers{.layout = Layout{0, 1, 2}};
   auto copied = e.start(range(0, 10) | map([](std::int64_t x) { return x; }), two_workers);
   ASSERT_EQ(copied.warnings().size(), 1u);
-  EXPECT_NE(copied.warnings()[0].find(" (range) is read in full by the workers"), std::string::npos)
+  EXPECT_NE(copied.warnings()[0].find("pipeline[0] (range) is read in full by the workers"), std::string::npos)
       << copied.warnings()[0];
   EXPECT_NE(copied.warnings()[0].find("delivered 2 times"), std::string::npos) << copied.warnings()[0];
   EXPECT_EQ(testing::drain(copied).size(), 20u);  // torch's semantics: every worker delivers every element
@@ -799,7 +835,7 @@ TEST(Graph, LengthIsWhatARankDeliversWhenEveryNodeCanSay) {
   std::string why;
   const auto odd = range(0, 10) | filter([](std::int64_t x) { return x % 2 == 1; }) | batch({.size = 2});
   EXPECT_EQ(Graph::build(*odd.def()).length(Layout{0, 1, 1}, &why), std::nullopt);
-  EXPECT_TRUE(why.starts_with("filter@") && why.find("(filter) cannot say") != std::string::npos) << why;
+  EXPECT_EQ(why, "pipeline[1] (filter) cannot say how many elements it gives");
   EXPECT_EQ(Graph::build(*(range(0, 3) | cycle()).def()).length(Layout{0, 1, 1}, &why), std::nullopt);
   EXPECT_NE(why.find("(cycle)"), std::string::npos) << why;
 }

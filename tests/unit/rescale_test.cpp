@@ -391,7 +391,20 @@ TEST(SnapshotSetFiles, AMixedSetIsRefusedFromTheNamesNamingRanksAndSteps) {
   Engine e;
   auto other = e.start(p, at(2, 3, 1, /*seed=*/1));
   other.next();
-  SnapshotSet::write_rank(d2.path().string(), other.reproducible_snapshot({}, 7));
+  // Written there, the other run's file is refused before anything of the set changes...
+  const auto before = name_of(d2.path().string(), 2);
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::write_rank(d2.path().string(), other.reproducible_snapshot({}, 7)); },
+                                            "holds the set of another run");
+  EXPECT_EQ(name_of(d2.path().string(), 2), before);
+  EXPECT_NO_THROW(SnapshotSet::read_rank(d2.path().string(), Layout{2, 3, 1}, false));
+  // ...and copied in by hand in place of rank 2's, it is refused when the set is read.
+  testing::TempDir elsewhere;
+  SnapshotSet::write_rank(elsewhere.path().string(), other.reproducible_snapshot({}, 7));
+  fs::remove(fs::path(d2.path()) / before);
+  fs::remove(fs::path(d2.path()) / "set.dpipe-manifest");  // a copy by hand leaves no manifest naming it
+  fs::remove(fs::path(d2.path()) / "set.dpipe-index");
+  const auto copied = name_of(elsewhere.path().string(), 2);
+  fs::copy_file(fs::path(elsewhere.path()) / copied, fs::path(d2.path()) / copied);
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(d2.path().string(), Layout{0, 3, 1}, false); },
                                             "the tags of their file names differ");
   // A file renamed to another rank's tag is caught when its rank reads it.

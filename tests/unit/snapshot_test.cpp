@@ -265,7 +265,7 @@ TEST(SnapshotRefusals, SayWhatDiffers) {
   auto run = e.start(pipeline(16, 4), options(2, 7));
   drain(run, 5);
   const auto s = run.snapshot();
-  const std::string batch_key = Graph::build(*pipeline(16, 4).def()).keys().at(1);
+  const std::string batch_key = Graph::build(*pipeline(16, 4).def()).labels().at(1);  // pipeline[2] (batch)
   testing::expect_throw_with<SnapshotError>([&] { e.resume(pipeline(32, 4), s, options(2, 7)); },
                                             batch_key + ": size is 32, the snapshot has 16");
   // The prefetch depth changes no element: the resumed stream is the uninterrupted one.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -73,16 +74,30 @@ Json json_text(std::string_view s) {
   return j;
 }
 
-/// Named values as a JSON object; as a list of [key, value] pairs when a key is not UTF-8.
+/// Named values as a JSON object; as a list of [key, value] pairs when a key is not UTF-8 or is given twice
+/// (a crafted snapshot's fields: an object would keep one of them). Linear in the entries: an ordered
+/// object's own insertion looks each key up among those before it.
 template <class Json>
 Json json_object(std::vector<std::pair<std::string, Json>> entries) {
   bool keys_ok = true;
-  for (const auto& e : entries) keys_ok = keys_ok && is_utf8(e.first);
-  Json j = keys_ok ? Json::object() : Json::array();
-  for (auto& [k, v] : entries) {
-    if (keys_ok) j[k] = std::move(v);
-    else j.push_back(Json::array({json_text<Json>(k), std::move(v)}));
+  {
+    std::unordered_set<std::string_view> seen;
+    seen.reserve(entries.size());
+    for (const auto& e : entries) keys_ok = keys_ok && is_utf8(e.first) && seen.insert(e.first).second;
   }
+  Json j = keys_ok ? Json::object() : Json::array();
+  if (keys_ok) {
+    auto& object = j.template get_ref<typename Json::object_t&>();
+    if constexpr (requires { typename Json::object_t::Container; }) {  // ordered_json: a vector of pairs
+      auto& pairs = static_cast<typename Json::object_t::Container&>(object);
+      pairs.reserve(entries.size());
+      for (auto& [k, v] : entries) pairs.emplace_back(std::move(k), std::move(v));
+    } else {
+      for (auto& [k, v] : entries) object.emplace(std::move(k), std::move(v));
+    }
+    return j;
+  }
+  for (auto& [k, v] : entries) j.push_back(Json::array({json_text<Json>(k), std::move(v)}));
   return j;
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +56,15 @@ inline const char* segment_name(Segment s) {
 /// What an iterator needs to know when it is built: seed, epoch, layout, worker and its node key.
 /// Keys are handed out in the graph's pre-order (a node, then its inputs in order), so a subtree can
 /// be rebuilt with the same keys by rewinding the cursor (see `cycle`).
+/// How messages name the node keyed `key`: its label from `labels` (beside `keys`), else "node 'KEY'".
+inline std::string label_in(const std::vector<std::string>* keys, const std::vector<std::string>* labels,
+                            const std::string& key) {
+  if (keys && labels)
+    for (std::size_t i = 0; i < keys->size() && i < labels->size(); ++i)
+      if ((*keys)[i] == key) return (*labels)[i];
+  return "node '" + key + "'";
+}
+
 struct BuildContext {
   std::uint64_t seed = 0;
   std::uint64_t epoch = 0;
@@ -62,6 +72,7 @@ struct BuildContext {
   int worker = 0;
   const std::vector<std::string>* keys = nullptr;
   std::size_t cursor = 0;
+  const std::vector<std::string>* labels = nullptr;  // Graph::labels, beside keys
   Segment segment = Segment::worker;
   detail::Executor* executor = nullptr;  // borrowed from the Engine
   detail::RunShared* shared = nullptr;   // objects the workers of one Run share (dispatchers)
@@ -102,6 +113,13 @@ class NodeDefBase {
   /// the graph that is not an input: the node read is built where it stands in its own chain.
   virtual const NodeDefBase* reads() const { return nullptr; }
   virtual std::size_t reads_output() const { return 0; }
+  /// Where the user put the node, as messages name it ("pipeline[3]", "pipeline[2].with[0][1]"): set by a
+  /// front end that knows (a spec, Python), else the graph counts it from the source (Graph::label).
+  /// Not part of the fingerprint. Set once: a front end that reuses a definition keeps its first place.
+  const std::string& place() const { return place_; }
+  void set_place(std::string place) const {
+    if (place_.empty()) place_ = std::move(place);
+  }
 
  protected:
   /// For sources that learn a parameter while they are built (a file's size).
@@ -111,6 +129,7 @@ class NodeDefBase {
   std::string kind_, name_;
   Params params_;
   std::vector<std::shared_ptr<const NodeDefBase>> inputs_;
+  mutable std::string place_;  // for messages only (see place())
 };
 
 template <class T>
@@ -160,6 +179,10 @@ struct NodeRestore {
 struct RestoreReport {
   std::vector<NodeRestore> nodes;
   double total_ms = 0;
+  /// The snapshot's step, if it has one, and the elements the run had delivered at it (0 for a rank of
+  /// a rescale): where the resumed run stands.
+  std::optional<std::uint64_t> step{};
+  std::uint64_t delivered = 0;
   std::uint64_t replayed_elements() const {
     std::uint64_t n = 0;
     for (const auto& r : nodes) n += r.replayed_elements;
@@ -218,6 +241,8 @@ class IterBase {
 
   const std::string& key() const { return key_; }
   const std::string& kind() const { return kind_; }
+  /// How messages name this node: "pipeline[3] (batch)" (Graph::labels).
+  const std::string& label() const { return label_; }
   int worker() const { return worker_; }
   std::uint32_t instance() const { return instance_; }
   StateMode mode() const { return mode_; }
@@ -293,14 +318,14 @@ class IterBase {
 
   /// Restores this freshly built iterator and its inputs.
   void restore(const StateIndex& states, RestoreReport& report) {
-    if (started_)
-      throw SnapshotError("node '" + key_ + "': restore() into an iterator that has already run");
+    if (started_) throw SnapshotError(label_ + ": restore() into an iterator that has already run");
     const NodeState& st = states.at(key_, instance_);
     if (st.kind != kind_)
-      throw SnapshotError("snapshot node '" + key_ + "' is a " + st.kind + ", the pipeline's is a " + kind_);
+      throw SnapshotError(label_ + ": the snapshot's node '" + key_ + "' is a " + st.kind + ", the pipeline's a " +
+                          kind_);
     if (st.mode != mode_)
-      throw SnapshotError("snapshot node '" + key_ + "' was saved by " + to_string(st.mode) + ", expected " +
-                          to_string(mode_));
+      throw SnapshotError(label_ + ": the snapshot's node '" + key_ + "' was saved by " + to_string(st.mode) +
+                          ", expected " + to_string(mode_));
     const auto t0 = std::chrono::steady_clock::now();
     StateReader r(st);
     replayed_ = 0;
@@ -310,7 +335,7 @@ class IterBase {
       r("deferred_failure", f.cause);
       r("deferred_node", f.node);
       r("deferred_worker", f.worker);
-      deferred_ = f.to_exception();
+      deferred_ = f.to_exception(f.node == key_ ? label_ : label_in(keys_, labels_, f.node));
     }
     r.finish();
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -324,7 +349,12 @@ class IterBase {
   /// the engine's own (the implicit merge of a pipeline without one).
   IterBase(StateMode mode, BuildContext& ctx, std::string kind, std::string key = {})
       : key_(key.empty() ? ctx.next_key() : std::move(key)), kind_(std::move(kind)), worker_(ctx.worker),
-        instance_(static_cast<std::uint32_t>(ctx.instance())), mode_(mode), timed_(ctx.collect_stats) {}
+        instance_(static_cast<std::uint32_t>(ctx.instance())), mode_(mode), timed_(ctx.collect_stats) {
+    keys_ = ctx.keys;
+    labels_ = ctx.labels;
+    const bool graph_key = key.empty() && ctx.labels && ctx.cursor >= 1 && ctx.cursor <= ctx.labels->size();
+    label_ = graph_key ? (*ctx.labels)[ctx.cursor - 1] : "node '" + key_ + "'";
+  }
 
   virtual void save_state(StateWriter&) const = 0;
   virtual void restore_state(StateReader&) = 0;
@@ -338,6 +368,9 @@ class IterBase {
  private:
   std::string key_;
   std::string kind_;
+  std::string label_;
+  const std::vector<std::string>* keys_;    // the graph's, to name another node's failure restored here
+  const std::vector<std::string>* labels_;
   int worker_;
   std::uint32_t instance_;
   StateMode mode_;
@@ -366,9 +399,9 @@ class Iter : public IterBase {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw NodeError(key(), worker(), e.what());
+      throw NodeError(key(), label(), worker(), e.what());
     } catch (...) {
-      throw NodeError(key(), worker(), "unknown exception");
+      throw NodeError(key(), label(), worker(), "unknown exception");
     }
     if (timed_)
       busy_ns_ += static_cast<std::uint64_t>(
@@ -395,13 +428,13 @@ class Iter : public IterBase {
       deferred_ = std::current_exception();
     } catch (const std::exception& e) {
       try {
-        throw NodeError(key(), worker(), e.what());
+        throw NodeError(key(), label(), worker(), e.what());
       } catch (...) {
         deferred_ = std::current_exception();
       }
     } catch (...) {
       try {
-        throw NodeError(key(), worker(), "unknown exception");
+        throw NodeError(key(), label(), worker(), "unknown exception");
       } catch (...) {
         deferred_ = std::current_exception();
       }

@@ -139,6 +139,9 @@ class SplitIter final : public Hooked<Out> {
             Route route)
       : Hooked<Out>(ctx, kind) {
     if (!ctx.shared) throw ConfigError(node_label(kind, def.name()) + ": it must run inside a Run");
+    // The route's failures name the node as every message does (its place in the graph, Graph::labels).
+    if constexpr (requires { route.label = this->label(); }) route.label = this->label();
+    else if constexpr (requires { route.lag.label = this->label(); }) route.lag.label = this->label();
     core_ = std::make_shared<Core>(input.instantiate(ctx), def.outputs(), buffer, std::move(route));
     // The run's shared objects hold a weak reference: the core (and the upstream it owns) goes with the
     // iterators that use it, when the run's tree is destroyed, not after the run's graph.

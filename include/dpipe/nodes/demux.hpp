@@ -43,7 +43,7 @@ struct DemuxRoute {
     for (auto& x : chunk) {
       const auto j = static_cast<std::int64_t>(fn(std::as_const(x)));  // a bool picks output 0 or 1
       if (std::cmp_less(j, 0) || std::cmp_greater_equal(j, q.size()))
-        throw std::out_of_range(label + ": its function returned " + std::to_string(j) +
+        throw std::out_of_range("its function returned " + std::to_string(j) +
                                 " for an element; the outputs are 0 to " + std::to_string(q.size() - 1));
       q[static_cast<std::size_t>(j)].push_back(std::move(x));
     }

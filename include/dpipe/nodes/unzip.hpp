@@ -37,7 +37,7 @@ struct UnzipRoute {
   void route(std::vector<std::vector<T>>& rows, SplitQueues<T>& q) const {
     for (auto& row : rows) {
       if (row.size() != q.size())
-        throw std::length_error(lag.label + ": a row of " + std::to_string(row.size()) + " values; it splits rows of " +
+        throw std::length_error("a row of " + std::to_string(row.size()) + " values; it splits rows of " +
                                 std::to_string(q.size()));
       for (std::size_t j = 0; j < q.size(); ++j) q[j].push_back(std::move(row[j]));
     }
