@@ -138,15 +138,6 @@ void compare_node(const GraphNodeRecord& a, const GraphNode& b, const std::strin
 
 }  // namespace
 
-std::uint64_t snapshot_id(const SnapshotMeta& m) {
-  std::uint64_t h = mix64(m.fingerprint ^ mix64(m.seed ^ mix64(m.epoch)));
-  for (const std::uint64_t x : {std::uint64_t(m.layout.rank), std::uint64_t(m.layout.world_size),
-                                std::uint64_t(m.layout.num_workers), m.elements_delivered,
-                                m.step ? *m.step + 1 : 0})
-    h = mix64(h ^ x);
-  return h | 1;  // never 0, which stands for "no id" (files of format 1)
-}
-
 std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& o, const Layout& l, const ResumeOptions& r) {
   const auto& m = s.meta;
   // The stored description first, node by node, so a refusal names what differs; then the fingerprint,

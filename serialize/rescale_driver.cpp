@@ -613,6 +613,19 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
                                                    : "");
            });
 
+    // The invariants a resume checks before any node runs (KindInfo::check_state), on the records read
+    // (the whole records, when the set is read so) and on those the rule made: a record no resume would
+    // take is refused here, naming the old instance, before anything is written.
+    const KindInfo* kind_info = find_kind(in.kind);
+    const auto check = [&](const NodeState& st, const char* which) {
+      if (!kind_info || !kind_info->check_state) return;
+      try {
+        kind_info->check_state(st, node ? *node : GraphNodeRecord{});  // the engine's merge has no graph node
+      } catch (const SnapshotError& e) {
+        refuse(std::string(which) + " record of node '" + key + "' (instance " + std::to_string(st.instance) + "): " + e.what());
+      }
+    };
+    for (const NodeState* st : in.old) check(*st, "the old");
     std::vector<NodeState> out;
     if (in.mode == StateMode::stateless) {
       out = RescaleRule::replicated().apply(in);
@@ -634,6 +647,7 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     std::vector<bool> made(end - first, false);
     std::erase_if(out, [](const NodeState& s) { return s.key.empty(); });
     old_records.resolve(out);
+    for (const NodeState& record : out) check(record, "the rescaled");
     for (NodeState& record : out) {
       const std::size_t j = record.instance;
       if (j < first || j >= end || made[j - first])

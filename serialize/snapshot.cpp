@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
 #include <optional>
 #include <fstream>
 #include <sstream>
@@ -15,6 +18,7 @@
 #include "dpipe/kit/codec.hpp"
 #include "dpipe/crc32c.hpp"
 #include "dpipe/regular_file.hpp"
+#include "dpipe/rng.hpp"
 #include "json_text.hpp"
 #include "snapshot_plan.hpp"
 
@@ -99,6 +103,11 @@ SnapshotMeta decode_meta(ByteReader& r) {
     m.graph.push_back(std::move(n));
   }
   // Written in key order, each key once: anything else would lose a pair or read as another file's.
+  {
+    std::unordered_set<std::string_view> keys;
+    for (const auto& n : m.graph)
+      if (!keys.insert(n.key).second) r.fail("its graph names node '" + n.key.substr(0, 64) + "' twice (keys are unique)");
+  }
   get_string_pairs(r, [&](std::string k, std::string v) {
     if (!m.user_metadata.empty() && !(m.user_metadata.rbegin()->first < k))
       r.fail("its user metadata key '" + k.substr(0, 64) + (k.size() > 64 ? "…" : "") + "' " +
@@ -120,6 +129,7 @@ void decode_identity(ByteReader& r, std::uint64_t& id, std::optional<std::uint64
   const auto has_step = r.get<std::uint8_t>();
   const auto value = r.get<std::uint64_t>();
   if (has_step > 1) r.fail("its step flag is " + std::to_string(has_step));
+  if (!has_step && value != 0) r.fail("its step is " + std::to_string(value) + " without its step flag (0 when there is none)");
   step.reset();
   if (has_step) step = value;
   if (!r.done()) r.fail(std::to_string(r.remaining()) + " unexpected bytes after the identity");
@@ -322,6 +332,85 @@ void decode_index_list(ByteReader& in, Field& f, const NodeState& s, std::uint32
   lists.push_back(std::move(l));
 }
 
+/// Where section 2, read from `file` at `offset`, put each element list of `states` (decoded from it), and
+/// the CRC-32C of its bytes: the spans encode_states would record, found by walking the encoding's sizes.
+ListSpans spans_in_file(const std::vector<NodeState>& states, std::string_view file, std::uint64_t offset) {
+  ListSpans spans;
+  std::uint64_t at = offset + 8;  // the record count
+  for (const auto& st : states) {
+    at += 8 + st.key.size() + 8 + st.kind.size() + 4 + 1 + 8;
+    for (const auto& f : st.fields) {
+      at += 8 + f.name.size() + 1;
+      switch (f.type) {
+        case FieldType::u64:
+        case FieldType::i64: at += 8; break;
+        case FieldType::str: at += 8 + f.s.size(); break;
+        case FieldType::elements: {
+          at += 8 + f.elements.tag.size() + 8;
+          const std::uint64_t end = at + 8 * f.elements.size() + f.elements.data.size();
+          spans.push_back({at, end, crc32c_raw(file.data() + at, end - at)});
+          at = end;
+          break;
+        }
+      }
+    }
+  }
+  return spans;
+}
+
+/// Section 5 must say what section 2 says (docs/snapshot-format.md): a reader of the whole file checks it,
+/// so no file resumes from one and rescales through the other. It is encoded again from the records
+/// section 2 gave and compared byte for byte.
+void check_index_matches_states(std::string_view index, std::string_view file, std::uint64_t states_offset,
+                                const std::vector<NodeState>& states) {
+  ByteWriter again;
+  encode_state_index(again, states, spans_in_file(states, file, states_offset));
+  if (again.buffer() != index)
+    throw SnapshotError("snapshot state index (section 5) does not say what the node states (section 2) say: the "
+                        "file was altered after it was written");
+}
+
+/// What the format states of a rank file's records beyond their encoding (docs/snapshot-format.md,
+/// "Which records exist"), checked wherever a whole file is read (show, resume, rescale), so no reader
+/// acts on a file that breaks it: the run record first, its `delivered` the metadata's; each record of
+/// an instance of this rank, no record stateless with fields, a graph node's records of its kind.
+void check_records(const Snapshot& s) {
+  const auto fail = [](const std::string& what) { throw SnapshotError("snapshot node states: " + what); };
+  if (s.meta.format_version >= 2 && s.meta.id == 0) throw SnapshotError("snapshot identity: its id is 0, which no snapshot has");
+  if (s.states.empty()) fail("no run record (the first record is the engine's, key 'run')");
+  const NodeState& run = s.states.front();
+  if (run.key != "run" || run.kind != "run")
+    fail("the first record is '" + run.key.substr(0, 64) + "' (" + run.kind.substr(0, 64) + "), not the run record");
+  if (run.instance != static_cast<std::uint32_t>(s.meta.layout.rank) || run.mode != StateMode::hook)
+    fail("the run record is of instance " + std::to_string(run.instance) + " by " + to_string(run.mode) + ", not of rank " +
+         std::to_string(s.meta.layout.rank) + " by hook");
+  const Field* delivered = run.fields.empty() ? nullptr : &run.fields.front();
+  if (!delivered || delivered->name != "delivered" || delivered->type != FieldType::u64)
+    fail("the run record does not begin with 'delivered' (u64)");
+  if (delivered->u != s.meta.elements_delivered)
+    fail("the run record says " + std::to_string(delivered->u) + " elements delivered, the metadata " +
+         std::to_string(s.meta.elements_delivered));
+  if (delivered->u == std::numeric_limits<std::uint64_t>::max())
+    fail("it claims 2^64 - 1 elements delivered, which no run reaches");
+  std::unordered_map<std::string_view, std::string_view> kinds;
+  for (const auto& n : s.meta.graph) kinds.emplace(n.key, n.kind);
+  const std::uint64_t workers = static_cast<std::uint64_t>(s.meta.layout.num_workers);
+  const std::uint64_t first = static_cast<std::uint64_t>(s.meta.layout.rank) * workers;
+  for (std::size_t i = 1; i < s.states.size(); ++i) {
+    const NodeState& st = s.states[i];
+    const std::string who = "the record of '" + st.key.substr(0, 64) + "' (instance " + std::to_string(st.instance) + ")";
+    if (st.key == "run") fail("a second run record");
+    if (st.instance < first || st.instance >= first + workers)
+      fail(who + " is of no instance of rank " + std::to_string(s.meta.layout.rank) + " (" + std::to_string(first) + " to " +
+           std::to_string(first + workers - 1) + ")");
+    // A stateless node has no fields of its own, only a held failure's three (deferred_failure, …).
+    if (st.mode == StateMode::stateless && !st.fields.empty() && !st.fields.front().name.starts_with("deferred_"))
+      fail(who + " is stateless but has a field '" + st.fields.front().name.substr(0, 64) + "'");
+    if (const auto k = kinds.find(st.key); k != kinds.end() && k->second != st.kind)
+      fail(who + " is a " + st.kind.substr(0, 64) + ", its graph node a " + std::string(k->second));
+  }
+}
+
 }  // namespace
 
 const char* to_string(StateMode m) {
@@ -427,6 +516,8 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
   Snapshot s;
   s.meta.format_version = version;
   bool have_meta = false, have_states = false, have_identity = false;
+  std::optional<std::string_view> index;  // section 5, compared with section 2 once both are read
+  std::uint64_t states_offset = 0;
   std::uint64_t id_value = 0;
   std::optional<std::uint64_t> step;
   std::optional<std::string_view> details;  // read after the metadata, wherever it stands
@@ -440,6 +531,8 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
       throw SnapshotError("snapshot section " + std::to_string(id) + " lies outside the file");
     const auto body = bytes.substr(off, len);
     if (crc32c(body) != crc) throw SnapshotError("snapshot section " + std::to_string(id) + " checksum mismatch");
+    if ((id == kMeta && have_meta) || (id == kStates && have_states))
+      throw SnapshotError("snapshot has two " + std::string(id == kMeta ? "metadata" : "node-state") + " sections");
     if (id == kMeta) {
       ByteReader r(body, "snapshot metadata");
       const auto v = s.meta.format_version;
@@ -450,6 +543,10 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
       ByteReader r(body, "snapshot node states");
       s.states = decode_states(r);
       have_states = true;
+      states_offset = off;
+    } else if (id == kStateIndex) {
+      if (index) throw SnapshotError("snapshot has two state-index sections");
+      index = body;
     } else if (id == kIdentity) {
       if (have_identity) throw SnapshotError("snapshot has two identity sections");
       ByteReader r(body, "snapshot identity");
@@ -464,10 +561,14 @@ Snapshot Snapshot::from_bytes(std::string_view bytes) {
   if (version >= 2 && !have_identity) throw SnapshotError("snapshot lacks its identity section");
   s.meta.id = id_value;
   s.meta.step = step;
+  if (!have_identity) s.meta.id = detail::snapshot_id(s.meta);  // format 1 has none: the one its content gives
   if (details) {
     ByteReader r(*details, "snapshot node details");
     decode_node_details(r, s.meta);
   }
+  if (version >= 3 && !index) throw SnapshotError("snapshot lacks its state index (section 5, from format version 3 on)");
+  if (index) check_index_matches_states(*index, bytes, states_offset, s.states);
+  check_records(s);
   return s;
 }
 
@@ -587,6 +688,15 @@ SnapshotMeta Snapshot::read_meta(const std::string& path) {
 }
 
 namespace detail {
+
+std::uint64_t snapshot_id(const SnapshotMeta& m) {
+  std::uint64_t h = mix64(m.fingerprint ^ mix64(m.seed ^ mix64(m.epoch)));
+  for (const std::uint64_t x : {std::uint64_t(m.layout.rank), std::uint64_t(m.layout.world_size),
+                                std::uint64_t(m.layout.num_workers), m.elements_delivered,
+                                m.step ? *m.step + 1 : 0})
+    h = mix64(h ^ x);
+  return h | 1;  // never 0, which stands for "no id" (files of format 1)
+}
 
 std::string read_at(const RegularFile& file, const std::string& path, std::uint64_t offset, std::uint64_t length) {
   // Never sized by a length the file cannot hold (a damaged index must not make this allocate).

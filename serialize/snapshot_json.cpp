@@ -137,9 +137,23 @@ std::string Snapshot::to_json() const {
         case FieldType::str: fields.emplace_back(f.name, text(f.s)); break;
         case FieldType::elements: {
           Json values = Json::array();
+          // A native tag's blobs must decode as it says (a resume decodes them so); other tags are a
+          // user type's cereal bytes, shown in hex, and so are `value`s this rendering does not spell out
+          // (arrays of some dtypes).
+          TagNode native;
+          std::string_view tag = f.elements.tag;
+          const bool is_native = parse_tag(tag, native, 0) && tag.empty() &&
+                                 f.elements.tag.find("value") == std::string::npos;
           for (std::size_t i = 0; i < f.elements.size(); ++i) {
             Json v;
-            if (!element_to_ordered_json(f.elements.tag, f.elements.at(i), v)) v = "0x" + hex_bytes(f.elements.at(i));
+            if (element_to_ordered_json(f.elements.tag, f.elements.at(i), v)) {
+            } else if (is_native) {
+              throw SnapshotError("snapshot node '" + s.key.substr(0, 64) + "' (instance " + std::to_string(s.instance) +
+                                  "), field '" + f.name.substr(0, 64) + "': element " + std::to_string(i) + " (" +
+                                  std::to_string(f.elements.at(i).size()) + " bytes) is no valid " + f.elements.tag);
+            } else {
+              v = "0x" + hex_bytes(f.elements.at(i));
+            }
             values.push_back(std::move(v));
           }
           fields.emplace_back(f.name, Json{{"type", text(f.elements.tag)},

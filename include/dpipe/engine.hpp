@@ -79,9 +79,6 @@ struct NodeStats {
 namespace detail {
 /// Snapshot metadata for a run (non-template, in engine/).
 SnapshotMeta make_meta(const Graph& g, const RunOptions& o, const Layout& l, std::uint64_t delivered);
-/// The id of a snapshot: a digest of what it is (pipeline, seed, epoch, layout, position, step), so two
-/// snapshots of one run at one element are the same bytes.
-std::uint64_t snapshot_id(const SnapshotMeta& m);
 /// Refuses a snapshot that does not belong to this graph, seed, epoch and layout. Returns the history of
 /// overridden parameters (ResumeOptions::overrides) the run's snapshots record: the snapshot's, then this
 /// resume's ("mixer.weights: 0.7, 0.3 → 0.5, 0.5 at element 1200", "… at step 300", "… at the rescale

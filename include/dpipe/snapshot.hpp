@@ -179,6 +179,12 @@ class Snapshot {
   const NodeState* find(std::string_view key, std::uint32_t instance) const;
 };
 
+namespace detail {
+/// The id of a snapshot: a digest of what it is (pipeline, seed, epoch, layout, position, step), so two
+/// snapshots of one run at one element are the same bytes. Never 0 (no id: files of format 1).
+std::uint64_t snapshot_id(const SnapshotMeta& m);
+}  // namespace detail
+
 /// Decodes one element blob with the given native type tag into JSON text; false if the tag is not
 /// native (a cereal-encoded user type) or the bytes do not match it.
 bool element_to_json(std::string_view tag, std::string_view bytes, std::string& out);

@@ -235,6 +235,28 @@ TYPED_TEST(Battery, ResumeAtEveryBreakpointContinuesTheStream) {
   }
 }
 
+// With the worker queues one element deep, the node under test has not finished at the breakpoints
+// (a queue of 64 chunks would hold most cases whole): its own state is what the snapshot carries.
+TYPED_TEST(Battery, ResumeWithShallowQueuesMeetsTheNodeMidStream) {
+  const TypeParam c;
+  const auto p = c.make();
+  const auto shallow = p | prefetch({.depth = 1});
+  try {
+    (void)Graph::build(*shallow.def());
+  } catch (const ConfigError&) {
+    GTEST_SKIP() << "the case sets its own queue depth or merges its workers itself";
+  }
+  for (int workers : {1, 2}) {
+    const auto o = options(workers);
+    const auto full = testing::collect(p, o);
+    ASSERT_EQ(testing::collect(shallow, o), full);
+    for (std::size_t at : {std::size_t{1}, full.size() / 3, full.size() / 2}) {
+      SCOPED_TRACE("workers " + std::to_string(workers) + ", breakpoint " + std::to_string(at));
+      EXPECT_EQ(testing::stop_and_resume(shallow, o, at), full);
+    }
+  }
+}
+
 TYPED_TEST(Battery, SnapshotDoesNotDisturbTheRunningStream) {
   const TypeParam c;  // owns the case's data files, if any, for the whole test
   const auto p = c.make();

@@ -653,14 +653,14 @@ def _str(b):
     return struct.pack("<Q", len(b)) + b
 
 
-def encode_meta(m):
+def encode_meta(m, sort_metadata=True):
     out = [struct.pack("<QQQiiiQ", m["fingerprint"], m["seed"], m["epoch"], m["layout"]["rank"],
                        m["layout"]["world_size"], m["layout"]["num_workers"], m["elements_delivered"]),
            struct.pack("<Q", len(m["graph"]))]
     for n in m["graph"]:
         out += [_str(n["key"]), _str(n["kind"]), _str(n["element_type"])]
     out.append(struct.pack("<Q", len(m["user_metadata"])))
-    for k in sorted(m["user_metadata"]):
+    for k in (sorted(m["user_metadata"]) if sort_metadata else m["user_metadata"]):
         out += [_str(k), _str(m["user_metadata"][k])]
     return b"".join(out)
 
@@ -704,27 +704,30 @@ def encode_states(states, list_offsets=None):
     return _encode_records(states, element_list)
 
 
-def write_snapshot(snap, node_details=True, version=None):
+def write_snapshot(snap, node_details=True, version=None, identity=None, sort_metadata=True, index_states=None):
     """Bytes of `snap` (a read_snapshot dict) laid out as dpipe lays out its files: from version 2 the
     identity section 4 first; then sections 1, 2 and, when node_details and every graph node has a
     segment, 3 (version 3: 1, 3, 2, then the state index 5), contiguous after the table. `version`
-    defaults to the one `snap` was read with."""
+    defaults to the one `snap` was read with. For crafted files: `identity`, the raw bytes of section 4;
+    `sort_metadata=False` writes the user metadata in the dict's order; `index_states`, the records section
+    5 says (section 2's by default)."""
     meta = snap["meta"]
     if version is None:
         version = snap["header"]["format_version"]
     list_offsets = []
     states = encode_states(snap["states"], list_offsets)
-    bodies = [(SECTION_META, encode_meta(meta)), (SECTION_STATES, states)]
+    bodies = [(SECTION_META, encode_meta(meta, sort_metadata)), (SECTION_STATES, states)]
     if version >= 2:
         step = meta.get("step")
-        ident = struct.pack("<QBQ", meta.get("id", 0), 0 if step is None else 1, step or 0)
+        ident = identity or struct.pack("<QBQ", meta.get("id", 0), 0 if step is None else 1, step or 0)
         bodies.insert(0, (SECTION_IDENTITY, ident))
     if node_details and all("segment" in n for n in meta["graph"]):
         details = (SECTION_NODE_DETAILS, encode_node_details(meta["graph"]))
         bodies.insert(len(bodies) - 1 if version >= 3 else len(bodies), details)
     if version >= 3:
         states_at = HEADER_BYTES + SECTION_ENTRY_BYTES * (len(bodies) + 1) + sum(len(b) for _, b in bodies[:-1])
-        bodies.append((SECTION_STATE_INDEX, encode_state_index(snap["states"], [states_at + o for o in list_offsets])))
+        indexed = snap["states"] if index_states is None else index_states
+        bodies.append((SECTION_STATE_INDEX, encode_state_index(indexed, [states_at + o for o in list_offsets])))
     offset = HEADER_BYTES + SECTION_ENTRY_BYTES * len(bodies)
     table = b""
     for sid, body in bodies:

@@ -7,6 +7,7 @@ fixtures of tests/data/snapshots/v<N>/ and compares their streams with the store
     python3 tests/integration/snapshot_reader_test.py build/tools/dpipe   (or the build directory)
 
 Prints one line per check; exits non-zero when any fails."""
+import copy
 import glob
 import json
 import os
@@ -322,6 +323,59 @@ def main():
         held = [v for f in buffers for v in sr.field_values(f)]
         assert all(0 <= v < 100000 for v in held) and len(set(held)) == len(held), held[:10]
     check("canonical: graph, run record and shuffle buffer read as expected", canonical_content)
+
+    def stated_properties_are_checked():
+        """A file that breaks what the document states of its contents (checksums valid) is refused by
+        `snapshot show` and by a resume alike, naming what is wrong."""
+        base = sr.read_file(files["workers2"])
+
+        def crafted(change, **write):
+            snap = copy.deepcopy(base)
+            change(snap)
+            return sr.write_snapshot(snap, **write)
+
+        def field(snap, key, name):
+            return next(f for st in snap["states"] if st["key"] == key for f in st["fields"] if f["name"] == name)
+
+        hooked = next(st["key"] for st in base["states"][1:] if st["mode"] == "hook" and st["fields"])
+        graph_key = next(st["key"] for st in base["states"][1:] if any(n["key"] == st["key"] for n in base["meta"]["graph"]))
+        big = 2**64 - 1
+        cases = [
+            ("its id is 0", crafted(lambda s: s["meta"].update(id=0))),
+            ("its step is 7 without its step flag", crafted(lambda s: None, identity=struct.pack("<QBQ", base["meta"]["id"], 0, 7))),
+            ("names node", crafted(lambda s: s["meta"]["graph"][1].update(key=s["meta"]["graph"][0]["key"]))),
+            ("comes after a greater key", crafted(lambda s: s["meta"].update(user_metadata={"z": "1", "a": "2"}),
+                                                  sort_metadata=False)),
+            ("the run record says 38 elements delivered, the metadata 37",
+             crafted(lambda s: field(s, "run", "delivered").update(value=38))),
+            ("2^64 - 1 elements delivered", crafted(lambda s: (field(s, "run", "delivered").update(value=big),
+                                                               s["meta"].update(elements_delivered=big)))),
+            ("not the run record", crafted(lambda s: s["states"].append(s["states"].pop(0)))),
+            ("a second run record", crafted(lambda s: s["states"].append(copy.deepcopy(s["states"][0])))),
+            ("is of no instance of rank 0", crafted(lambda s: s["states"][1].update(instance=2))),
+            ("is stateless but has a field",
+             crafted(lambda s: next(st for st in s["states"] if st["key"] == hooked).update(mode="stateless"))),
+            ("its graph node a", crafted(lambda s: next(st for st in s["states"] if st["key"] == graph_key).update(kind="filter"))),
+        ]
+
+        def short_blob(snap):  # an i64 of 3 bytes in a shuffle's buffer: show decodes native tags as resume does
+            buffer = next(f for st in snap["states"] if st["kind"] == "shuffle" for f in st["fields"] if f["name"] == "buffer")
+            buffer["blobs"][0] = buffer["blobs"][0][:3]
+        cases.append(("is no valid i64", crafted(short_blob)))
+        # Section 5 saying another number than section 2 (a rescale through the index would use it).
+        other = copy.deepcopy(base["states"])
+        number = next(f for st in other[1:] for f in st["fields"] if f["type"] == "u64")
+        number["value"] += 1000
+        cases.append(("does not say what the node states (section 2) say", crafted(lambda s: None, index_states=other)))
+        for i, (expected, data) in enumerate(cases):
+            path = os.path.join(TMP, f"crafted-{i}.dpipe")
+            with open(path, "wb") as f:
+                f.write(data)
+            r = dpipe("snapshot", "show", path, check=False)
+            assert r.returncode == 1 and expected in r.stderr, (expected, r.stderr)
+            r = dpipe("run", json.dumps(CANONICAL), "--workers", 2, "--resume", path, check=False)
+            assert r.returncode == 1 and (expected in r.stderr or expected == "is no valid i64"), (expected, r.stderr)
+    check("workers2: a file that breaks what the document states is refused by show and resume", stated_properties_are_checked)
 
     def fingerprint_recomputed():
         """The document's fingerprint recipe, for linear pipelines of unnamed nodes (node i's input is i + 1)."""

@@ -147,9 +147,19 @@ again = dpipe.Loader(p, seed=0, equal_steps=True)  # resumed from the end of the
 again.load_state_dict(state)
 again.set_epoch(1)
 second_again = list(again)
+# A state taken mid-pass, right after the carried element was delivered: the resume goes on after it.
+mid_loader = dpipe.Loader(p, seed=0, equal_steps=True)
+mid_loader.load_state_dict(state)
+mid_loader.set_epoch(1)
+it = iter(mid_loader)
+head = [next(it)]
+mid = pickle.loads(pickle.dumps(mid_loader.state_dict()))
+tail = list(it)
+resumed = dpipe.Loader(p, seed=0, equal_steps=True)
+resumed.load_state_dict(mid)
 with open(sys.argv[1] + f"/rank-{dist.get_rank()}.json", "w") as f:
     json.dump({"got": got, "undelivered": undelivered, "second": second, "undelivered_after": loader.undelivered,
-               "second_again": second_again}, f)
+               "second_again": second_again, "head": head, "tail": tail, "after_mid": list(resumed)}, f)
 dist.destroy_process_group()
 """
 
@@ -161,10 +171,11 @@ def test_equal_steps_stop_every_rank_together_and_report_the_rest(tmp_path):
     r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2))
     # sharding_filter gives rank 0 the 6 even numbers and rank 1 the 5 odd ones. What rank 0 held when
     # rank 1 ran out (10) is carried: the next pass delivers it first, and carries what that one cuts off.
+    # A state taken right after the carried 10 resumes at 0, not at 10 again.
     assert r0 == {"got": [0, 2, 4, 6, 8], "undelivered": 1, "second": [10, 0, 2, 4, 6], "undelivered_after": 2,
-                  "second_again": [10, 0, 2, 4, 6]}
+                  "second_again": [10, 0, 2, 4, 6], "head": [10], "tail": [0, 2, 4, 6], "after_mid": [0, 2, 4, 6]}
     assert r1 == {"got": [1, 3, 5, 7, 9], "undelivered": 0, "second": [1, 3, 5, 7, 9], "undelivered_after": 0,
-                  "second_again": [1, 3, 5, 7, 9]}
+                  "second_again": [1, 3, 5, 7, 9], "head": [1], "tail": [3, 5, 7, 9], "after_mid": [3, 5, 7, 9]}
 
 
 LLM_PRETRAIN = SOURCE_ROOT / "examples" / "llm_pretrain" / "llm_pretrain.py"

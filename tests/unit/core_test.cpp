@@ -479,6 +479,24 @@ TEST(Sharding, WorkerIsTheFastDigit) {
   EXPECT_EQ(got, (std::vector<std::int64_t>{2, 3, 8, 9, 14, 15, 20, 21}));
 }
 
+TEST(Sharding, InstanceKHoldsExactlyTheElementsIModNEqualToK) {
+  // Pinned, not only a partition: a shifted assignment ((i + 1) mod N == k) partitions too.
+  const auto mod = [](std::int64_t n, std::int64_t k, std::int64_t stop) {
+    std::vector<std::int64_t> v;
+    for (std::int64_t i = 0; i < stop; ++i)
+      if (i % n == k) v.push_back(i);
+    return v;
+  };
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(testing::collect(range(0, 50) | sharding_filter(), testing::options(1, 0, rank, 4)), mod(4, rank, 50));
+    EXPECT_EQ(testing::collect(range(0, 50) | sharding_filter({.level = ShardLevel::rank}), testing::options(1, 0, rank, 4)),
+              mod(4, rank, 50));
+  }
+  for (std::int64_t k = 0; k < 3; ++k)
+    EXPECT_EQ(testing::collect(range(0, 50) | sharding_filter({.num_shards = 3, .shard_id = k}), testing::options(1)),
+              mod(3, k, 50));
+}
+
 TEST(Shuffle, IsAPermutationThatChangesWithSeedAndEpoch) {
   auto p = range(0, 1000) | shuffle({.buffer = 100});
   auto a = testing::collect(p, testing::options(1, 1));

@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -930,6 +931,80 @@ TEST(Rescale, ARankRescalingForItselfBuildsOnlyItsOwnSlots) {
   ASSERT_EQ(parts.size(), 6u);
   for (std::size_t k = 0; k < 6; ++k) EXPECT_EQ(parts[k].data, k >= 4 ? all_parts[k].data : "") << k;
   EXPECT_EQ(parts[5].at(parts[5].size() - 1), "c6");
+}
+
+// The registered rules themselves, on records built by hand with elements held (a running pipeline's
+// batch snapshot holds no partial batch, so only a hand-built state meets the rule with one): every held
+// element reaches exactly one new instance, and again through a second rescale taken before any drained.
+namespace {
+template <class State>
+std::multiset<std::string> held_after(const char* kind, const std::vector<NodeState>& records, Layout from, Layout to,
+                                      ElementBlobs State::*list, std::vector<NodeState>* out = nullptr) {
+  std::vector<const NodeState*> old;
+  for (const auto& r : records) old.push_back(&r);
+  const RescaleInput in{old, from, to, false, nullptr};
+  const std::vector<NodeState> made = find_kind(kind)->rescale.apply(in);
+  EXPECT_EQ(made.size(), static_cast<std::size_t>(to.instances())) << kind;
+  std::multiset<std::string> held;
+  for (const auto& record : made) {
+    State st;
+    StateReader r(record);
+    r.read(st);
+    r.finish();
+    for (std::size_t i = 0; i < (st.*list).size(); ++i) held.insert(std::string((st.*list).at(i)));
+  }
+  if (out) *out = made;
+  return held;
+}
+}  // namespace
+
+TEST(Rescale, TheRegisteredRulesDealEveryHeldElementOnceThroughTwoRescales) {
+  using B = BatchState<ElementBlobs>;
+  using S = ShuffleState<ElementBlobs>;
+  std::vector<NodeState> batches(2), shuffles(2);
+  std::multiset<std::string> all;
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    B b;
+    S sh;
+    sh.rng = Rng::derive(1, "s", i);
+    for (int k = 0; k < 3 + static_cast<int>(i); ++k) {
+      const std::string x = "e" + std::to_string(i) + "." + std::to_string(k);
+      b.partial.append(x);
+      sh.buffer.append(x);
+      all.insert(x);
+    }
+    batches[i] = {"batch@1", "batch", i, StateMode::hook, {}};
+    StateWriter(batches[i]).write(b);
+    shuffles[i] = {"shuffle@1", "shuffle", i, StateMode::hook, {}};
+    StateWriter(shuffles[i]).write(sh);
+  }
+  std::vector<NodeState> once;
+  EXPECT_EQ(held_after("batch", batches, Layout{0, 2, 1}, Layout{0, 3, 1}, &B::partial, &once), all);
+  EXPECT_EQ(held_after("batch", once, Layout{0, 3, 1}, Layout{0, 2, 2}, &B::partial), all);
+  EXPECT_EQ(held_after("shuffle", shuffles, Layout{0, 2, 1}, Layout{0, 3, 1}, &S::buffer, &once), all);
+  EXPECT_EQ(held_after("shuffle", once, Layout{0, 3, 1}, Layout{0, 1, 1}, &S::buffer), all);
+}
+
+// An offline rescale checks what a resume checks before any node runs, on the records it reads and on
+// those it makes, and refuses before anything is written, naming the old record that is wrong.
+TEST(Rescale, ARecordNoResumeWouldTakeIsRefusedNamingItsInstance) {
+  const auto p = range(0, 400) | sampler() | batch({.size = 4});
+  Engine e;
+  std::vector<Snapshot> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto run = e.start(p, at(r, 2, 2));
+    for (int i = 0; i < 10; ++i) run.next();
+    ranks.push_back(run.snapshot());
+  }
+  EXPECT_NO_THROW(SnapshotSet(ranks).rescaled(3, 1));
+  for (auto& st : ranks[1].states)
+    if (st.key == "merge@out")
+      for (auto& f : st.fields)
+        if (f.name == "cursor") f.u = 5;
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(p, ranks[1], at(1, 2, 2)); }, "is not one of the 2 workers");
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(ranks).rescaled(3, 1); },
+                                            "the old record of node 'merge@out' (instance 2): ");
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(ranks).rescaled(3, 1); }, "cursor 5 is not one of its 2 workers");
 }
 
 TEST(Rescale, RulesNameFieldsThroughTheStateAndAMisspelledNameIsRefused) {

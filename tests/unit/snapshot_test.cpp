@@ -63,7 +63,9 @@ std::string without_segment_section(const std::string& bytes) {
   std::vector<std::pair<std::uint32_t, std::string>> kept;
   for (std::uint32_t i = 0; i < count; ++i) {
     const std::size_t e = 32 + i * 24;
-    if (get32(e) != 3) kept.emplace_back(get32(e), bytes.substr(get64(e + 8), get64(e + 16)));
+    // A file of format 2, written before node details (3) and the state index (5), whose offsets this
+    // relayout would falsify.
+    if (get32(e) != 3 && get32(e) != 5) kept.emplace_back(get32(e), bytes.substr(get64(e + 8), get64(e + 16)));
   }
   std::string table;
   std::uint64_t offset = 32 + kept.size() * 24;
@@ -74,7 +76,8 @@ std::string without_segment_section(const std::string& bytes) {
     put(table, std::uint64_t{body.size()});
     offset += body.size();
   }
-  std::string out = bytes.substr(0, 12);
+  std::string out = bytes.substr(0, 8);
+  put(out, std::uint32_t{2});
   put(out, static_cast<std::uint32_t>(kept.size()));
   put(out, offset);
   put(out, crc32c(table));

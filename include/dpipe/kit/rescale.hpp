@@ -5,6 +5,7 @@
 /// driver never names a kind or a field: rules read and write records through the kind's own `fields`
 /// visitor, instantiated on ElementBlobs so that elements stay encoded.
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstddef>
 #include <optional>
@@ -478,6 +479,25 @@ void check_against_param(const NodeState& record, const GraphNodeRecord& node, s
   StateReader r(record);
   r.read(st);
   if (const auto count = int_param_of(node, param)) st.check(r, static_cast<std::uint64_t>(*count));
+}
+
+/// For a kind that keeps one field per worker (`<per_worker>0`, `<per_worker>1`, …) and a u64 `position`
+/// naming one of them (merge's cursor, dispatch's next worker): that position is below the worker count the
+/// record holds fields for, as a restore checks. A record without the position field passes (a dispatch
+/// record of a worker that does not own it).
+inline void check_worker_position(const NodeState& record, std::string_view position, std::string_view per_worker) {
+  const Field* at = nullptr;
+  std::uint64_t workers = 0;
+  for (const auto& f : record.fields) {
+    if (f.name == position) at = &f;
+    else if (f.name.starts_with(per_worker) && f.name.size() > per_worker.size() &&
+             std::isdigit(static_cast<unsigned char>(f.name[per_worker.size()])))
+      ++workers;
+  }
+  if (at && at->type == FieldType::u64 && at->u >= workers)
+    throw SnapshotError("snapshot state of node '" + record.key + "' (instance " + std::to_string(record.instance) +
+                        "): " + std::string(position) + " " + std::to_string(at->u) + " is not one of its " +
+                        std::to_string(workers) + " workers");
 }
 
 /// What a kind does with its records on a rescale: copy them to every new instance (nothing in them

@@ -282,6 +282,10 @@ struct DispatchKind {
   /// Its fields as worker 0 (the owner) writes them, for one worker: `backlog_N` per worker.
   static State state_prototype() { return {.owner = true, .next_worker = 0, .prefix_done = false, .backlogs = {ElementBlobs{}}}; }
   static constexpr SegmentRole segment = SegmentRole::starts_workers;
+  /// Invariant: the next worker is one of the workers (the owner's record holds their backlogs).
+  static void check_state(const NodeState& record, const GraphNodeRecord&) {
+    check_worker_position(record, "next_worker", "backlog_");
+  }
   /// Round robin deals the stream to the workers; broadcast hands every worker every element on purpose.
   static Split split(const Params& params) {
     if (param_of(params, "mode") == "round_robin") return {.deals = Split::kWorker, .covers = Split::kWorker};

@@ -246,6 +246,10 @@ struct MergeKind {
   /// Its fields for one worker: `dpipe ops` lists the per-worker ones as `pending_N`, ….
   static State state_prototype() { return {.cursor = 0, .lanes = std::vector<State::Lane>(1)}; }
   static constexpr SegmentRole segment = SegmentRole::ends_workers;
+  /// Invariant: the cursor names one of its workers.
+  static void check_state(const NodeState& record, const GraphNodeRecord&) {
+    check_worker_position(record, "cursor", "pending_");
+  }
 
   /// Rescale: the queued elements of every worker of every rank are pooled in rank and worker order and
   /// dealt to the new workers, each new merge starting at worker 0. A worker that had failed refuses it.
