@@ -577,22 +577,29 @@ TEST(Mux, EndsWithTheShortestAndDropsThePartialRound) {
             (std::vector<std::int64_t>{0, 10, 1, 11, 2, 3, 4}));
 }
 
-TEST(NodeErrors, UserFunctionExceptionsNameTheNodeAndNestTheCause) {
-  auto p = range(0, 10) | map([](std::int64_t x) {
-             if (x == 4) throw std::invalid_argument("bad four");
-             return x;
-           }, {.name = "decode"});
+/// The NodeError a run of `p` ends with (a copy keeps the nested cause).
+template <class P>
+NodeError node_error_of(const P& p) {
   Engine e;
   auto run = e.start(p, testing::options());
   try {
     testing::drain(run);
-    FAIL() << "no error";
   } catch (const NodeError& err) {
-    EXPECT_EQ(err.node_key(), "decode");
-    EXPECT_EQ(err.worker(), 0);
-    EXPECT_NE(std::string(err.what()).find("bad four"), std::string::npos);
-    EXPECT_THROW(std::rethrow_if_nested(err), std::invalid_argument);
+    return err;
   }
+  ADD_FAILURE() << "the run ended without a NodeError";
+  return NodeError("", 0, "none");
+}
+
+TEST(NodeErrors, UserFunctionExceptionsNameTheNodeAndNestTheCause) {
+  const NodeError err = node_error_of(range(0, 10) | map([](std::int64_t x) {
+                                        if (x == 4) throw std::invalid_argument("bad four");
+                                        return x;
+                                      }, {.name = "decode"}));
+  EXPECT_EQ(err.node_key(), "decode");
+  EXPECT_EQ(err.worker(), 0);
+  EXPECT_NE(std::string(err.what()).find("bad four"), std::string::npos);
+  EXPECT_THROW(std::rethrow_if_nested(err), std::invalid_argument);
 }
 
 // One naming scheme: a node is its place counted from the source, its kind and its name, in a graph's
@@ -606,16 +613,11 @@ TEST(NodeErrors, EveryMessageNamesANodeByItsPlaceKindAndName) {
   const Graph g = Graph::build(*p.def());
   EXPECT_EQ(g.labels(), (std::vector<std::string>{"pipeline[2] (zip)", "pipeline[1] (map 'decode')", "pipeline[0] (range)",
                                                    "pipeline[2].with[0][1] (map)", "pipeline[2].with[0][0] (range)"}));
+  const NodeError err = node_error_of(p);
+  EXPECT_EQ(err.label(), "pipeline[2].with[0][1] (map)");
+  EXPECT_EQ(std::string(err.what()).rfind("pipeline[2].with[0][1] (map) failed (worker 0): bad three", 0), 0u) << err.what();
+  EXPECT_EQ(err.node_key().rfind("map@", 0), 0u) << err.node_key();
   Engine e;
-  auto run = e.start(p, testing::options());
-  try {
-    testing::drain(run);
-    FAIL() << "no error";
-  } catch (const NodeError& err) {
-    EXPECT_EQ(err.label(), "pipeline[2].with[0][1] (map)");
-    EXPECT_EQ(std::string(err.what()).rfind("pipeline[2].with[0][1] (map) failed (worker 0): bad three", 0), 0u) << err.what();
-    EXPECT_EQ(err.node_key().rfind("map@", 0), 0u) << err.node_key();
-  }
   // A spec's places, and the nodes an op makes below itself (unbatch of every level) share its place.
   const Spec spec = parse_spec(R"({"pipeline": [{"op": "range", "stop": 8}, {"op": "batch", "size": 2},
       {"op": "batch", "size": 2}, {"op": "unbatch", "level": -1},
