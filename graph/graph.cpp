@@ -399,11 +399,7 @@ Graph Graph::build(const NodeDefBase& output, KeyScheme scheme) {
   return g;
 }
 
-std::string Graph::label_of(const std::string& key) const {
-  for (std::size_t i = 0; i < keys_.size(); ++i)
-    if (keys_[i] == key) return labels_[i];
-  return "node '" + key + "'";
-}
+std::string Graph::label_of(const std::string& key) const { return label_in(&keys_, &labels_, key); }
 
 std::uint64_t Graph::fingerprint_with(const std::vector<Params>& params) const {
   std::uint64_t h = fnv1a("dpipe-graph-v1");

@@ -671,8 +671,10 @@ SnapshotIdentity Snapshot::read_identity(const std::string& path) {
   return out;
 }
 
-SnapshotMeta Snapshot::read_meta(const std::string& path) {
-  const SnapshotFileParts file(path);
+namespace {
+
+/// The metadata, id and step of a file read in parts (sections 1 and 4; a file of format 1 has no 4).
+SnapshotMeta meta_in(const SnapshotFileParts& file) {
   const auto* meta = file.find(kMeta);
   if (!meta) throw file.fail("snapshot lacks its metadata section");
   const std::string body = file.section(*meta);
@@ -686,6 +688,10 @@ SnapshotMeta Snapshot::read_meta(const std::string& path) {
   }
   return out;
 }
+
+}  // namespace
+
+SnapshotMeta Snapshot::read_meta(const std::string& path) { return meta_in(SnapshotFileParts(path)); }
 
 namespace detail {
 
@@ -725,17 +731,7 @@ std::optional<SnapshotPlan> read_snapshot_plan(const std::string& path) {
   if (!meta || !states || !identity) throw parts.fail("snapshot lacks its metadata, node-state or identity section");
   try {
     SnapshotPlan plan;
-    {
-      const std::string body = parts.section(*meta);
-      ByteReader r(body, "snapshot metadata");
-      plan.meta = decode_meta(r);
-      plan.meta.format_version = parts.version();
-    }
-    {
-      const std::string body = parts.section(*identity);
-      ByteReader r(body, "snapshot identity");
-      decode_identity(r, plan.meta.id, plan.meta.step);
-    }
+    plan.meta = meta_in(parts);
     if (const auto* details = parts.find(kNodeDetails)) {
       const std::string body = parts.section(*details);
       ByteReader r(body, "snapshot node details");
