@@ -656,6 +656,7 @@ rescale::Numbers IndexNode::all_numbers(std::size_t k) const {
   const Sequence& s = c.numbers;
   const bool by_row = c.present.empty() && order_.empty();  // value n is slot n's
   if (by_row && s.form == Sequence::progression) return rescale::Numbers(rows_, s.first, s.step);  // one value too
+  if (by_row && s.form == Sequence::same) return rescale::Numbers(rows_, rows_ ? number_of(k, s, 0) : 0, 0);
   // The values in row order (rows that have the field), a chunk at a time; then by slot.
   std::vector<std::uint64_t> values(c.values);
   if (s.form == Sequence::chunked) {

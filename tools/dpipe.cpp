@@ -375,11 +375,24 @@ void check_distinct_outputs(const std::string& output, const std::string& snapsh
 
 // The figures of a run: what `run --stats` and `bench` print.
 
+/// The bytes this process has read through read(2) and pread(2) so far (`rchar` of /proc/self/io; 0
+/// where there is none): what a restore read, for `run --stats`.
+std::uint64_t bytes_read_so_far() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (io >> key >> value)
+    if (key == "rchar:") return value;
+  return 0;
+}
+
 /// What `run --stats` prints on standard error.
 struct RunFigures {
   std::uint64_t elements = 0;
   double seconds = 0;
   double restore_ms = 0;
+  std::uint64_t restore_read_bytes = 0;
+  double snapshot_ms = 0;
   std::uint64_t replayed_elements = 0;
   std::uint64_t elements_total = 0;
   std::uint64_t skipped_records = 0;
@@ -391,6 +404,8 @@ void print_run_stats(const RunFigures& f, const std::vector<dpipe::NodeStats>& n
   const Json stats = {{"elements", f.elements},
                       {"seconds", f.seconds},
                       {"restore_ms", f.restore_ms},
+                      {"restore_read_bytes", f.restore_read_bytes},
+                      {"snapshot_ms", f.snapshot_ms},
                       {"replayed_elements", f.replayed_elements},
                       {"elements_total", f.elements_total},
                       {"skipped_records", f.skipped_records},
@@ -538,9 +553,11 @@ int cmd_run(const RunArgs& a) {
                               .overrides = a.overrides}};
   if (!a.overrides.empty() && !from.resumes())
     throw dpipe::ConfigError("--override changes a parameter of a resumed run: give --resume or --resume-dir");
+  const std::uint64_t read_before = bytes_read_so_far();
   const auto t_restore = Clock::now();
   const auto run = start_run(spec, engine, options, from);
   const double restore_ms = from.resumes() ? seconds_since(t_restore) * 1e3 : 0;
+  const std::uint64_t restore_read_bytes = from.resumes() ? bytes_read_so_far() - read_before : 0;
   for (const auto& w : run->warnings()) std::cerr << "dpipe: warning: " << w << "\n";
   Output out(output);
   const auto t0 = Clock::now();
@@ -561,12 +578,16 @@ int cmd_run(const RunArgs& a) {
   out.commit();
   const double secs = seconds_since(t0);
   const std::map<std::string, std::string> meta{{"elements_delivered_by_this_run", std::to_string(n)}};
+  const auto t_snapshot = Clock::now();
   if (a.snapshot_out) run->snapshot(meta, a.step).write_file(*a.snapshot_out);
   if (a.snapshot_dir) dpipe::SnapshotSet::write_rank(*a.snapshot_dir, run->reproducible_snapshot(meta, set_step(a, *run, take)));
+  const double snapshot_ms = a.snapshot_out || a.snapshot_dir ? seconds_since(t_snapshot) * 1e3 : 0;
   if (a.common.stats)
     print_run_stats(RunFigures{.elements = n,
                                .seconds = secs,
                                .restore_ms = restore_ms,
+                               .restore_read_bytes = restore_read_bytes,
+                               .snapshot_ms = snapshot_ms,
                                .replayed_elements = run->restore_report().replayed_elements(),
                                .elements_total = run->delivered(),
                                .skipped_records = run->graph().skipped_records(),

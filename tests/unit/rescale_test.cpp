@@ -135,6 +135,102 @@ TEST(PositionDeal, RefusesPositionsOutsideTheSequence) {
   testing::expect_throw_with<SnapshotError>([&] { restore(0, 2, 0, 0, {5, 3}); }, "not in order");
 }
 
+// The position redeal (sampler's and the line sources' rule) checked against the definition on random
+// old deals: a wanted new slot j is dealt every position from the frontier (the slowest old instance's
+// position) in its residue class, and skips exactly those some old instance took: k < next of the
+// position's owner, or one the owner skipped. The cases cover both ways the rule finds them (walking a
+// slot's own positions, or listing every position taken above the frontier), old offsets in and out of
+// slot order, columns of one value or an even step, and old deals that skip positions.
+TEST(PositionRedeal, EveryWantedSlotSkipsExactlyThePositionsOldInstancesTook) {
+  using U64 = std::uint64_t;
+  std::mt19937_64 rng(20261128);
+  const auto pick = [&](U64 n) { return U64(rng() % n); };
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::size_t n_old = 1 + pick(40);
+    const U64 base = pick(3) ? pick(1000) : 0, min_next = pick(50);
+    const int shape = static_cast<int>(pick(4));  // 0 even, 1 small spread, 2 one far ahead, 3 with skips
+    std::vector<detail::DealState> old(n_old);
+    std::vector<std::size_t> offsets(n_old);
+    std::iota(offsets.begin(), offsets.end(), 0);
+    const bool permuted = pick(4) == 0;
+    if (permuted) std::shuffle(offsets.begin(), offsets.end(), rng);
+    for (std::size_t i = 0; i < n_old; ++i) {
+      U64 next = min_next;
+      if (shape == 1 || shape == 3) next += pick(8);
+      if (shape == 2 && i == n_old / 2) next += 200 + pick(300);
+      old[i] = {base, n_old, offsets[i], next, {}};
+    }
+    if (shape == 3)  // positions of instance i's own class that others took before
+      for (std::size_t i = 0; i < n_old; ++i)
+        for (U64 k = old[i].next; k < old[i].next + 12; ++k)
+          if (pick(3) == 0) old[i].skip.push_back(base + old[i].offset + k * n_old);
+    const auto taken = [&](U64 q) {
+      const U64 offset = (q - base) % n_old, k = (q - base) / n_old;
+      for (const auto& d : old)
+        if (d.offset == offset)
+          return k < d.next || std::binary_search(d.skip.begin(), d.skip.end(), q);
+      return false;
+    };
+    U64 slowest = ~U64{0}, reach = 0;
+    for (const auto& d : old) {
+      slowest = std::min(slowest, d.next);
+      reach = std::max(reach, base + (d.next + 13) * n_old);
+    }
+    const U64 frontier = base + slowest * n_old;
+    const int ranks = 1 + static_cast<int>(pick(10)), workers = 1 + static_cast<int>(pick(4));
+    RescaleInput in;
+    in.key = "sampler@0";
+    in.kind = "sampler";
+    in.from = Layout{0, static_cast<int>(n_old), 1};
+    in.to = Layout{0, ranks, workers};
+    in.wanted_begin = static_cast<int>(pick(static_cast<U64>(ranks)));
+    in.wanted_end = pick(2) ? -1 : in.wanted_begin + 1 + static_cast<int>(pick(static_cast<U64>(ranks - in.wanted_begin)));
+    detail::OldDeals deals = detail::OldDeals::of(old);
+    if (!permuted && pick(2)) {  // columns as a set index gives them: computed from their form
+      deals.base = rescale::Numbers(n_old, base, 0);
+      deals.stride = rescale::Numbers(n_old, n_old, 0);
+      deals.offset = rescale::Numbers(n_old, 0, 1);
+      if (shape == 0) deals.next = rescale::Numbers(n_old, min_next, 0);
+    }
+    const auto got = detail::redeal_positions(in, deals);
+    const std::size_t n_new = static_cast<std::size_t>(ranks * workers);
+    const auto [first, end] = in.wanted_slots();
+    ASSERT_EQ(got.size(), end - first) << "trial " << trial;
+    for (std::size_t j = first; j < end; ++j) {
+      const auto& d = got[j - first];
+      std::vector<U64> expected;
+      for (U64 q = frontier + j; q < reach; q += n_new)
+        if (taken(q)) expected.push_back(q);
+      EXPECT_EQ(d.base, frontier) << "trial " << trial;
+      EXPECT_EQ(d.stride, n_new);
+      EXPECT_EQ(d.offset, j);
+      EXPECT_EQ(d.next, 0u);
+      ASSERT_EQ(d.skip, expected) << "trial " << trial << ", slot " << j << " of " << n_new << ", shape " << shape;
+    }
+  }
+}
+
+// The numbers of a column given by its form: least and greatest without a pass, also where the column
+// passes 2^64 (its values are modulo 2^64) and then by its values.
+TEST(RescaleNumbers, BoundsAndStepsOfAColumnByItsForm) {
+  using U64 = std::uint64_t;
+  const rescale::Numbers up(4, 10, 3), same(5, 7, 0), wrapped(3, ~U64{0}, 1), held(std::vector<U64>{5, 2, 9});
+  EXPECT_EQ(up.min(), 10u);
+  EXPECT_EQ(up.max(), 19u);
+  EXPECT_EQ(same.min(), 7u);
+  EXPECT_EQ(same.max(), 7u);
+  EXPECT_EQ(wrapped.min(), 0u);
+  EXPECT_EQ(wrapped.max(), ~U64{0});
+  EXPECT_EQ(held.min(), 2u);
+  EXPECT_EQ(held.max(), 9u);
+  EXPECT_TRUE(up.steps(10, 3));
+  EXPECT_FALSE(up.steps(10, 2));
+  EXPECT_TRUE(same.steps(7, 0));
+  EXPECT_TRUE(rescale::Numbers(std::vector<U64>{0, 1, 2}).steps(0, 1));
+  EXPECT_FALSE(held.steps(5, 0));
+  EXPECT_EQ(rescale::Numbers().max(), 0u);
+}
+
 // A rescale checks the records it deals before it lists positions: instances that claim to be 2^40
 // positions apart are refused instead of listing them all.
 TEST(SamplerRescale, RefusesInstancesFarApartInsteadOfListingThem) {

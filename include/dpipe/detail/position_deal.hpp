@@ -170,9 +170,16 @@ inline OldDeals read_deals(const RescaleInput& in) {
 /// re-slice from the slowest old instance's position. Every position below the frontier
 /// (base + slowest next × old stride) was taken by someone; above it, the ones faster instances took
 /// become each new instance's `skip` list. Returns the states of the wanted new slots (RescaleInput::
-/// wanted_slots), in slot order. The inputs are checked before
-/// any arithmetic: positions below 2^62, and at most kMaxRedealt positions taken above the frontier (the
-/// lists this builds), so a crafted record cannot make it wrap or allocate without bound.
+/// wanted_slots), in slot order. The inputs are checked before any arithmetic: positions below 2^62, and
+/// at most kMaxRedealt positions taken above the frontier (the lists this builds), so a crafted record
+/// cannot make it wrap or allocate without bound.
+///
+/// Its cost follows what the wanted slots are dealt, not the old instance count: with no skipped
+/// positions in the old deals (every set but one rescaled just before), a wanted slot walks its own
+/// positions between the frontier and the fastest old instance's position and asks each one's old owner
+/// (an index into the `next` column) whether it took it; a column of one value, or of offsets that step
+/// by one, is checked by its form. Only when listing every position taken above the frontier is
+/// cheaper (a few old instances far ahead), or when old deals skip positions, are they listed and sorted.
 inline constexpr std::uint64_t kMaxRedealt = std::uint64_t{1} << 24;
 inline std::vector<DealState> redeal_positions(const RescaleInput& in, const OldDeals& old) {
   const std::size_t n_old = old.size();
@@ -185,33 +192,57 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const Old
     return at < old.skips.size() && old.skips[at].first == i ? old.skips[at].second : none;
   };
   const std::uint64_t base = old.base[0];
-  std::uint64_t min_next = ~std::uint64_t{0};
-  std::vector<bool> offsets(n_old, false);
-  for (std::size_t i = 0, at = 0; i < n_old; ++i) {
-    const std::uint64_t offset = old.offset[i], next = old.next[i];
-    const auto& skip = skip_of(i, at);
-    if (old.base[i] != base || old.stride[i] != n_old || offset >= n_old || offsets[offset])
-      in.refuse("its instances do not deal one position sequence between them");
-    if (base > kLimit || next > (kLimit - base) / n_old || !std::is_sorted(skip.begin(), skip.end()) ||
-        (!skip.empty() && (skip.front() < base || skip.back() > kLimit)))
-      in.refuse("instance " + std::to_string(offset) + "'s positions (base " + std::to_string(base) + ", next " +
-                std::to_string(next) + ") are outside any sequence dpipe deals");
-    offsets[offset] = true;
-    min_next = std::min(min_next, next);
+  const std::uint64_t min_next = old.next.min(), max_next = old.next.max();
+  // owner[offset] = the slot dealing that offset, when slot i does not deal offset i.
+  const bool in_order = old.base.steps(base, 0) && old.stride.steps(n_old, 0) && old.offset.steps(0, 1);
+  std::vector<std::size_t> owner;
+  if (!in_order) {
+    owner.assign(n_old, n_old);
+    for (std::size_t i = 0; i < n_old; ++i) {
+      const std::uint64_t offset = old.offset[i];
+      if (old.base[i] != base || old.stride[i] != n_old || offset >= n_old || owner[offset] != n_old)
+        in.refuse("its instances do not deal one position sequence between them");
+      owner[offset] = i;
+    }
   }
+  if (base > kLimit || max_next > (kLimit - base) / n_old) {
+    std::size_t i = 0;
+    while (i + 1 < n_old && old.next[i] != max_next) ++i;
+    in.refuse("instance " + std::to_string(old.offset[i]) + "'s positions (base " + std::to_string(base) + ", next " +
+              std::to_string(old.next[i]) + ") are outside any sequence dpipe deals");
+  }
+  for (const auto& [slot, skip] : old.skips)
+    if (!std::is_sorted(skip.begin(), skip.end()) || (!skip.empty() && (skip.front() < base || skip.back() > kLimit)))
+      in.refuse("instance " + std::to_string(old.offset[slot]) + "'s positions (base " + std::to_string(base) +
+                ", next " + std::to_string(old.next[slot]) + ") are outside any sequence dpipe deals");
   std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
-  if (old.next.all_equal(min_next)) {  // no instance ahead of another: only the skipped ones count
-    for (const auto& [i, skip] : old.skips)
-      if (ahead <= kMaxRedealt) ahead += skip.size();
-  } else {
-    for (std::size_t i = 0, at = 0; i < n_old; ++i)
-      if (ahead <= kMaxRedealt) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1) + skip_of(i, at).size();
-  }
+  for (const auto& [i, skip] : old.skips)
+    if (ahead <= kMaxRedealt) ahead += skip.size();
+  if (max_next != min_next)
+    for (std::size_t i = 0; i < n_old && ahead <= kMaxRedealt; ++i) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
   if (ahead > kMaxRedealt)
     in.refuse("its instances are " + std::to_string(ahead) + " positions apart, more than the " +
               std::to_string(kMaxRedealt) + " a rescale lists");
   const std::uint64_t frontier = base + min_next * n_old;
+  const std::size_t n_new = in.new_slots();
+  const auto [first, end] = in.wanted_slots();
+  std::vector<DealState> out(end - first);
+  for (std::size_t j = first; j < end; ++j) out[j - first] = {frontier, n_new, j, 0, {}};
+  if (max_next == min_next && old.skips.empty()) return out;  // nothing taken above the frontier
+  // Positions below `top` are all a slot may find taken (old skips aside); each wanted slot has
+  // (top − frontier) / n_new of them.
+  const std::uint64_t top = base + max_next * n_old;
+  const std::uint64_t walked = (top - frontier) / n_new + 1;
+  if (old.skips.empty() && walked <= (ahead + n_old) / std::max<std::size_t>(end - first, 1)) {
+    for (std::size_t j = first; j < end; ++j)
+      for (std::uint64_t q = frontier + j; q < top; q += n_new) {
+        const std::uint64_t offset = (q - base) % n_old, k = (q - base) / n_old;
+        if (k < old.next[in_order ? offset : owner[offset]]) out[j - first].skip.push_back(q);
+      }
+    return out;
+  }
   std::vector<std::uint64_t> taken;
+  taken.reserve(ahead);
   for (std::size_t i = 0, at = 0; i < n_old; ++i) {
     const auto& skip = skip_of(i, at);
     for (std::uint64_t k = min_next; k < old.next[i]; ++k) {
@@ -223,10 +254,6 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const Old
   }
   std::sort(taken.begin(), taken.end());
   taken.erase(std::unique(taken.begin(), taken.end()), taken.end());
-  const std::size_t n_new = in.new_slots();
-  const auto [first, end] = in.wanted_slots();
-  std::vector<DealState> out(end - first);
-  for (std::size_t j = first; j < end; ++j) out[j - first] = {frontier, n_new, j, 0, {}};
   for (auto q : taken)
     if (const std::size_t j = (q - frontier) % n_new; j >= first && j < end) out[j - first].skip.push_back(q);
   return out;

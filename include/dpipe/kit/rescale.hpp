@@ -95,15 +95,35 @@ class Numbers {
     if (even_) return size_ == 0 || (first_ == n && (step_ == 0 || size_ == 1));
     return std::all_of(values_.begin(), values_.end(), [&](std::uint64_t v) { return v == n; });
   }
+  /// Whether number i is `first` + i × `step` for every i (by the form, without a pass, where it steps evenly).
+  bool steps(std::uint64_t first, std::uint64_t step) const {
+    if (even_) return size_ == 0 || (first_ == first && (step_ == step || size_ == 1));
+    for (std::size_t i = 0; i < size_; ++i)
+      if (values_[i] != first + std::uint64_t(i) * step) return false;
+    return true;
+  }
   /// The smallest number (none: the largest u64).
   std::uint64_t min() const {
     std::uint64_t out = ~std::uint64_t{0};
-    if (even_ && step_ == 0) return size_ ? first_ : out;
+    if (size_ && even_ && !wraps()) return first_;  // it does not wrap: its first is its least
     for (std::size_t i = 0; i < size_; ++i) out = std::min(out, (*this)[i]);
+    return out;
+  }
+  /// The largest number (none: 0).
+  std::uint64_t max() const {
+    std::uint64_t out = 0;
+    if (size_ && even_ && !wraps()) return (*this)[size_ - 1];
+    for (std::size_t i = 0; i < size_; ++i) out = std::max(out, (*this)[i]);
     return out;
   }
 
  private:
+  /// Whether an even column passes 2^64 (its numbers are modulo 2^64, so its ends are not its bounds).
+  bool wraps() const {
+    std::uint64_t span = 0, last = 0;
+    return __builtin_mul_overflow(std::uint64_t(size_ - 1), step_, &span) || __builtin_add_overflow(first_, span, &last);
+  }
+
   std::vector<std::uint64_t> values_;
   std::size_t size_ = 0;
   std::uint64_t first_ = 0, step_ = 0;
