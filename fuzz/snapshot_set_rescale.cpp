@@ -71,8 +71,8 @@ void rescale_through_dir(const std::vector<std::string>& ranks, const std::optio
   }
 }
 
-/// The snapshots written into a fresh directory by SnapshotSet::write_rank (the manifest and the set index
-/// with them), each new rank rescaled through the index and compared with `expected`; then the index with
+/// The snapshots written into a fresh directory by SnapshotSet::write_rank (the manifest with them; the set
+/// index as the first rescale writes it), each new rank rescaled through the index and compared with `expected`; then the index with
 /// bytes changed (chosen by `seed`), under right checksums and under a wrong one, read by a rescale that
 /// may refuse but never crashes or hangs.
 void rescale_through_index(const std::vector<dpipe::Snapshot>& snapshots, const std::optional<dpipe::SnapshotSet>& expected,
@@ -86,6 +86,8 @@ void rescale_through_index(const std::vector<dpipe::Snapshot>& snapshots, const 
   } catch (const dpipe::Error&) {
     return;
   }
+  // The index the first rescale of the set would write (write_rank leaves it out).
+  dpipe::SnapshotSet::write_index(dir);
   const fs::path index = fs::path(dir) / "set.dpipe-index";
   if (!fs::exists(index)) return;
   const bool dealt = expected && !(static_cast<int>(snapshots.size()) == w && snapshots.front().meta.layout.num_workers == k);

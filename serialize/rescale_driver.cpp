@@ -295,9 +295,11 @@ std::optional<detail::SetIndex> read_set_index(const std::string& dir, const Set
 
 /// Rank `to.rank`'s snapshot of the set its manifest names (`set`) rescaled to `to`, from the set's index,
 /// rank 0's metadata and the element lists dealt to this rank: no listing, no other rank's state index.
+/// The first rescale of a set builds its index (build_index_once; the write that completes a set does not).
 /// nullopt when the set has no index naming it, or rank 0's file is not there (the set is then listed).
 std::optional<Snapshot> read_rescaled_by_index(const std::string& dir, const SetIdentity& set, const Layout& to) {
-  const auto index = read_set_index(dir, set);
+  auto index = read_set_index(dir, set);
+  if (!index && build_index_once(dir, set)) index = read_set_index(dir, set);
   if (!index) return std::nullopt;
   SetListing l;
   l.world = set.world;

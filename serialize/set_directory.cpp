@@ -3,11 +3,13 @@
 #include "dpipe/snapshot_set.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 #include <map>
 #include <set>
 #include <string_view>
+#include <thread>
 
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/crc32c.hpp"
@@ -190,6 +193,10 @@ std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) 
 namespace {
 
 constexpr const char* kIndexName = "set.dpipe-index";
+/// Held (created exclusively) by the reader that builds a set's missing index (build_index_once); one
+/// older than kIndexLockStale is a killed builder's.
+constexpr const char* kIndexLockName = ".set.dpipe-index.building";
+constexpr std::chrono::minutes kIndexLockStale{10};
 
 std::string manifest_path(const std::string& dir) { return (fs::path(dir) / kManifestName).string(); }
 
@@ -511,18 +518,24 @@ void drop_index(const std::string& dir) {
   if (remove_set_file(index_path(dir), "index")) detail::fsync_directory(dir, index_path(dir));
 }
 
-/// Writes the index and the manifest of `set`, complete in `dir` (write_manifest); the index is removed
-/// again when a rank file changed while it was built.
-void write_index_and_manifest(const std::string& dir, const SetIdentity& set) {
+/// Writes the index of `set`, complete in `dir`, and removes it again when a rank file changed while it
+/// was built (or an older one when none could be written); whether it stands.
+bool write_checked_index(const std::string& dir, const SetIdentity& set) {
   const auto stamps = write_set_index(dir, set);
-  if (!stamps) drop_index(dir);  // one another rank wrote before this rank's file changed
+  if (stamps)
+    for (int r = 0; r < set.world; ++r)
+      if (stamp_of((fs::path(dir) / tagged_name(r, set)).string()) != (*stamps)[static_cast<std::size_t>(r)]) {
+        drop_index(dir);
+        return false;
+      }
+  if (!stamps) drop_index(dir);  // an index of the set's older files must not stand either
+  return stamps.has_value();
+}
+
+/// Writes the manifest of `set`, complete in `dir` (write_manifest), and its index.
+void write_index_and_manifest(const std::string& dir, const SetIdentity& set) {
   write_manifest(dir, set);
-  if (!stamps) return;
-  for (int r = 0; r < set.world; ++r)
-    if (stamp_of((fs::path(dir) / tagged_name(r, set)).string()) != (*stamps)[static_cast<std::size_t>(r)]) {
-      drop_index(dir);
-      return;
-    }
+  write_checked_index(dir, set);
 }
 
 }  // namespace
@@ -663,8 +676,20 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   remove_older_files(dir, s.meta.layout.world_size, written, counter, set);
   // The write that completes the set writes its manifest; any other removes one that names another set
   // (a rank that found the set before complete may have written it after this rank's first removal).
-  if (counter.complete()) write_index_and_manifest(dir, set);
+  // The index is left to the first rescale that reads the set (build_index_once): written here, it would
+  // read every rank's file on this rank's checkpoint path.
+  if (counter.complete()) write_manifest(dir, set);
   else drop_manifest_unless(dir, set);
+}
+
+bool SnapshotSet::write_index(const std::string& dir) {
+  const auto set = read_manifest(dir);
+  if (!set) return false;
+  try {
+    return write_checked_index(dir, *set);
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 void SnapshotSet::write_dir(const std::string& dir) const {
@@ -697,6 +722,41 @@ SnapshotSet SnapshotSet::read_dir(const std::string& dir) {
 }
 
 namespace set_internal {
+
+bool build_index_once(const std::string& dir, const SetIdentity& set) {
+  using namespace std::chrono_literals;
+  const std::string lock = (fs::path(dir) / kIndexLockName).string(), index = index_path(dir);
+  const auto deadline = std::chrono::steady_clock::now() + std::max<std::chrono::milliseconds>(10s, set.world * 2ms);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (const int fd = ::open(lock.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
+      ::close(fd);
+      bool built = false;
+      try {
+        built = write_checked_index(dir, set);
+      } catch (const Error&) {
+      }
+      ::unlink(lock.c_str());
+      return built;
+    }
+    if (errno != EEXIST) return false;  // a directory this process cannot write into
+    // Another reader is building it: wait while its lock stands.
+    auto pause = 1ms;
+    for (struct stat st {};;) {
+      if (::stat(index.c_str(), &st) == 0) return true;
+      if (::stat(lock.c_str(), &st) != 0) return ::stat(index.c_str(), &st) == 0;  // it gave up, or just finished
+      const auto age = std::chrono::system_clock::now().time_since_epoch() -
+                       (std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec));
+      if (age > kIndexLockStale) {  // its builder was killed: take the lock over once
+        ::unlink(lock.c_str());
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::milliseconds>(pause * 2, 50ms);
+    }
+  }
+  return false;
+}
 
 void check_one_snapshot(const std::string& dir, const SetListing& l) {
   const RankFileName& first = l.ranks.front().second;

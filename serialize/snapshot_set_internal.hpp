@@ -161,6 +161,14 @@ std::optional<FileStamp> stamp_of(const std::string& path);
 std::optional<std::vector<FileStamp>> write_set_index(const std::string& dir, const SetIdentity& set,
                                                       Durability durability = Durability::each_write);
 
+/// Makes sure the complete set `set` in `dir` has its index, for a rescale that found none: the first
+/// reader to create the directory's lock file builds and writes it (write_set_index, checked against the
+/// rank files' stamps); every other reader waits while that lock stands (at most 10 s, or 2 ms per rank
+/// when more), then uses the index. A lock left by a killed builder (10 minutes old) is taken over once.
+/// Whether an index may now stand; false (the reader reads the rank files) when the directory is read-only,
+/// the builder gave up, or the wait ran out.
+bool build_index_once(const std::string& dir, const SetIdentity& set);
+
 /// Creates directory `dir` and its parents where missing; a SnapshotError when it cannot.
 void create_set_dir(const std::string& dir);
 

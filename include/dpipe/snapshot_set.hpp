@@ -73,8 +73,12 @@ class SnapshotSet {
 
   /// The set redistributed over {world_size, num_workers} (see above).
   SnapshotSet rescaled(int world_size, int num_workers) const;
-  /// Writes every rank's file into `dir`.
+  /// Writes every rank's file into `dir`, the set's index and its manifest.
   void write_dir(const std::string& dir) const;
+  /// Writes the index of the complete set in `dir` (the one its manifest names): what the first rescale
+  /// that finds none does. write_rank leaves it out, so that no rank's checkpoint reads every rank's file.
+  /// Whether it stands (false: no manifest, or a rank file changed while it was built).
+  static bool write_index(const std::string& dir);
   /// Rescales the set in `dir` onto {world_size, num_workers} into the directory `out` (absent or empty),
   /// holding the old ranks' state indexes (kept encoded) and the records of one batch of new ranks (at
   /// least 512, in at most 8 passes over the old records), writing one new rank at a time, not the set

@@ -255,13 +255,18 @@ def main():
             dpipe("run", json.dumps(SAMPLED), "--rank", r, "--world-size", 2, "--workers", 2, "--take", 13,
                   "--snapshot-dir", set_dir, "--output", os.path.join(TMP, f"set-{r}.jsonl"))
         names = sorted(os.listdir(set_dir))
+        assert len(names) == 3 and names[2:] == ["set.dpipe-manifest"], names
+        # The first rescale of the set writes its index beside the manifest.
+        dpipe("run", json.dumps(SAMPLED), "--rank", 0, "--world-size", 1, "--workers", 2, "--take", 1,
+              "--resume-dir", set_dir, "--rescale", "--output", os.path.join(TMP, "set-rescaled.jsonl"))
+        names = sorted(os.listdir(set_dir))
         assert len(names) == 4 and names[2:] == ["set.dpipe-index", "set.dpipe-manifest"], names
         names = names[:2]
         # With --take and no --step, the tool records the step where it was asked to stop (13).
         assert all(re.fullmatch(rf"rank-{r}-of-2\.w2\.s13\.[0-9a-f]{{16}}\.dpipe", n) for r, n in enumerate(names)), names
         for r in range(2):
             files[f"set rank {r}"] = os.path.join(set_dir, names[r])
-    check("set: two ranks write rank-R-of-2.w2.s13.TAG.dpipe, the index and the manifest", make_set)
+    check("set: two ranks write rank-R-of-2.w2.s13.TAG.dpipe and the manifest, the first rescale the index", make_set)
 
     def manifest_as_documented():
         """The manifest line, rebuilt from the document: the set's world, workers, step and the TAG of its

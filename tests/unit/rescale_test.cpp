@@ -661,11 +661,16 @@ TEST(SnapshotSetFiles, ARescaleThroughADirectoryGivesWhatRescalingTheSetGives) {
     testing::TempDir d;
     const std::string dir = d.path().string();
     write_set(p, dir, 4, 2, 9, [](int) { return 50; });
-    ASSERT_TRUE(fs::exists(fs::path(dir) / kIndex));
+    ASSERT_FALSE(fs::exists(fs::path(dir) / kIndex));  // left to the first rescale, which writes it
     const SnapshotSet whole = SnapshotSet::read_dir(dir);
-    // Through the set index, then (index removed) through every rank's state index.
+    // Through the set index, then (index and manifest removed: the set is listed) through every rank's
+    // state index.
     for (const bool index : {true, false}) {
-      if (!index) fs::remove(fs::path(dir) / kIndex);
+      if (!index) {
+        ASSERT_TRUE(fs::exists(fs::path(dir) / kIndex));
+        fs::remove(fs::path(dir) / kIndex);
+        fs::remove(fs::path(dir) / kManifest);
+      }
       for (const auto& [world, workers] : {std::pair{3, 2}, {2, 3}, {5, 1}, {1, 4}, {4, 2}}) {
         if (world == 4 && workers == 2) continue;  // the set's own layout reads one file
         const SnapshotSet expected = whole.rescaled(world, workers);
@@ -684,13 +689,69 @@ TEST(SnapshotSetIndex, ARescaleThroughTheIndexReadsNoOtherRanksStateIndex) {
   const std::string dir = d.path().string();
   write_set(p, dir, 4, 2, 9, [](int) { return 50; });
   const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(3, 2);
+  // The first rescale (new rank 2's) writes the index, reading every rank's state index once.
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{2, 3, 2}, true).to_bytes(), expected.rank(2).to_bytes());
+  ASSERT_TRUE(fs::exists(fs::path(dir) / kIndex));
   // Old rank 3's state index is garbage now: its elements are dealt to the last new rank only, and its
   // numbers are in the set index, so new rank 0 never opens its state index.
   garble_section((fs::path(dir) / name_of(dir, 3)).string(), 5);
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true).to_bytes(), expected.rank(0).to_bytes());
-  // Without the index every rank's state index is read, and the damage is found.
+  // Without the index, none can be written from the damaged set: every rank's state index is read, and
+  // the damage is found.
   fs::remove(fs::path(dir) / kIndex);
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true); }, "rank 3");
+  EXPECT_FALSE(fs::exists(fs::path(dir) / kIndex));
+}
+
+// The write that completes a set leaves the index to the first rescale: it creates the directory's lock
+// and writes the index; a reader that finds the lock waits for the index and reads through it; one
+// whose builder gave up reads the rank files; a lock a killed builder left (old) is taken over.
+TEST(SnapshotSetIndex, TheFirstRescaleWritesTheIndexAndOthersWaitForIt) {
+  const auto p = range(0, 3000) | sampler() | shuffle({.buffer = 60}) | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  const fs::path index = fs::path(dir) / kIndex, lock = fs::path(dir) / ".set.dpipe-index.building";
+  write_set(p, dir, 4, 2, 9, [](int) { return 50; });
+  ASSERT_TRUE(fs::exists(fs::path(dir) / kManifest));
+  ASSERT_FALSE(fs::exists(index));
+  const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(3, 2);
+  ASSERT_TRUE(SnapshotSet::write_index(dir));
+  std::string built;
+  {
+    std::ifstream in(index, std::ios::binary);
+    built.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  fs::remove(index);
+  // Old rank 3's state index garbage: a reader that read the rank files would fail naming it.
+  garble_section((fs::path(dir) / name_of(dir, 3)).string(), 5);
+  testing::write_bytes(lock.string(), "");
+  std::thread builder([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    testing::write_bytes(index.string() + ".tmp", built);
+    fs::rename(index.string() + ".tmp", index);
+    fs::remove(lock);
+  });
+  EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true).to_bytes(), expected.rank(0).to_bytes());
+  builder.join();
+  // A builder that gives up (its lock gone, no index): the reader reads the rank files.
+  fs::remove(index);
+  testing::write_bytes(lock.string(), "");
+  std::thread quitter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fs::remove(lock);
+  });
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true); }, "rank 3");
+  quitter.join();
+  // A lock an hour old, on an intact set: taken over, the index written, the lock removed.
+  testing::TempDir d2;
+  const std::string dir2 = d2.path().string();
+  write_set(p, dir2, 4, 2, 9, [](int) { return 50; });
+  const fs::path lock2 = fs::path(dir2) / ".set.dpipe-index.building";
+  testing::write_bytes(lock2.string(), "");
+  fs::last_write_time(lock2, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  EXPECT_EQ(SnapshotSet::read_rank(dir2, Layout{1, 3, 2}, true).to_bytes(), expected.rank(1).to_bytes());
+  EXPECT_TRUE(fs::exists(fs::path(dir2) / kIndex));
+  EXPECT_FALSE(fs::exists(lock2));
 }
 
 TEST(SnapshotSetIndex, ADamagedOrForeignIndexIsPassedOverAndTheRankFilesAreRead) {
@@ -699,12 +760,13 @@ TEST(SnapshotSetIndex, ADamagedOrForeignIndexIsPassedOverAndTheRankFilesAreRead)
   const std::string dir = d.path().string();
   write_set(p, dir, 3, 2, 7, [](int) { return 5; });
   write_set(p, other.path().string(), 3, 2, 8, [](int) { return 6; });
+  ASSERT_TRUE(SnapshotSet::write_index(other.path().string()));
   const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(2, 2);
   const auto check = [&](const std::string& what) {
     for (int r = 0; r < 2; ++r)
       EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, 2, 2}, true).to_bytes(), expected.rank(r).to_bytes()) << what;
   };
-  check("the index as written");
+  check("the index the first rescale wrote");
   const fs::path index = fs::path(dir) / kIndex;
   std::string bytes;
   {
@@ -801,6 +863,7 @@ TEST(SnapshotSetIndex, ARankReadsOnlyTheChunksOfTheRowsItTakesElementsFrom) {
   const std::string dir = d.path().string();
   write_set(p, dir, 72, 4, 20, [](int) { return 3; });
   const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(54, 4);
+  ASSERT_TRUE(SnapshotSet::write_index(dir));
   // Old rank 35's state index is garbage now: new ranks 0 and 53 take no elements from it, so through the
   // index they never read it; without the index every rank reads every state index.
   garble_section((fs::path(dir) / name_of(dir, 35)).string(), 5);
@@ -829,12 +892,14 @@ TEST(SnapshotSetIndex, ARankWritingItsStepAgainRebuildsTheIndex) {
   testing::TempDir d;
   const std::string dir = d.path().string();
   write_set(p, dir, 2, 2, 7, [](int) { return 5; });
-  // Rank 1 writes step 5 again from another position (a job restarted from before step 5).
+  ASSERT_TRUE(SnapshotSet::write_index(dir));
+  // Rank 1 writes step 5 again from another position (a job restarted from before step 5): the index of
+  // its older file goes, and the first rescale writes it again.
   Engine e;
   auto run = e.start(p, at(1, 2, 2));
   for (int i = 0; i < 19; ++i) run.next();
   SnapshotSet::write_rank(dir, run.reproducible_snapshot({}, 5));
-  ASSERT_TRUE(fs::exists(fs::path(dir) / kIndex));
+  ASSERT_FALSE(fs::exists(fs::path(dir) / kIndex));
   const SnapshotSet expected = SnapshotSet::read_dir(dir).rescaled(3, 1);
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, 3, 1}, true).to_bytes(), expected.rank(r).to_bytes()) << r;
