@@ -143,7 +143,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, AtomicWriteOptions options)
   // Replacing needs only a writable directory; a file the user protected stays protected.
   if (exists && ::access(target_.c_str(), W_OK) != 0) fail("cannot replace", errno);
   sync_ = options.durability == Durability::each_write;
-  if (sync_) remove_stale_temporaries(target_);
+  if (sync_ && options.remove_stale_temporaries) remove_stale_temporaries(target_);
   const std::string dir = dir_of(target_), stem = dir + "/" + temp_prefix(target_) + std::to_string(::getpid()) + ".";
   for (int attempt = 0; fd_ < 0; ++attempt) {
     temp_ = stem + random_hex();

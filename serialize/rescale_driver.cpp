@@ -557,8 +557,14 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
         refuse("node '" + key + "' has " + std::to_string(columns->size()) + " records, expected " + std::to_string(slots));
       const std::uint32_t step = columns->instance_step();
       if (columns->size() < slots || slots == 0 || step == 0 || step != instance_of(1))  // else every slot is as expected
-        for (std::size_t i = 0; i < slots; ++i)
-          if (i >= columns->size() || columns->instance(i) != instance_of(i)) refuse(missing(columns->size()));
+        for (std::size_t i = 0; i < slots; ++i) {
+          if (i >= columns->size()) refuse(missing(columns->size()));
+          if (const std::uint32_t got = columns->instance(i), want = instance_of(i); got != want)
+            refuse("node '" + key + "' has a record of instance " + std::to_string(got) + " where instance " +
+                   std::to_string(want) + "'s belongs (" +
+                   (got < want ? "instance " + std::to_string(got) + " is listed twice"
+                               : "instance " + std::to_string(want) + " has none") + ")");
+        }
       if (const std::ptrdiff_t k = columns->column("deferred_failure"); k >= 0)
         for (std::size_t i = 0; i < slots; ++i)
           if (columns->has(i, std::size_t(k))) refuse("node '" + key + "' had failed: " + std::string(columns->text(i, std::size_t(k))));

@@ -314,7 +314,8 @@ bool set_is_complete(const std::string& dir, const SetIdentity& set) {
 /// it was written (a rank of it has written another snapshot since the listing that found it complete).
 void write_manifest(const std::string& dir, const SetIdentity& set) {
   try {
-    write_file_atomically(manifest_path(dir), manifest_text(set));
+    // Stale temporaries of the manifest are removed by remove_older_files' listing.
+    write_file_atomically(manifest_path(dir), manifest_text(set), {.remove_stale_temporaries = false});
   } catch (const FileError&) {
     // Two ranks on two hosts completing the set at once write the same manifest, and each may take the
     // other's temporary for a killed writer's (its process is not on this host) and remove it. The set
@@ -552,13 +553,6 @@ void create_set_dir(const std::string& dir) {
 
 namespace {
 
-/// Removes the rank files of `dir` of world size `world` whose rank has just been written (a non-empty
-/// name in `written_by_rank`) under another name: a set directory written into again holds one file
-/// per rank. Only the given ranks' names are touched, so ranks writing at once need no
-/// collective. The removals are made as durable as the writes (a crash must not bring one back).
-/// `counter` sees every name listed. When a file was removed, a manifest naming another set than
-/// `set` is removed at once, before the removals are made durable (one that names the removed file may
-/// have been written since this rank's first removal of it).
 /// Whether `name` is a temporary a killed writer left for a rank file of rank R of `world` that this write
 /// replaced (`.rank-R-of-W.….dpipe-tmp.PID.HEX`, PID gone), whatever step or set the file was for: a killed
 /// write of step 5 is not left behind by the complete write of step 6.
@@ -581,6 +575,27 @@ bool stale_rank_temporary(std::string_view name, int world, const std::vector<st
   return detail::process_is_gone(pid);
 }
 
+/// Whether `name` is a temporary a killed writer left for the manifest (`.set.dpipe-manifest.dpipe-tmp.PID.HEX`).
+bool stale_manifest_temporary(std::string_view name) {
+  constexpr std::string_view kPrefix = ".set.dpipe-manifest.dpipe-tmp.";
+  if (!name.starts_with(kPrefix)) return false;
+  const std::string rest(name.substr(kPrefix.size()));
+  char* end = nullptr;
+  errno = 0;
+  const long pid = std::strtol(rest.c_str(), &end, 10);
+  if (errno != 0 || end == rest.c_str() || *end != '.' || pid <= 0 || pid == static_cast<long>(::getpid())) return false;
+  const char* hex = end + 1;
+  return *hex != '\0' && std::strspn(hex, "0123456789abcdef") == std::strlen(hex) && detail::process_is_gone(pid);
+}
+
+/// Removes the rank files of `dir` of world size `world` whose rank has just been written (a non-empty
+/// name in `written_by_rank`) under another name: a set directory written into again holds one file
+/// per rank. Only the given ranks' names are touched, so ranks writing at once need no
+/// collective. The removals are made as durable as the writes (a crash must not bring one back).
+/// `counter` sees every name listed. When a file was removed, a manifest naming another set than
+/// `set` is removed at once, before the removals are made durable (one that names the removed file may
+/// have been written since this rank's first removal of it). The temporaries killed writers left for the
+/// written ranks' files and for the manifest go in the same listing.
 void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank,
                         SetFileCounter& counter, const SetIdentity& set) {
   DIR* d = ::opendir(dir.c_str());
@@ -597,7 +612,8 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
     counter.see(name);
-    if (name.starts_with(".") && name.substr(1).starts_with(prefix) && stale_rank_temporary(name, world, written_by_rank)) {
+    if (name.starts_with(".") && ((name.substr(1).starts_with(prefix) && stale_rank_temporary(name, world, written_by_rank)) ||
+                                  stale_manifest_temporary(name))) {
       ::unlinkat(::dirfd(d), e->d_name, 0);  // a race with another cleaner is harmless
       errno = 0;
       continue;
@@ -665,7 +681,8 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   const std::string name = tagged_name(s.meta.layout.rank, set);
   refuse_another_runs_set(dir, s, name);  // before anything of that set changes
   drop_manifest(dir);  // before this rank's file changes
-  s.write_file((fs::path(dir) / name).string());
+  // A killed writer's temporaries of this rank (whatever their step) go in remove_older_files' listing.
+  write_file_atomically((fs::path(dir) / name).string(), s.to_bytes(), {.remove_stale_temporaries = false});
   // Again now that the file changed: an index another rank was building from this rank's older file
   // while the first removal ran may have been written since (its own check sees the change only if it
   // comes after the rename).
@@ -698,7 +715,7 @@ void SnapshotSet::write_dir(const std::string& dir) const {
   std::vector<std::string> written;
   for (const auto& s : ranks_) {
     written.push_back(file_name(s.meta));
-    s.write_file((fs::path(dir) / written.back()).string());
+    write_file_atomically((fs::path(dir) / written.back()).string(), s.to_bytes(), {.remove_stale_temporaries = false});
   }
   const SetIdentity set = identity_of(ranks_.front().meta);
   SetFileCounter counter(set);

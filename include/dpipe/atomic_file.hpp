@@ -37,6 +37,9 @@ enum class Durability {
 struct AtomicWriteOptions {
   SpecialFiles special = SpecialFiles::refuse;
   Durability durability = Durability::each_write;
+  /// Whether a durable write first removes the temporaries killed writers left for the path (one listing
+  /// of its directory); false when the caller removes them in a listing of its own (a set's rank writes).
+  bool remove_stale_temporaries = true;
 };
 
 /// Streams a file into place: construct (the path is checked and a temporary made), write() any number

@@ -566,6 +566,15 @@ def _():
     dpipe("run", small, "--rank", 0, "--world-size", 2, "--take", 2, "--step", 6, "--snapshot-dir", sets)
     assert not os.path.exists(mine), "rank 0's killed write of step 5 was left by its write of step 6"
     assert os.path.exists(other_rank) and os.path.exists(live)
+    # A killed writer's temporary of the manifest goes in the same listing; a live writer's stays.
+    dead_manifest = os.path.join(sets, f".set.dpipe-manifest.dpipe-tmp.{child.pid}.00ff")
+    live_manifest = os.path.join(sets, f".set.dpipe-manifest.dpipe-tmp.{os.getpid()}.00ff")
+    for f in (dead_manifest, live_manifest):
+        open(f, "w").write("half")
+    dpipe("run", small, "--rank", 1, "--world-size", 2, "--take", 2, "--step", 6, "--snapshot-dir", sets)
+    assert os.path.exists(os.path.join(sets, "set.dpipe-manifest")), sorted(os.listdir(sets))
+    assert not os.path.exists(dead_manifest) and not os.path.exists(other_rank), sorted(os.listdir(sets))
+    assert os.path.exists(live_manifest) and os.path.exists(live)
 
 
 @case("ops_lists_every_op_with_its_schema")

@@ -424,6 +424,28 @@ def main():
         assert len({(s["meta"]["fingerprint"], s["meta"]["seed"], s["meta"]["epoch"]) for s in snaps}) == 1
     check("set: the reader agrees with `dpipe snapshot show DIR` and the ranks agree", set_summary)
 
+    def index_listing_an_instance_twice():
+        """A rank file whose records of one node name instance 2 twice (each record of an instance of its
+        rank, so the file reads): the index the first rescale writes from it lists that instance twice,
+        and the rescale is refused naming the instance, not counting records."""
+        dup = os.path.join(TMP, "set-duplicate")
+        shutil.rmtree(dup, ignore_errors=True)
+        os.makedirs(dup)
+        for name in os.listdir(set_dir):
+            if name != "set.dpipe-index":
+                shutil.copy(os.path.join(set_dir, name), dup)
+        path = os.path.join(dup, os.path.basename(files["set rank 1"]))
+        snap = sr.read_file(path)
+        record = next(st for st in snap["states"] if st["instance"] == 3 and st["kind"] == "shuffle")
+        record["instance"] = 2
+        open(path, "wb").write(sr.write_snapshot(snap))
+        r = dpipe("run", json.dumps(SAMPLED), "--rank", 0, "--world-size", 1, "--workers", 2, "--take", 1,
+                  "--resume-dir", dup, "--rescale", "--output", os.path.join(TMP, "dup.jsonl"), check=False)
+        assert r.returncode != 0, r.stdout
+        assert os.path.exists(os.path.join(dup, "set.dpipe-index")), os.listdir(dup)
+        assert "has a record of instance 2 where instance 3's belongs (instance 2 is listed twice)" in r.stderr, r.stderr
+    check("set: an index listing an instance twice is refused naming it", index_listing_an_instance_twice)
+
     def without_node_details():
         """The older layout of version 1 (sections 1 and 2 only) still resumes with today's tool."""
         data = open(files["canonical"], "rb").read()
