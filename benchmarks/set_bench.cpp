@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "dpipe/detail/process_io.hpp"
 #include "dpipe/dpipe.hpp"
 
 namespace {
@@ -54,15 +55,6 @@ dpipe::RunOptions options(int rank, int world) {
   return dpipe::RunOptions{.seed = 7, .layout = dpipe::Layout{rank, world, kWorkers}};
 }
 
-std::uint64_t bytes_read() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  std::uint64_t value = 0;
-  while (io >> key >> value)
-    if (key == "rchar:") return value;
-  return 0;
-}
-
 long rss_kib() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -75,12 +67,12 @@ long rss_kib() {
 /// `sized_for` ranks (the world it was first written on); prints "ms bytes peak_kib base_kib".
 int measure(const std::string& dir, int rank, int world, int sized_for) {
   const long base = rss_kib();
-  const std::uint64_t read0 = bytes_read();
+  const std::uint64_t read0 = dpipe::detail::bytes_read_by_process();
   const auto t0 = Clock::now();
   dpipe::Engine engine(dpipe::EngineOptions{.threads = 1});
   auto run = engine.resume(pipeline(sized_for), dpipe::SnapshotDir{dir}, options(rank, world), {.rescale = true});
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  const std::uint64_t read = bytes_read() - read0;
+  const std::uint64_t read = dpipe::detail::bytes_read_by_process() - read0;
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   std::cout << ms << " " << read << " " << u.ru_maxrss << " " << base << "\n";
@@ -91,11 +83,11 @@ int measure(const std::string& dir, int rank, int world, int sized_for) {
 /// "seconds bytes peak_kib base_kib".
 int measure_offline(const std::string& dir, const std::string& out, int world) {
   const long base = rss_kib();
-  const std::uint64_t read0 = bytes_read();
+  const std::uint64_t read0 = dpipe::detail::bytes_read_by_process();
   const auto t0 = Clock::now();
   dpipe::SnapshotSet::rescale_dir(dir, out, world, kWorkers);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  const std::uint64_t read = bytes_read() - read0;
+  const std::uint64_t read = dpipe::detail::bytes_read_by_process() - read0;
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   std::cout << s << " " << read << " " << u.ru_maxrss << " " << base << "\n";

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dpipe/atomic_file.hpp"
+#include "dpipe/detail/process_io.hpp"
 #include "dpipe/detail/text_json.hpp"
 #include "dpipe/dpipe.hpp"
 #include "dpipe/regular_file.hpp"
@@ -375,17 +376,6 @@ void check_distinct_outputs(const std::string& output, const std::string& snapsh
 
 // The figures of a run: what `run --stats` and `bench` print.
 
-/// The bytes this process has read through read(2) and pread(2) so far (`rchar` of /proc/self/io; 0
-/// where there is none): what a restore read, for `run --stats`.
-std::uint64_t bytes_read_so_far() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  std::uint64_t value = 0;
-  while (io >> key >> value)
-    if (key == "rchar:") return value;
-  return 0;
-}
-
 /// What `run --stats` prints on standard error.
 struct RunFigures {
   std::uint64_t elements = 0;
@@ -553,11 +543,11 @@ int cmd_run(const RunArgs& a) {
                               .overrides = a.overrides}};
   if (!a.overrides.empty() && !from.resumes())
     throw dpipe::ConfigError("--override changes a parameter of a resumed run: give --resume or --resume-dir");
-  const std::uint64_t read_before = bytes_read_so_far();
+  const std::uint64_t read_before = dpipe::detail::bytes_read_by_process();
   const auto t_restore = Clock::now();
   const auto run = start_run(spec, engine, options, from);
   const double restore_ms = from.resumes() ? seconds_since(t_restore) * 1e3 : 0;
-  const std::uint64_t restore_read_bytes = from.resumes() ? bytes_read_so_far() - read_before : 0;
+  const std::uint64_t restore_read_bytes = from.resumes() ? dpipe::detail::bytes_read_by_process() - read_before : 0;
   for (const auto& w : run->warnings()) std::cerr << "dpipe: warning: " << w << "\n";
   Output out(output);
   const auto t0 = Clock::now();
