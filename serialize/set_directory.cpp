@@ -747,13 +747,16 @@ bool build_index_once(const std::string& dir, const SetIdentity& set) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (const int fd = ::open(lock.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
       ::close(fd);
-      bool built = false;
+      // The lock goes however the build ends: one left standing would make every rescale wait.
+      struct Unlock {
+        const std::string& path;
+        ~Unlock() { ::unlink(path.c_str()); }
+      } unlock{lock};
       try {
-        built = write_checked_index(dir, set);
+        return write_checked_index(dir, set);
       } catch (const Error&) {
+        return false;
       }
-      ::unlink(lock.c_str());
-      return built;
     }
     if (errno != EEXIST) return false;  // a directory this process cannot write into
     // Another reader is building it: wait while its lock stands.
