@@ -63,18 +63,11 @@ void remove_stale_temporaries(const std::string& target) {
   const std::string dir = dir_of(target), prefix = temp_prefix(target);
   DIR* d = ::opendir(dir.c_str());
   if (!d) return;  // creating the temporary will report what is wrong with the directory
-  const long self = static_cast<long>(::getpid());
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
     if (name.substr(0, prefix.size()) != prefix) continue;
-    const std::string rest(name.substr(prefix.size()));
-    char* end = nullptr;
-    errno = 0;
-    const long pid = std::strtol(rest.c_str(), &end, 10);
-    if (errno != 0 || end == rest.c_str() || *end != '.' || pid == self) continue;
-    const char* hex = end + 1;
-    if (*hex == '\0' || std::strspn(hex, "0123456789abcdef") != std::strlen(hex)) continue;
-    if (detail::process_is_gone(pid)) ::unlinkat(::dirfd(d), e->d_name, 0);  // a race with another cleaner is harmless
+    if (detail::left_by_killed_writer(name.substr(prefix.size())))
+      ::unlinkat(::dirfd(d), e->d_name, 0);  // a race with another cleaner is harmless
   }
   ::closedir(d);
 }
@@ -117,6 +110,17 @@ void fsync_directory(const std::string& dir, const std::string& path) {
 
 bool process_is_gone(long pid) {
   return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+bool left_by_killed_writer(std::string_view pid_and_hex) {
+  const std::string rest(pid_and_hex);
+  char* end = nullptr;
+  errno = 0;
+  const long pid = std::strtol(rest.c_str(), &end, 10);
+  if (errno != 0 || end == rest.c_str() || *end != '.' || pid <= 0 || pid == static_cast<long>(::getpid())) return false;
+  const char* hex = end + 1;
+  if (*hex == '\0' || std::strspn(hex, "0123456789abcdef") != std::strlen(hex)) return false;
+  return process_is_gone(pid);
 }
 
 }  // namespace detail

@@ -523,14 +523,11 @@ void drop_index(const std::string& dir) {
 /// was built (or an older one when none could be written); whether it stands.
 bool write_checked_index(const std::string& dir, const SetIdentity& set) {
   const auto stamps = write_set_index(dir, set);
-  if (stamps)
-    for (int r = 0; r < set.world; ++r)
-      if (stamp_of((fs::path(dir) / tagged_name(r, set)).string()) != (*stamps)[static_cast<std::size_t>(r)]) {
-        drop_index(dir);
-        return false;
-      }
-  if (!stamps) drop_index(dir);  // an index of the set's older files must not stand either
-  return stamps.has_value();
+  bool stands = stamps.has_value();
+  for (int r = 0; stands && r < set.world; ++r)
+    stands = stamp_of((fs::path(dir) / tagged_name(r, set)).string()) == (*stamps)[static_cast<std::size_t>(r)];
+  if (!stands) drop_index(dir);  // built from files that changed, or none written: no older one may stand
+  return stands;
 }
 
 /// Writes the manifest of `set`, complete in `dir` (write_manifest), and its index.
@@ -564,28 +561,13 @@ bool stale_rank_temporary(std::string_view name, int world, const std::vector<st
     return false;
   constexpr std::string_view kMark = ".dpipe-tmp.";
   const auto at = name.rfind(kMark);
-  if (at == std::string_view::npos) return false;
-  const std::string rest(name.substr(at + kMark.size()));
-  char* end = nullptr;
-  errno = 0;
-  const long pid = std::strtol(rest.c_str(), &end, 10);
-  if (errno != 0 || end == rest.c_str() || *end != '.' || pid <= 0 || pid == static_cast<long>(::getpid())) return false;
-  const char* hex = end + 1;
-  if (*hex == '\0' || std::strspn(hex, "0123456789abcdef") != std::strlen(hex)) return false;
-  return detail::process_is_gone(pid);
+  return at != std::string_view::npos && detail::left_by_killed_writer(name.substr(at + kMark.size()));
 }
 
 /// Whether `name` is a temporary a killed writer left for the manifest (`.set.dpipe-manifest.dpipe-tmp.PID.HEX`).
 bool stale_manifest_temporary(std::string_view name) {
   constexpr std::string_view kPrefix = ".set.dpipe-manifest.dpipe-tmp.";
-  if (!name.starts_with(kPrefix)) return false;
-  const std::string rest(name.substr(kPrefix.size()));
-  char* end = nullptr;
-  errno = 0;
-  const long pid = std::strtol(rest.c_str(), &end, 10);
-  if (errno != 0 || end == rest.c_str() || *end != '.' || pid <= 0 || pid == static_cast<long>(::getpid())) return false;
-  const char* hex = end + 1;
-  return *hex != '\0' && std::strspn(hex, "0123456789abcdef") == std::strlen(hex) && detail::process_is_gone(pid);
+  return name.starts_with(kPrefix) && detail::left_by_killed_writer(name.substr(kPrefix.size()));
 }
 
 /// Removes the rank files of `dir` of world size `world` whose rank has just been written (a non-empty
