@@ -23,6 +23,7 @@
 
 #include "dpipe/atomic_file.hpp"
 #include "dpipe/crc32c.hpp"
+#include "dpipe/detail/removal_log.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/regular_file.hpp"
 #include "dpipe/rng.hpp"
@@ -34,6 +35,7 @@
 namespace dpipe {
 namespace fs = std::filesystem;
 using namespace set_internal;  // what the rescale driver shares (snapshot_set_internal.hpp)
+using detail::RemovalLog;
 
 namespace {
 std::string hex16(std::uint64_t x) {
@@ -184,10 +186,11 @@ std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) 
 // ---- the manifest -------------------------------------------------------------------------------
 // `set.dpipe-manifest` says that every rank's file of one snapshot was in the directory when it was
 // written, so a resume on that layout opens its own file by name and lists nothing. No collective
-// writes it: the rank whose write completes the set does (its own listing counts the set's names).
-// A rank removes it before its file changes, and one naming another set after removing its older file
-// and after writing; a rank that wrote a manifest lists again and removes it if the set changed
-// meanwhile. What a kill between those steps leaves open: docs/snapshot-format.md, "Snapshot sets".
+// writes it: the rank whose write completes the set does (its one listing after its write counts the
+// set's names). A rank removes one naming another set before and after removing its older files, and
+// after writing; a rank that wrote a manifest lists again only if another rank has removed files since
+// its listing (the removal log). What a kill between those steps leaves open: docs/snapshot-format.md,
+// "Snapshot sets".
 // Without a manifest (or with one this version cannot read) a reader lists the directory.
 
 namespace {
@@ -310,11 +313,21 @@ bool set_is_complete(const std::string& dir, const SetIdentity& set) {
   return ok;
 }
 
-/// Writes the manifest of `set`, complete in `dir`; lists again and removes it if the set changed while
-/// it was written (a rank of it has written another snapshot since the listing that found it complete).
+/// Removes the manifest of `set` (or one that does not read) after a listing that found the set
+/// complete turned out wrong: a rank of it has written another snapshot since.
+void drop_manifest_if_incomplete(const std::string& dir, const SetIdentity& set) {
+  if (set_is_complete(dir, set)) return;
+  // Removed when it names this set or cannot be read (a manifest that does not read as one names no set
+  // for any reader); kept when it names another set, written by the rank that completed that one.
+  const auto now = read_manifest(dir);
+  if (!now || *now == set) drop_manifest(dir);
+}
+
+/// Writes the manifest of `set`, complete in `dir` (whole sets, offline rescales): durably, then lists
+/// again and removes it if the set changed while it was written.
 void write_manifest(const std::string& dir, const SetIdentity& set) {
   try {
-    // Stale temporaries of the manifest are removed by remove_older_files' listing.
+    // Stale temporaries of the manifest are removed by the listing of the set's write.
     write_file_atomically(manifest_path(dir), manifest_text(set), {.remove_stale_temporaries = false});
   } catch (const FileError&) {
     // Two ranks on two hosts completing the set at once write the same manifest, and each may take the
@@ -322,11 +335,20 @@ void write_manifest(const std::string& dir, const SetIdentity& set) {
     // is whole either way; without a manifest its readers list it. The error may also come after the
     // rename (the directory's fsync), with the manifest in place: the check below runs either way.
   }
-  if (set_is_complete(dir, set)) return;
-  // Removed when it names this set or cannot be read (a manifest that does not read as one names no set
-  // for any reader); kept when it names another set, written by the rank that completed that one.
-  const auto now = read_manifest(dir);
-  if (!now || *now == set) drop_manifest(dir);
+  drop_manifest_if_incomplete(dir, set);
+}
+
+/// The manifest written by the rank whose write completed `set`: not made durable (a manifest lost in a
+/// crash, or left empty, is no manifest, and the set is listed), and checked by the removal log, which
+/// `removals` read before the listing that found the set complete; the set is listed again only when
+/// another rank has removed files since.
+void write_completing_manifest(const std::string& dir, const SetIdentity& set, const RemovalLog& removals) {
+  try {
+    write_file_atomically(manifest_path(dir), manifest_text(set), {.durability = Durability::by_caller});
+  } catch (const FileError&) {
+    // As in write_manifest: the set is whole; the check below runs either way.
+  }
+  if (!removals.unchanged()) drop_manifest_if_incomplete(dir, set);
 }
 
 }  // namespace
@@ -570,16 +592,20 @@ bool stale_manifest_temporary(std::string_view name) {
   return name.starts_with(kPrefix) && detail::left_by_killed_writer(name.substr(kPrefix.size()));
 }
 
-/// Removes the rank files of `dir` of world size `world` whose rank has just been written (a non-empty
-/// name in `written_by_rank`) under another name: a set directory written into again holds one file
-/// per rank. Only the given ranks' names are touched, so ranks writing at once need no
-/// collective. The removals are made as durable as the writes (a crash must not bring one back).
-/// `counter` sees every name listed. When a file was removed, a manifest naming another set than
-/// `set` is removed at once, before the removals are made durable (one that names the removed file may
-/// have been written since this rank's first removal of it). The temporaries killed writers left for the
-/// written ranks' files and for the manifest go in the same listing.
-void remove_older_files(const std::string& dir, int world, const std::vector<std::string>& written_by_rank,
-                        SetFileCounter& counter, const SetIdentity& set) {
+/// What the listing after a set write found: the set's ranks (counted), and the written ranks' other
+/// files (their older snapshots, or another run's).
+struct WrittenListing {
+  explicit WrittenListing(const SetIdentity& set) : counter(set) {}
+  SetFileCounter counter;
+  std::vector<std::string> older;
+};
+
+/// Lists `dir` once after ranks were written (a non-empty name in `written_by_rank` is rank R's file,
+/// just written): counts the set's ranks and collects the written ranks' files under other names of
+/// world size `world`. The temporaries killed writers left for those ranks' files and for the manifest
+/// are removed on the way (whatever their step).
+WrittenListing list_after_write(const std::string& dir, int world, const std::vector<std::string>& written_by_rank,
+                                const SetIdentity& set) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(errno));
   // One rank written (write_rank): only its names are parsed, the rest of a big set's listing is passed
@@ -589,11 +615,11 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
   if (std::count_if(written_by_rank.begin(), written_by_rank.end(), written) == 1)
     prefix += std::to_string(std::find_if(written_by_rank.begin(), written_by_rank.end(), written) - written_by_rank.begin()) +
               "-of-";
-  bool removed = false;
+  WrittenListing out(set);
   errno = 0;
   while (const dirent* e = ::readdir(d)) {
     const std::string_view name = e->d_name;
-    counter.see(name);
+    out.counter.see(name);
     if (name.starts_with(".") && ((name.substr(1).starts_with(prefix) && stale_rank_temporary(name, world, written_by_rank)) ||
                                   stale_manifest_temporary(name))) {
       ::unlinkat(::dirfd(d), e->d_name, 0);  // a race with another cleaner is harmless
@@ -603,44 +629,45 @@ void remove_older_files(const std::string& dir, int world, const std::vector<std
     if (!name.starts_with(prefix)) continue;
     const auto f = SnapshotSet::parse_file_name(name);
     if (!f || f->world_size != world || static_cast<std::size_t>(f->rank) >= written_by_rank.size()) continue;
-    const std::string& written = written_by_rank[static_cast<std::size_t>(f->rank)];
-    if (written.empty() || name == written) continue;
-    if (::unlinkat(::dirfd(d), e->d_name, 0) != 0 && errno != ENOENT) {
-      const int err = errno;
-      ::closedir(d);
-      throw SnapshotError("wrote '" + written + "' into '" + dir + "' but cannot remove that rank's older file '" +
-                          std::string(name) + "': " + std::strerror(err));
-    }
-    removed = true;
-    errno = 0;
+    const std::string& mine = written_by_rank[static_cast<std::size_t>(f->rank)];
+    if (!mine.empty() && name != mine) out.older.emplace_back(name);
   }
   const int err = errno;
   ::closedir(d);
   if (err) throw SnapshotError("cannot list '" + dir + "' for the older files of the ranks written: " + std::strerror(err));
-  if (!removed) return;
+  return out;
+}
+
+/// Removes the listed older files of the ranks just written (`older`, from list_after_write): a set
+/// directory written into again holds one file per rank. Only the written ranks' names are touched, so
+/// ranks writing at once need no collective. A manifest naming another set than `set` goes first (a kill
+/// between the removals must not leave one naming a removed file) and once more after (one written
+/// since by a rank that had found that set complete before); the removal is recorded in the removal log
+/// between the two, and everything is made as durable as the writes (a crash must not bring a file back).
+void remove_older_files(const std::string& dir, const std::vector<std::string>& older, const SetIdentity& set,
+                        RemovalLog& removals) {
+  if (older.empty()) return;
+  drop_manifest_unless(dir, set);
+  for (const auto& name : older) {
+    const std::string path = (fs::path(dir) / name).string();
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      throw SnapshotError("wrote a snapshot into '" + dir + "' but cannot remove that rank's older file '" + name +
+                          "': " + std::strerror(errno));
+  }
+  removals.record_removal();
   drop_manifest_unless(dir, set);
   detail::fsync_directory(dir, dir);
 }
 
-/// Refuses to write `s` into `dir` when this rank's file there under another name belongs to another run
-/// (another pipeline or seed): the write would remove it as this rank's older file and break that run's
-/// set. An older file of this run (another step or epoch) is replaced as before; one that cannot be read
-/// is no set anybody can resume, and is replaced too. Reads the metadata of this rank's files only.
-void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const std::string& name) {
-  const std::string prefix = "rank-" + std::to_string(s.meta.layout.rank) + "-of-";
-  std::vector<std::string> others;
-  {
-    DIR* d = ::opendir(dir.c_str());
-    if (!d) throw SnapshotError("cannot list '" + dir + "' for this rank's older files: " + std::strerror(errno));
-    while (const dirent* e = ::readdir(d)) {
-      const std::string_view n = e->d_name;
-      if (!n.starts_with(prefix) || n == name) continue;
-      const auto f = SnapshotSet::parse_file_name(n);
-      if (f && f->world_size == s.meta.layout.world_size && f->rank == s.meta.layout.rank) others.emplace_back(n);
-    }
-    ::closedir(d);
-  }
-  for (const auto& other : others) {
+/// Refuses the write of `s` (its file `name`, just written into `dir`) when this rank's file there under
+/// another name (`older`) belongs to another run (another pipeline or seed): removing it as this rank's
+/// older file would break that run's set. The file just written is removed again first, unless it
+/// replaced a file of the same name (which was this run's). An older file of this run (another step or
+/// epoch) is replaced as before; one that cannot be read is no set anybody can resume, and is replaced
+/// too. Reads the metadata of this rank's other files only.
+void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const std::string& name, bool replaced,
+                             const std::vector<std::string>& older) {
+  for (const auto& other : older) {
     SnapshotMeta m;
     try {
       m = Snapshot::read_meta((fs::path(dir) / other).string());
@@ -648,6 +675,7 @@ void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const st
       continue;
     }
     if (m.fingerprint == s.meta.fingerprint && m.seed == s.meta.seed) continue;
+    if (!replaced) ::unlink((fs::path(dir) / name).c_str());
     throw SnapshotError("snapshot set directory '" + dir + "' holds the set of another run ('" + other + "': seed " +
                         std::to_string(m.seed) + ", graph fingerprint " + hex_id(m.fingerprint) + "; this snapshot: seed " +
                         std::to_string(s.meta.seed) + ", graph fingerprint " + hex_id(s.meta.fingerprint) +
@@ -660,24 +688,28 @@ void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const st
 void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   create_set_dir(dir);
   const SetIdentity set = identity_of(s.meta);
-  const std::string name = tagged_name(s.meta.layout.rank, set);
-  refuse_another_runs_set(dir, s, name);  // before anything of that set changes
-  drop_manifest(dir);  // before this rank's file changes
-  // A killed writer's temporaries of this rank (whatever their step) go in remove_older_files' listing.
-  write_file_atomically((fs::path(dir) / name).string(), s.to_bytes(), {.remove_stale_temporaries = false});
-  // Again now that the file changed: an index another rank was building from this rank's older file
-  // while the first removal ran may have been written since (its own check sees the change only if it
-  // comes after the rename).
-  drop_index(dir);
+  const std::string name = tagged_name(s.meta.layout.rank, set), path = (fs::path(dir) / name).string();
+  // Read before the listing below: whether another rank removes a file of this set after it.
+  RemovalLog removals(dir);
+  // An index stamps the file about to be replaced under its own name.
+  const bool replaced = ::access(path.c_str(), F_OK) == 0;
+  if (replaced) drop_index(dir);
+  write_file_atomically(path, s.to_bytes(), {.remove_stale_temporaries = false});
+  // One listing: another run's file of this rank (refused, and this file removed again, before anything
+  // of that set changes), this rank's older files, the completion count, stale temporaries.
   std::vector<std::string> written(static_cast<std::size_t>(s.meta.layout.rank) + 1);
   written.back() = name;
-  SetFileCounter counter(set);
-  remove_older_files(dir, s.meta.layout.world_size, written, counter, set);
+  const WrittenListing listed = list_after_write(dir, s.meta.layout.world_size, written, set);
+  refuse_another_runs_set(dir, s, name, replaced, listed.older);
+  // Now that the file changed: an index another rank was building from this rank's older file may have
+  // been written since (its own check sees the change only if it comes after the rename).
+  drop_index(dir);
+  remove_older_files(dir, listed.older, set, removals);
   // The write that completes the set writes its manifest; any other removes one that names another set
   // (a rank that found the set before complete may have written it after this rank's first removal).
   // The index is left to the first rescale that reads the set (build_index_once): written here, it would
   // read every rank's file on this rank's checkpoint path.
-  if (counter.complete()) write_manifest(dir, set);
+  if (listed.counter.complete()) write_completing_manifest(dir, set, removals);
   else drop_manifest_unless(dir, set);
 }
 
@@ -700,9 +732,10 @@ void SnapshotSet::write_dir(const std::string& dir) const {
     write_file_atomically((fs::path(dir) / written.back()).string(), s.to_bytes(), {.remove_stale_temporaries = false});
   }
   const SetIdentity set = identity_of(ranks_.front().meta);
-  SetFileCounter counter(set);
-  remove_older_files(dir, world_size(), written, counter, set);  // one listing for the whole set
-  if (counter.complete()) write_index_and_manifest(dir, set);
+  RemovalLog removals(dir);
+  const WrittenListing listed = list_after_write(dir, world_size(), written, set);  // one listing for the whole set
+  remove_older_files(dir, listed.older, set, removals);
+  if (listed.counter.complete()) write_index_and_manifest(dir, set);
 }
 
 const Snapshot& SnapshotSet::rank(int r) const {

@@ -19,6 +19,7 @@
 #include <random>
 
 #include "dpipe/detail/position_deal.hpp"
+#include "dpipe/detail/removal_log.hpp"
 #include "dpipe/dpipe.hpp"
 #include "../test_util.hpp"
 
@@ -407,7 +408,7 @@ constexpr const char* kIndex = "set.dpipe-index";
 std::vector<std::string> names_in(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename() != kManifest && e.path().filename() != kIndex) out.push_back(e.path().filename().string());
+    if (const auto n = e.path().filename().string(); n != kManifest && n != kIndex && !n.starts_with(".")) out.push_back(n);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -513,6 +514,46 @@ TEST(SnapshotSetFiles, AMixedSetIsRefusedFromTheNamesNamingRanksAndSteps) {
                                             "must keep the name its rank gave it");
 }
 
+TEST(SnapshotSetFiles, TheRemovalLogTellsACompletingRankWhetherAnotherRemovedFilesSinceItsListing) {
+  using detail::RemovalLog;
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  const auto log_size = [&] { return fs::file_size(fs::path(dir) / RemovalLog::kName); };
+  // No log yet, and nobody appends: unchanged.
+  const RemovalLog quiet(dir);
+  EXPECT_TRUE(quiet.unchanged());
+  // Another process's removal after the state was read is seen; the remover's own byte is not.
+  RemovalLog other(dir);
+  other.record_removal();
+  EXPECT_FALSE(quiet.unchanged());
+  EXPECT_TRUE(other.unchanged());
+  EXPECT_EQ(log_size(), 1u);
+  // One's own removal, then another's: seen.
+  RemovalLog completer(dir);
+  completer.record_removal();
+  EXPECT_TRUE(completer.unchanged());
+  RemovalLog(dir).record_removal();
+  EXPECT_FALSE(completer.unchanged());
+  // Another's removal between reading the state and one's own append: seen at the append.
+  RemovalLog late(dir);
+  RemovalLog(dir).record_removal();
+  late.record_removal();
+  EXPECT_FALSE(late.unchanged());
+  EXPECT_EQ(log_size(), 5u);
+  // At the cap the log is cut back to nothing, and the appender takes it as changed.
+  fs::resize_file(fs::path(dir) / RemovalLog::kName, RemovalLog::kCap - 1);
+  RemovalLog at_cap(dir);
+  at_cap.record_removal();
+  EXPECT_EQ(log_size(), 0u);
+  EXPECT_FALSE(at_cap.unchanged());
+  // A log that cannot be written (here a directory in its place) is taken as changed.
+  testing::TempDir blocked;
+  fs::create_directory(fs::path(blocked.path()) / RemovalLog::kName);
+  RemovalLog cannot(blocked.path().string());
+  cannot.record_removal();
+  EXPECT_FALSE(cannot.unchanged());
+}
+
 TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReadable) {
   const auto p = range(0, 400) | sampler() | batch({.size = 4});
   testing::TempDir d;
@@ -522,6 +563,8 @@ TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReada
   const auto names = names_in(dir);
   ASSERT_EQ(names.size(), 3u);
   for (const auto& n : names) EXPECT_NE(n.find(".s20."), std::string::npos) << n;
+  // Each rank's removal of its older file is recorded in the removal log, one byte each.
+  EXPECT_EQ(fs::file_size(fs::path(dir) / detail::RemovalLog::kName), 3u);
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{2, 3, 2}, false).meta.step, std::optional<std::uint64_t>(20));
   // A set of names of before (rank-R-of-W.dpipe) is read whole and resumes as before.
   testing::TempDir old;
