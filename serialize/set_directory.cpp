@@ -339,16 +339,16 @@ void write_manifest(const std::string& dir, const SetIdentity& set) {
 }
 
 /// The manifest written by the rank whose write completed `set`: not made durable (a manifest lost in a
-/// crash, or left empty, is no manifest, and the set is listed), and checked by the removal log, which
-/// `removals` read before the listing that found the set complete; the set is listed again only when
-/// another rank has removed files since.
+/// crash, or left empty, is no manifest, and the set is listed), and checked by the removal log, whose
+/// state `removals` read before the listing that found the set complete; the set is listed again only
+/// when a rank has removed a file of it (or of no known set) since.
 void write_completing_manifest(const std::string& dir, const SetIdentity& set, const RemovalLog& removals) {
   try {
     write_file_atomically(manifest_path(dir), manifest_text(set), {.durability = Durability::by_caller});
   } catch (const FileError&) {
     // As in write_manifest: the set is whole; the check below runs either way.
   }
-  if (!removals.unchanged()) drop_manifest_if_incomplete(dir, set);
+  if (!removals.saw_no_removal_of(set.tag)) drop_manifest_if_incomplete(dir, set);
 }
 
 }  // namespace
@@ -643,18 +643,21 @@ WrittenListing list_after_write(const std::string& dir, int world, const std::ve
 /// ranks writing at once need no collective. A manifest naming another set than `set` goes first (a kill
 /// between the removals must not leave one naming a removed file) and once more after (one written
 /// since by a rank that had found that set complete before); the removal is recorded in the removal log
-/// between the two, and everything is made as durable as the writes (a crash must not bring a file back).
-void remove_older_files(const std::string& dir, const std::vector<std::string>& older, const SetIdentity& set,
-                        RemovalLog& removals) {
+/// between the two (the removed files' set TAGs), and everything is made as durable as the writes (a
+/// crash must not bring a file back).
+void remove_older_files(const std::string& dir, const std::vector<std::string>& older, const SetIdentity& set) {
   if (older.empty()) return;
   drop_manifest_unless(dir, set);
+  std::vector<std::uint64_t> tags;
   for (const auto& name : older) {
     const std::string path = (fs::path(dir) / name).string();
     if (::unlink(path.c_str()) != 0 && errno != ENOENT)
       throw SnapshotError("wrote a snapshot into '" + dir + "' but cannot remove that rank's older file '" + name +
                           "': " + std::strerror(errno));
+    const auto f = SnapshotSet::parse_file_name(name);
+    tags.push_back(f && f->tagged ? f->tag : 0);
   }
-  removals.record_removal();
+  RemovalLog::record(dir, tags);
   drop_manifest_unless(dir, set);
   detail::fsync_directory(dir, dir);
 }
@@ -704,7 +707,7 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   // Now that the file changed: an index another rank was building from this rank's older file may have
   // been written since (its own check sees the change only if it comes after the rename).
   drop_index(dir);
-  remove_older_files(dir, listed.older, set, removals);
+  remove_older_files(dir, listed.older, set);
   // The write that completes the set writes its manifest; any other removes one that names another set
   // (a rank that found the set before complete may have written it after this rank's first removal).
   // The index is left to the first rescale that reads the set (build_index_once): written here, it would
@@ -732,9 +735,8 @@ void SnapshotSet::write_dir(const std::string& dir) const {
     write_file_atomically((fs::path(dir) / written.back()).string(), s.to_bytes(), {.remove_stale_temporaries = false});
   }
   const SetIdentity set = identity_of(ranks_.front().meta);
-  RemovalLog removals(dir);
   const WrittenListing listed = list_after_write(dir, world_size(), written, set);  // one listing for the whole set
-  remove_older_files(dir, listed.older, set, removals);
+  remove_older_files(dir, listed.older, set);
   if (listed.counter.complete()) write_index_and_manifest(dir, set);
 }
 

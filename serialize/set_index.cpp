@@ -14,7 +14,7 @@ namespace dpipe::detail {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'P', 'I', 'P', 'E', 'S', 'I', 'X'};
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kVersion = 3;
 constexpr std::size_t kHeadBytes = 20;  // magic, version, the directory's length and CRC-32C
 // A directory longer than this is not read (a damaged length must not size an allocation).
 constexpr std::uint64_t kMaxDirectory = std::uint64_t{1} << 30;
@@ -121,6 +121,8 @@ void SetIndexWriter::Sequence::add_number(std::uint64_t v) {
   if (n == 0) first = v;
   else if (n == 1) step = v - first;
   else if (progression && v != first + n * step) progression = false;
+  least = std::min(least, v);
+  greatest = std::max(greatest, v);
   put_varint(bytes, v);
   close_value();
 }
@@ -237,6 +239,10 @@ void put_sequence(std::string& dir, std::string& data, const SetIndexWriter::Seq
       put_varint(dir, bytes.size());
       put_u32(dir, crc32c(bytes));
       data += bytes;
+    }
+    if (numbers) {  // the bounds, so a rule reading a few rows knows the column's least and greatest
+      put_varint(dir, s.least);
+      put_varint(dir, s.greatest);
     }
   }
 }
@@ -370,7 +376,7 @@ namespace {
 
 /// A sequence's entry in the directory, for `values` values.
 template <class Fail>
-IndexNode::Sequence get_sequence(ByteReader& r, std::size_t values, const Fail& fail) {
+IndexNode::Sequence get_sequence(ByteReader& r, std::size_t values, bool numbers, const Fail& fail) {
   IndexNode::Sequence s;
   const auto form = r.get<std::uint8_t>();
   switch (form) {
@@ -396,6 +402,12 @@ IndexNode::Sequence get_sequence(ByteReader& r, std::size_t values, const Fail& 
         at += c.length;
       }
       s.cache.resize(s.chunks.size());
+      if (numbers) {
+        s.least = get_varint(r);
+        s.greatest = get_varint(r);
+        if (s.least > s.greatest) fail("states a least value above its greatest");
+        s.bounded = true;
+      }
       break;
     }
     default: fail("has values of an unknown form " + std::to_string(form));
@@ -480,7 +492,7 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
         c.values += c.present[i];
       }
     }
-    c.numbers = get_sequence(r, c.values, column_fail);
+    c.numbers = get_sequence(r, c.values, c.type != FieldType::str, column_fail);
     if (c.type == FieldType::str && c.numbers.form == IndexNode::Sequence::progression) column_fail("has texts as a progression");
     if (c.type != FieldType::str && c.numbers.form == IndexNode::Sequence::same && c.values) {
       ByteReader one(c.numbers.value, "set index");  // the one number, read once: a progression of step 0
@@ -494,7 +506,7 @@ std::unique_ptr<IndexNode> SetIndex::node(std::size_t k) const {
       if (!one.done()) column_fail("has bytes after its one value");
     }
     if (c.type == FieldType::elements) {
-      c.lists = get_sequence(r, c.values, column_fail);
+      c.lists = get_sequence(r, c.values, false, column_fail);
       if (c.lists.form == IndexNode::Sequence::progression) column_fail("has lists as a progression");
       if (c.lists.form == IndexNode::Sequence::same && c.values) {
         ByteReader one(c.lists.value, "set index");  // the one list, whole
@@ -580,9 +592,14 @@ const IndexNode::Sequence::Chunk& IndexNode::chunk(std::size_t k, const Sequence
   out.at.resize(static_cast<std::size_t>(values));
   for (auto& at : out.at) {
     at = static_cast<std::uint32_t>(in.pos() - out.bytes.data());
-    if (&s == &col.lists) skip_list(in, fail);
-    else if (col.type == FieldType::str) get_text(in);
-    else get_varint(in);
+    if (&s == &col.lists) {
+      skip_list(in, fail);
+    } else if (col.type == FieldType::str) {
+      get_text(in);
+    } else if (const std::uint64_t v = get_varint(in); s.bounded && (v < s.least || v > s.greatest)) {
+      fail("has a value " + std::to_string(v) + " outside the bounds its directory states [" + std::to_string(s.least) +
+           ", " + std::to_string(s.greatest) + "]");
+    }
   }
   if (!in.done()) fail("has bytes after its values");
   out.loaded = true;
@@ -673,6 +690,15 @@ rescale::Numbers IndexNode::all_numbers(std::size_t k) const {
   for (std::size_t i = 0; i < rows_; ++i)
     if (const std::size_t r = row(i); c.present.empty() || c.present[r]) out[i] = values[nth(k, r)];
   return rescale::Numbers(std::move(out));
+}
+
+rescale::Numbers IndexNode::numbers_on_demand(std::size_t k) const {
+  const Column& c = columns_[k];
+  const Sequence& s = c.numbers;
+  if (c.type == FieldType::str || s.form != Sequence::chunked || !s.bounded) return all_numbers(k);
+  // A row without the field reads 0.
+  const std::uint64_t least = c.present.empty() ? s.least : 0;
+  return rescale::Numbers(rows_, [this, k](std::size_t i) { return number(i, k); }, least, s.greatest);
 }
 
 std::uint64_t IndexNode::list_size(std::size_t i, std::size_t k) const {
@@ -793,7 +819,7 @@ void recompute_set_index_checksums(std::string& bytes) {
       const std::uint64_t offset = get_varint(r), n = get_varint(r);
       fix(r, offset, n);
     };
-    const auto sequence = [&] {
+    const auto sequence = [&](bool numbers) {
       const auto form = r.get<std::uint8_t>();
       if (form == IndexNode::Sequence::same) {
         get_text(r);
@@ -808,6 +834,7 @@ void recompute_set_index_checksums(std::string& bytes) {
           fix(r, offset, n);
           offset += n;
         }
+        if (numbers) get_varint(r), get_varint(r);  // the least and greatest
       }
     };
     get_text(r);
@@ -825,8 +852,8 @@ void recompute_set_index_checksums(std::string& bytes) {
         const auto type = r.get<std::uint8_t>();
         if (type == static_cast<std::uint8_t>(FieldType::elements)) get_text(r);
         if (r.get<std::uint8_t>() == 0) part();
-        sequence();
-        if (type == static_cast<std::uint8_t>(FieldType::elements)) sequence();
+        sequence(type != static_cast<std::uint8_t>(FieldType::str));
+        if (type == static_cast<std::uint8_t>(FieldType::elements)) sequence(false);
       }
     }
   } catch (const SnapshotError&) {

@@ -49,6 +49,7 @@ class SetIndexWriter {
     std::vector<std::size_t> ends;  // where each value ends in `bytes`
     std::uint64_t first = 0, step = 0;
     bool progression = true;  // numbers only: every value so far is first + n × step (mod 2^64)
+    std::uint64_t least = ~std::uint64_t{0}, greatest = 0;  // numbers only
     void add_number(std::uint64_t v);
     void close_value() { ends.push_back(bytes.size()); }
     bool all_same() const;
@@ -97,6 +98,7 @@ class IndexNode final : public OldColumns {
   std::string_view text(std::size_t i, std::size_t k) const override;
   std::uint64_t list_size(std::size_t i, std::size_t k) const override;
   rescale::Numbers all_numbers(std::size_t k) const override;
+  rescale::Numbers numbers_on_demand(std::size_t k) const override;
   std::size_t first_text(std::size_t k) const override;
   ElementBlobs list(std::size_t i, std::size_t k) const override;
   const std::string& tag(std::size_t k) const override { return columns_[k].tag; }
@@ -126,6 +128,8 @@ class IndexNode final : public OldColumns {
     std::uint64_t first = 0, step = 0;  // progression
     std::uint64_t per_chunk = 0, offset = 0;  // chunked: values per chunk, where the first chunk starts
     std::vector<Part> chunks{};
+    bool bounded = false;                    // chunked numbers: every value lies in [least, greatest]
+    std::uint64_t least = 0, greatest = 0;
     struct Chunk {
       std::string bytes;
       std::vector<std::uint32_t> at;  // where each value starts in `bytes`

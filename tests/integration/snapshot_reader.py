@@ -310,7 +310,7 @@ def check_state_index(body, data, states_entry, states):
 # ---- the set index (docs/snapshot-format.md, "The set index") ----
 
 INDEX_MAGIC = b"DPIPESIX"
-SET_INDEX_VERSION = 2
+SET_INDEX_VERSION = 3
 MAX_INDEX_DIRECTORY = 1 << 30
 VALUE_LIST_BYTES, POSITION_LIST_BYTES = 64, 4096
 
@@ -403,6 +403,10 @@ def read_set_index(data):
             for _ in range(min(per, count - j * per)):
                 values.append(decode(chunk))
             chunk.end()
+        if numbers:
+            least, greatest = _varint(c), _varint(c)
+            if least > greatest or any(not least <= v <= greatest for v in values):
+                raise FormatError(f"{what}: values outside the stated bounds [{least}, {greatest}]")
         return values
 
     def whole(decode):

@@ -142,6 +142,12 @@ TEST(PositionDeal, RefusesPositionsOutsideTheSequence) {
 // position's owner, or one the owner skipped. The cases cover both ways the rule finds them (walking a
 // slot's own positions, or listing every position taken above the frontier), old offsets in and out of
 // slot order, columns of one value or an even step, and old deals that skip positions.
+std::uint64_t slowest_of(const std::vector<detail::DealState>& deals) {
+  std::uint64_t out = ~std::uint64_t{0};
+  for (const auto& d : deals) out = std::min(out, d.next);
+  return out;
+}
+
 TEST(PositionRedeal, EveryWantedSlotSkipsExactlyThePositionsOldInstancesTook) {
   using U64 = std::uint64_t;
   std::mt19937_64 rng(20261128);
@@ -193,7 +199,27 @@ TEST(PositionRedeal, EveryWantedSlotSkipsExactlyThePositionsOldInstancesTook) {
       deals.offset = rescale::Numbers(n_old, 0, 1);
       if (shape == 0) deals.next = rescale::Numbers(n_old, min_next, 0);
     }
+    // `next` as a set index gives a chunked column: read one at a time, its least and greatest stated.
+    std::size_t next_reads = 0;
+    const bool on_demand = shape != 0 && pick(2);
+    U64 max_next = 0;
+    for (const auto& d : old) max_next = std::max(max_next, d.next);
+    if (on_demand) {
+      std::vector<U64> nexts;
+      for (const auto& d : old) nexts.push_back(d.next);
+      deals.next = rescale::Numbers(n_old, [nexts, &next_reads](std::size_t i) { return ++next_reads, nexts[i]; }, slowest_of(old),
+                                    max_next);
+    }
     const auto got = detail::redeal_positions(in, deals);
+    {
+      // A walk (no old skips, no more asks than old instances) reads only the `next` of the owners it asks.
+      const std::size_t n_new = static_cast<std::size_t>(ranks * workers);
+      const auto [first, end] = in.wanted_slots();
+      const U64 walked = (base + max_next * n_old - frontier) / n_new + 1, wanted = std::max<U64>(end - first, 1);
+      if (on_demand && shape != 3 && walked <= n_old / wanted) {
+        EXPECT_LE(next_reads, walked * wanted) << "trial " << trial << ": a walk read the whole column";
+      }
+    }
     const std::size_t n_new = static_cast<std::size_t>(ranks * workers);
     const auto [first, end] = in.wanted_slots();
     ASSERT_EQ(got.size(), end - first) << "trial " << trial;
@@ -230,6 +256,23 @@ TEST(RescaleNumbers, BoundsAndStepsOfAColumnByItsForm) {
   EXPECT_TRUE(rescale::Numbers(std::vector<U64>{0, 1, 2}).steps(0, 1));
   EXPECT_FALSE(held.steps(5, 0));
   EXPECT_EQ(rescale::Numbers().max(), 0u);
+  // Read on demand (a set index's chunked column): bounds as stated, without a read; each number read once
+  // when held.
+  std::size_t reads = 0;
+  const std::vector<U64> values{4, 8, 6, 5};
+  const rescale::Numbers lazy(values.size(), [&](std::size_t i) { return ++reads, values[i]; }, 4, 8);
+  EXPECT_EQ(lazy.min(), 4u);
+  EXPECT_EQ(lazy.max(), 8u);
+  EXPECT_FALSE(lazy.all_equal(9));
+  EXPECT_EQ(reads, 0u);
+  EXPECT_EQ(lazy[2], 6u);
+  EXPECT_EQ(reads, 1u);
+  const rescale::Numbers all = lazy.held();
+  EXPECT_EQ(reads, 5u);
+  EXPECT_EQ(all[3], 5u);
+  EXPECT_EQ(all.max(), 8u);
+  EXPECT_EQ(reads, 5u);
+  EXPECT_TRUE(rescale::Numbers(3, [](std::size_t) { return U64{7}; }, 7, 7).all_equal(7));
 }
 
 // A rescale checks the records it deals before it lists positions: instances that claim to be 2^40
@@ -514,44 +557,97 @@ TEST(SnapshotSetFiles, AMixedSetIsRefusedFromTheNamesNamingRanksAndSteps) {
                                             "must keep the name its rank gave it");
 }
 
-TEST(SnapshotSetFiles, TheRemovalLogTellsACompletingRankWhetherAnotherRemovedFilesSinceItsListing) {
+TEST(SnapshotSetFiles, TheRemovalLogTellsACompletingRankWhetherAFileOfItsSetWasRemovedSinceItsListing) {
   using detail::RemovalLog;
+  constexpr std::uint64_t kMine = 0x5c0b2e9d4a7f1360, kOlder = 0x1111, kOther = 0x2222;
   testing::TempDir d;
   const std::string dir = d.path().string();
   const auto log_size = [&] { return fs::file_size(fs::path(dir) / RemovalLog::kName); };
-  // No log yet, and nobody appends: unchanged.
+  // No log before nor after: nothing removed.
   const RemovalLog quiet(dir);
-  EXPECT_TRUE(quiet.unchanged());
-  // Another process's removal after the state was read is seen; the remover's own byte is not.
-  RemovalLog other(dir);
-  other.record_removal();
-  EXPECT_FALSE(quiet.unchanged());
-  EXPECT_TRUE(other.unchanged());
-  EXPECT_EQ(log_size(), 1u);
-  // One's own removal, then another's: seen.
-  RemovalLog completer(dir);
-  completer.record_removal();
-  EXPECT_TRUE(completer.unchanged());
-  RemovalLog(dir).record_removal();
-  EXPECT_FALSE(completer.unchanged());
-  // Another's removal between reading the state and one's own append: seen at the append.
-  RemovalLog late(dir);
-  RemovalLog(dir).record_removal();
-  late.record_removal();
-  EXPECT_FALSE(late.unchanged());
-  EXPECT_EQ(log_size(), 5u);
-  // At the cap the log is cut back to nothing, and the appender takes it as changed.
-  fs::resize_file(fs::path(dir) / RemovalLog::kName, RemovalLog::kCap - 1);
-  RemovalLog at_cap(dir);
-  at_cap.record_removal();
-  EXPECT_EQ(log_size(), 0u);
-  EXPECT_FALSE(at_cap.unchanged());
-  // A log that cannot be written (here a directory in its place) is taken as changed.
+  EXPECT_TRUE(quiet.saw_no_removal_of(kMine));
+  // Removals of other sets' files (ranks removing their older snapshots at the same moment) are no reason
+  // to list again; a removal of a file of this set, or of a file of no known set, is.
+  const RemovalLog completer(dir);
+  RemovalLog::record(dir, {kOlder});
+  RemovalLog::record(dir, {kOther, kOlder});
+  EXPECT_EQ(log_size(), 24u);
+  EXPECT_TRUE(completer.saw_no_removal_of(kMine));
+  EXPECT_FALSE(completer.saw_no_removal_of(kOther));
+  RemovalLog::record(dir, {kMine});
+  EXPECT_FALSE(completer.saw_no_removal_of(kMine));
+  const RemovalLog later(dir);  // what was appended before its state was read is not its concern
+  EXPECT_TRUE(later.saw_no_removal_of(kMine));
+  RemovalLog::record(dir, {0});
+  EXPECT_FALSE(later.saw_no_removal_of(kMine));
+  // Past the cap the appender removes the log; a reader of the old one sees it replaced.
+  const RemovalLog before_cap(dir);
+  fs::resize_file(fs::path(dir) / RemovalLog::kName, RemovalLog::kCap - 8);
+  const RemovalLog near_cap(dir);
+  RemovalLog::record(dir, {kOlder});
+  EXPECT_FALSE(fs::exists(fs::path(dir) / RemovalLog::kName));
+  EXPECT_FALSE(near_cap.saw_no_removal_of(kMine));
+  RemovalLog::record(dir, {kOlder});
+  EXPECT_EQ(log_size(), 8u);
+  EXPECT_FALSE(near_cap.saw_no_removal_of(kMine));  // a new file in its place
+  EXPECT_FALSE(before_cap.saw_no_removal_of(kMine));
+  // A log cut short, or one that is no file (here a directory), tells nothing: taken as changed.
+  const RemovalLog whole(dir);
+  fs::resize_file(fs::path(dir) / RemovalLog::kName, 4);
+  EXPECT_FALSE(whole.saw_no_removal_of(kMine));
   testing::TempDir blocked;
   fs::create_directory(fs::path(blocked.path()) / RemovalLog::kName);
-  RemovalLog cannot(blocked.path().string());
-  cannot.record_removal();
-  EXPECT_FALSE(cannot.unchanged());
+  const RemovalLog cannot(blocked.path().string());
+  RemovalLog::record(blocked.path().string(), {kOlder});
+  EXPECT_FALSE(cannot.saw_no_removal_of(kMine));
+}
+
+// Ranks writing step after step into one directory at once, each at its own pace (threads, no barrier):
+// no write fails, and once all are done the directory holds the last step's set, whole, with its manifest.
+TEST(SnapshotSetFiles, RanksWritingStepsAtOnceLeaveTheLastSetWholeWithItsManifest) {
+  constexpr int kWorld = 4, kSteps = 12;
+  const auto p = range(0, 400) | sampler() | batch({.size = 4});
+  std::vector<std::vector<Snapshot>> snapshots(kWorld);
+  {
+    Engine e;
+    for (int r = 0; r < kWorld; ++r) {
+      auto run = e.start(p, at(r, kWorld, 1));
+      for (int k = 1; k <= kSteps; ++k) {
+        run.next();
+        snapshots[static_cast<std::size_t>(r)].push_back(run.reproducible_snapshot({}, std::uint64_t(k)));
+      }
+    }
+  }
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        for (const Snapshot& s : snapshots[static_cast<std::size_t>(r)]) {
+          SnapshotSet::write_rank(dir, s);
+          std::this_thread::sleep_for(std::chrono::microseconds(200 * r));  // ranks drift apart
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  const auto names = names_in(dir);
+  ASSERT_EQ(names.size(), std::size_t(kWorld));
+  for (const auto& n : names) EXPECT_NE(n.find(".s" + std::to_string(kSteps) + "."), std::string::npos) << n;
+  ASSERT_TRUE(fs::exists(fs::path(dir) / kManifest));
+  std::ifstream in(fs::path(dir) / kManifest);
+  std::string manifest;
+  std::getline(in, manifest);
+  EXPECT_NE(manifest.find(" step=" + std::to_string(kSteps) + " "), std::string::npos) << manifest;
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, kWorld, 1}, false).to_bytes(),
+              snapshots[static_cast<std::size_t>(r)].back().to_bytes());
+  // Every rank removed its older file at each of its later steps: 8 bytes each in the removal log.
+  EXPECT_EQ(fs::file_size(fs::path(dir) / detail::RemovalLog::kName), std::uintmax_t(kWorld * (kSteps - 1) * 8));
 }
 
 TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReadable) {
@@ -563,8 +659,8 @@ TEST(SnapshotSetFiles, WritingARankAgainReplacesItsOlderFileAndOldNamesStayReada
   const auto names = names_in(dir);
   ASSERT_EQ(names.size(), 3u);
   for (const auto& n : names) EXPECT_NE(n.find(".s20."), std::string::npos) << n;
-  // Each rank's removal of its older file is recorded in the removal log, one byte each.
-  EXPECT_EQ(fs::file_size(fs::path(dir) / detail::RemovalLog::kName), 3u);
+  // Each rank's removal of its older file is recorded in the removal log: its set's TAG, 8 bytes each.
+  EXPECT_EQ(fs::file_size(fs::path(dir) / detail::RemovalLog::kName), 3u * 8);
   EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{2, 3, 2}, false).meta.step, std::optional<std::uint64_t>(20));
   // A set of names of before (rank-R-of-W.dpipe) is read whole and resumes as before.
   testing::TempDir old;

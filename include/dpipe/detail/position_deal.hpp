@@ -158,7 +158,7 @@ inline OldDeals read_deals(const RescaleInput& in) {
   out.base = in.numbers(&DealState::base);
   out.stride = in.numbers(&DealState::stride);
   out.offset = in.numbers(&DealState::offset);
-  out.next = in.numbers(&DealState::next);
+  out.next = in.numbers_on_demand(&DealState::next);  // a walk reads the few its slots ask for
   const auto skipped = in.list_sizes("skip");
   if (!skipped.all_equal(0))
     for (std::size_t i = 0; i < skipped.size(); ++i)
@@ -170,9 +170,10 @@ inline OldDeals read_deals(const RescaleInput& in) {
 /// re-slice from the slowest old instance's position. Every position below the frontier
 /// (base + slowest next × old stride) was taken by someone; above it, the ones faster instances took
 /// become each new instance's `skip` list. Returns the states of the wanted new slots (RescaleInput::
-/// wanted_slots), in slot order. The inputs are checked before any arithmetic: positions below 2^62, and
-/// at most kMaxRedealt positions taken above the frontier (the lists this builds), so a crafted record
-/// cannot make it wrap or allocate without bound.
+/// wanted_slots), in slot order. The inputs are checked before any arithmetic: positions below 2^62, and,
+/// where every position taken above the frontier is listed, at most kMaxRedealt of them (a walk builds
+/// no more than one number per old instance), so a crafted record cannot make it wrap or allocate
+/// without bound.
 ///
 /// Its cost follows what the wanted slots are dealt, not the old instance count: with no skipped
 /// positions in the old deals (every set but one rescaled just before), a wanted slot walks its own
@@ -181,7 +182,7 @@ inline OldDeals read_deals(const RescaleInput& in) {
 /// by one, is checked by its form. Only when listing every position taken above the frontier is
 /// cheaper (a few old instances far ahead), or when old deals skip positions, are they listed and sorted.
 inline constexpr std::uint64_t kMaxRedealt = std::uint64_t{1} << 24;
-inline std::vector<DealState> redeal_positions(const RescaleInput& in, const OldDeals& old) {
+inline std::vector<DealState> redeal_positions(const RescaleInput& in, OldDeals old) {
   const std::size_t n_old = old.size();
   if (n_old == 0) in.refuse("it has no old instances");
   constexpr std::uint64_t kLimit = std::uint64_t{1} << 62;
@@ -215,14 +216,6 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const Old
     if (!std::is_sorted(skip.begin(), skip.end()) || (!skip.empty() && (skip.front() < base || skip.back() > kLimit)))
       in.refuse("instance " + std::to_string(old.offset[slot]) + "'s positions (base " + std::to_string(base) +
                 ", next " + std::to_string(old.next[slot]) + ") are outside any sequence dpipe deals");
-  std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
-  for (const auto& [i, skip] : old.skips)
-    if (ahead <= kMaxRedealt) ahead += skip.size();
-  if (max_next != min_next)
-    for (std::size_t i = 0; i < n_old && ahead <= kMaxRedealt; ++i) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
-  if (ahead > kMaxRedealt)
-    in.refuse("its instances are " + std::to_string(ahead) + " positions apart, more than the " +
-              std::to_string(kMaxRedealt) + " a rescale lists");
   const std::uint64_t frontier = base + min_next * n_old;
   const std::size_t n_new = in.new_slots();
   const auto [first, end] = in.wanted_slots();
@@ -230,10 +223,25 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, const Old
   for (std::size_t j = first; j < end; ++j) out[j - first] = {frontier, n_new, j, 0, {}};
   if (max_next == min_next && old.skips.empty()) return out;  // nothing taken above the frontier
   // Positions below `top` are all a slot may find taken (old skips aside); each wanted slot has
-  // (top − frontier) / n_new of them.
+  // (top − frontier) / n_new of them. A walk of no more asks than old instances is the cheaper way, with
+  // no pass over the old instances; else `ahead` (one pass) decides.
   const std::uint64_t top = base + max_next * n_old;
   const std::uint64_t walked = (top - frontier) / n_new + 1;
-  if (old.skips.empty() && walked <= (ahead + n_old) / std::max<std::size_t>(end - first, 1)) {
+  const std::size_t wanted = std::max<std::size_t>(end - first, 1);
+  bool walk = old.skips.empty() && walked <= n_old / wanted;
+  std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
+  if (!walk) {
+    old.next = old.next.held();  // every instance's, read once
+    for (const auto& [i, skip] : old.skips)
+      if (ahead <= kMaxRedealt) ahead += skip.size();
+    if (max_next != min_next)
+      for (std::size_t i = 0; i < n_old && ahead <= kMaxRedealt; ++i) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
+    if (ahead > kMaxRedealt)
+      in.refuse("its instances are " + std::to_string(ahead) + " positions apart, more than the " +
+                std::to_string(kMaxRedealt) + " a rescale lists");
+    walk = old.skips.empty() && walked <= (ahead + n_old) / wanted;
+  }
+  if (walk) {
     for (std::size_t j = first; j < end; ++j)
       for (std::uint64_t q = frontier + j; q < top; q += n_new) {
         const std::uint64_t offset = (q - base) % n_old, k = (q - base) / n_old;

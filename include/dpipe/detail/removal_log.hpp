@@ -1,15 +1,20 @@
 #pragma once
-/// A snapshot set directory's removal log, `.set.dpipe-removals`: one byte appended each time a rank
-/// removes its older files from the directory. The rank whose write completes a set reads the log's
-/// device, inode and length before the listing that finds the set complete and again after writing the
-/// manifest; when another process appended meanwhile, a file of the set may be gone, and it lists the
-/// directory again. One stat thus stands in for a second listing of W names on the checkpoint path.
-/// Past kCap bytes the appender cuts the log back to nothing (every reader then sees it changed). The log
-/// is not made durable: it speaks only to processes running at the same time, on file systems whose
-/// appends and stats are atomic (local ones; the same the set's listings assume).
+/// A snapshot set directory's removal log, `.set.dpipe-removals`: each rank that removes its older files
+/// from the directory appends, in one write, the TAG of each removed file's set (8 bytes, little-endian;
+/// 0 for a file whose name carries none). The rank whose write completes a set reads the log's device,
+/// inode and length before the listing that finds the set complete, and after writing the manifest reads
+/// what was appended since: only when a file of its own set (or of no known set) was removed meanwhile, or
+/// the log was replaced, does it list the directory again. One stat and a short read thus stand in for a
+/// second listing of W names on the checkpoint path, also while the other ranks remove their older sets'
+/// files at the same moment. Past kCap bytes the appender removes the log (the next one starts a new file;
+/// a reader then sees it replaced). The log is not made durable: it speaks only to processes running at
+/// the same time, on file systems whose appends and stats are atomic (local ones; the same the set's
+/// listings assume). A removal that cannot be recorded (a full disk) goes unseen by such a reader.
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dpipe::detail {
 
@@ -21,12 +26,13 @@ class RemovalLog {
   /// Reads the state of `dir`'s log: make it before the listing whose later removals are to be noticed.
   explicit RemovalLog(const std::string& dir);
 
-  /// Appends this process's byte (it has removed a rank file), and notes whether another process
-  /// appended since the state was read. Never throws: a log that cannot be written is taken as changed.
-  void record_removal();
+  /// Records in `dir`'s log that this process removed files of the sets tagged `tags`. Call after the
+  /// removals (the log is opened after them). Never throws.
+  static void record(const std::string& dir, const std::vector<std::uint64_t>& tags);
 
-  /// Whether no other process has appended since the state was read (this one's own bytes aside).
-  bool unchanged() const;
+  /// Whether nothing recorded since the state was read names set `tag` or no set, and the log is the same
+  /// file (false when it was replaced, or cannot be read).
+  bool saw_no_removal_of(std::uint64_t tag) const;
 
  private:
   struct Mark {
@@ -34,13 +40,11 @@ class RemovalLog {
     dev_t dev = 0;
     ino_t ino = 0;
     off_t size = 0;
-    bool operator==(const Mark&) const = default;
   };
-  Mark mark() const;
+  static Mark mark(const std::string& path);
 
   std::string path_;
-  Mark expected_;
-  bool changed_ = false;
+  Mark before_;
 };
 
 }  // namespace dpipe::detail

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -81,30 +82,53 @@ std::string field_name(M S::*member) {
   return at.name;
 }
 
-/// One number per old slot, as a rule reads a column of them: held, or, for a column whose numbers step
-/// evenly (all one number: a step of 0), computed.
+/// One number per old slot, as a rule reads a column of them: held; or, for a column whose numbers step
+/// evenly (all one number: a step of 0), computed; or read one at a time as they are asked for (a set
+/// index's column whose least and greatest its directory states: OldColumns::numbers_on_demand).
 class Numbers {
  public:
+  using Reader = std::function<std::uint64_t(std::size_t)>;
   Numbers() = default;
   explicit Numbers(std::vector<std::uint64_t> values) : values_(std::move(values)), size_(values_.size()) {}
   Numbers(std::size_t size, std::uint64_t first, std::uint64_t step) : size_(size), first_(first), step_(step), even_(true) {}
+  Numbers(std::size_t size, Reader read, std::uint64_t least, std::uint64_t greatest)
+      : size_(size), read_(std::move(read)), least_(least), greatest_(greatest) {}
   std::size_t size() const { return size_; }
-  std::uint64_t operator[](std::size_t i) const { return even_ ? first_ + std::uint64_t(i) * step_ : values_[i]; }
+  std::uint64_t operator[](std::size_t i) const {
+    return even_ ? first_ + std::uint64_t(i) * step_ : read_ ? read_(i) : values_[i];
+  }
+  /// The same numbers held (each read once where they are read on demand).
+  Numbers held() const {
+    if (!read_) return *this;
+    std::vector<std::uint64_t> out(size_);
+    for (std::size_t i = 0; i < size_; ++i) out[i] = read_(i);
+    return Numbers(std::move(out));
+  }
+  /// The one number of a column computed as one (a progression of step 0), without a pass; else nullopt.
+  std::optional<std::uint64_t> one_value() const {
+    if (even_ && (step_ == 0 || size_ == 1)) return first_;
+    return std::nullopt;
+  }
   /// Whether every number is `n`.
   bool all_equal(std::uint64_t n) const {
     if (even_) return size_ == 0 || (first_ == n && (step_ == 0 || size_ == 1));
-    return std::all_of(values_.begin(), values_.end(), [&](std::uint64_t v) { return v == n; });
+    if (read_ && (n < least_ || n > greatest_)) return size_ == 0;
+    if (read_ && least_ == n && greatest_ == n) return true;
+    for (std::size_t i = 0; i < size_; ++i)
+      if ((*this)[i] != n) return false;
+    return true;
   }
   /// Whether number i is `first` + i × `step` for every i (by the form, without a pass, where it steps evenly).
   bool steps(std::uint64_t first, std::uint64_t step) const {
     if (even_) return size_ == 0 || (first_ == first && (step_ == step || size_ == 1));
     for (std::size_t i = 0; i < size_; ++i)
-      if (values_[i] != first + std::uint64_t(i) * step) return false;
+      if ((*this)[i] != first + std::uint64_t(i) * step) return false;
     return true;
   }
   /// The smallest number (none: the largest u64).
   std::uint64_t min() const {
     std::uint64_t out = ~std::uint64_t{0};
+    if (size_ && read_) return least_;
     if (size_ && even_ && !wraps()) return first_;  // it does not wrap: its first is its least
     for (std::size_t i = 0; i < size_; ++i) out = std::min(out, (*this)[i]);
     return out;
@@ -112,6 +136,7 @@ class Numbers {
   /// The largest number (none: 0).
   std::uint64_t max() const {
     std::uint64_t out = 0;
+    if (size_ && read_) return greatest_;
     if (size_ && even_ && !wraps()) return (*this)[size_ - 1];
     for (std::size_t i = 0; i < size_; ++i) out = std::max(out, (*this)[i]);
     return out;
@@ -128,6 +153,8 @@ class Numbers {
   std::size_t size_ = 0;
   std::uint64_t first_ = 0, step_ = 0;
   bool even_ = false;
+  Reader read_{};
+  std::uint64_t least_ = 0, greatest_ = 0;  // of numbers read on demand
 };
 
 }  // namespace rescale
@@ -167,6 +194,9 @@ class OldColumns {
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = lists ? list_size(i, k) : number(i, k);
     return rescale::Numbers(std::move(out));
   }
+  /// Column k's numbers as all_numbers gives them, for a rule that reads a few of them and their least
+  /// and greatest: read as they are asked for where the columns know those bounds beforehand.
+  virtual rescale::Numbers numbers_on_demand(std::size_t k) const { return all_numbers(k); }
   /// Slot i's list k: its elements, or ranges of them for the driver to load.
   virtual ElementBlobs list(std::size_t i, std::size_t k) const = 0;
   /// Column k's element tag.
@@ -242,6 +272,17 @@ struct RescaleInput {
     require_field(name);
     return number_values(name, FieldType::u64, [](const Field& f) { return f.u; });
   }
+  /// numbers(name) for a rule that reads a few of them and their min() and max(): from a set index,
+  /// read one at a time as they are asked for (Numbers::held() reads them all once).
+  rescale::Numbers numbers_on_demand(std::string_view name) const {
+    require_field(name);
+    if (!columns) return numbers(name);
+    const std::ptrdiff_t k = typed_column(name, FieldType::u64);
+    if (k < 0) return rescale::Numbers(old_slots(), 0, 0);
+    auto out = columns->numbers_on_demand(static_cast<std::size_t>(k));
+    if (out.size() != old_slots()) refuse("its field '" + columns->column_name(static_cast<std::size_t>(k)) + "' has a value for another number of slots");
+    return out;
+  }
   /// The first old slot whose str field `name` is not empty, and its text; nullopt when every one is.
   std::optional<std::pair<std::size_t, std::string>> first_text(std::string_view name) const {
     require_field(name);
@@ -270,6 +311,10 @@ struct RescaleInput {
   template <class S, class M>
   rescale::Numbers numbers(M S::*member) const {
     return numbers(rescale::field_name(member));
+  }
+  template <class S, class M>
+  rescale::Numbers numbers_on_demand(M S::*member) const {
+    return numbers_on_demand(rescale::field_name(member));
   }
   template <class S, class M>
   rescale::Numbers list_sizes(M S::*member) const {
@@ -607,7 +652,6 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
   const std::size_t n_old = old_slots(), per_old = fields.size(), parts = new_slots() * per_slot;
   // The pooled index where each (slot, field) list ends, in pool order; and the lists' tag.
   std::vector<std::uint64_t> ends;
-  ends.reserve(n_old * per_old);
   std::vector<std::ptrdiff_t> column_of(per_old, -1);
   std::string tag;
   if (columns)
@@ -629,8 +673,19 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
   if (columns)
     for (std::size_t f = 0; f < per_old; ++f)
       if (column_of[f] >= 0) sizes[f] = column_numbers(static_cast<std::size_t>(column_of[f]));
+  // One field whose lists all hold one number of elements (a column of one value: full shuffle buffers):
+  // where each list ends is computed, with no pass over the old slots.
+  std::optional<std::uint64_t> same_size;
+  if constexpr (std::is_same_v<Include, rescale::AllSlots>)
+    if (columns && per_old == 1 && column_of[0] >= 0) same_size = sizes[0].one_value();
   std::uint64_t total = 0;
-  for (std::size_t i = 0; i < n_old; ++i)
+  if (same_size) {
+    if (*same_size && n_old > (std::uint64_t{1} << 62) / *same_size) refuse("its lists hold more than 2^62 elements together");
+    total = n_old * *same_size;
+  } else {
+    ends.reserve(n_old * per_old);
+  }
+  for (std::size_t i = 0; i < n_old && !same_size; ++i)
     for (std::size_t f = 0; f < per_old; ++f) {
       if (include(i)) {
         std::uint64_t size = 0;
@@ -651,14 +706,16 @@ rescale::DealtParts RescaleInput::deal_fields(const std::vector<std::string>& fi
   const std::size_t first = first_slot * per_slot, held = (end_slot - first_slot) * per_slot;
   std::vector<ElementBlobs> out(held);
   for (auto& b : out) b.tag = tag;
+  const auto end_of = [&](std::size_t idx) { return same_size ? std::uint64_t(idx + 1) * *same_size : ends[idx]; };
   // Part p takes pooled elements [start(p), start(p + 1)) (as rescale::deal), read from the lists they lie in.
   const auto start = [&](std::size_t p) { return total / parts * p + total % parts * p / parts; };
   for (std::size_t p = first; p < first + held; ++p) {
     std::uint64_t at = start(p);
     const std::uint64_t end = start(p + 1);
-    auto idx = static_cast<std::size_t>(std::upper_bound(ends.begin(), ends.end(), at) - ends.begin());
+    auto idx = same_size ? static_cast<std::size_t>(*same_size ? at / *same_size : 0)
+                         : static_cast<std::size_t>(std::upper_bound(ends.begin(), ends.end(), at) - ends.begin());
     for (; at < end; ++idx) {
-      const std::uint64_t list_begin = idx ? ends[idx - 1] : 0, take_end = std::min(end, ends[idx]);
+      const std::uint64_t list_begin = idx ? end_of(idx - 1) : 0, take_end = std::min(end, end_of(idx));
       if (take_end <= at) continue;
       const std::size_t i = idx / per_old, f = idx % per_old;
       const auto begin = static_cast<std::size_t>(at - list_begin), stop = static_cast<std::size_t>(take_end - list_begin);
