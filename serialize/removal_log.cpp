@@ -5,20 +5,32 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 namespace dpipe::detail {
 
 namespace {
+
 std::string log_path(const std::string& dir) { return dir + "/" + RemovalLog::kName; }
+
+/// Whether `path` names the regular file open as `fd` (its size in `size`).
+bool names_open_file(const std::string& path, int fd, off_t& size) {
+  struct stat held {}, named {};
+  if (::fstat(fd, &held) != 0 || ::stat(path.c_str(), &named) != 0 || !S_ISREG(held.st_mode)) return false;
+  size = held.st_size;
+  return held.st_dev == named.st_dev && held.st_ino == named.st_ino;
+}
+
 }  // namespace
 
-RemovalLog::RemovalLog(const std::string& dir) : path_(log_path(dir)), before_(mark(path_)) {}
+RemovalLog::RemovalLog(const std::string& dir) : path_(log_path(dir)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ >= 0 && !names_open_file(path_, fd_, from_)) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
 
-RemovalLog::Mark RemovalLog::mark(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return {};
-  return {true, st.st_dev, st.st_ino, st.st_size};
+RemovalLog::~RemovalLog() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void RemovalLog::record(const std::string& dir, const std::vector<std::uint64_t>& tags) {
@@ -29,33 +41,27 @@ void RemovalLog::record(const std::string& dir, const std::vector<std::uint64_t>
   const std::string path = log_path(dir);
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) return;
-  struct stat st {};
-  // One write: an append is atomic, so entries of two processes never interleave.
-  if (::write(fd, entries.data(), entries.size()) == static_cast<ssize_t>(entries.size()) && ::fstat(fd, &st) == 0 &&
-      st.st_size >= kCap)
-    ::unlink(path.c_str());  // the next appender starts a new file; a reader of this one sees it replaced
+  off_t size = 0;
+  // One write: an append is atomic, so entries of two processes never interleave. Past the cap, the log
+  // is removed only while its name is still this file (another appender may have started the next one).
+  if (::write(fd, entries.data(), entries.size()) == static_cast<ssize_t>(entries.size()) &&
+      names_open_file(path, fd, size) && size >= kCap)
+    ::unlink(path.c_str());
   ::close(fd);
 }
 
 bool RemovalLog::saw_no_removal_of(std::uint64_t tag) const {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT && !before_.exists;  // none then, none now
-  struct stat st {};
-  bool clear = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);  // anything else in its place tells nothing
-  const off_t from = before_.exists ? before_.size : 0;
-  if (clear && before_.exists && (st.st_dev != before_.dev || st.st_ino != before_.ino)) clear = false;  // replaced
-  if (clear && (st.st_size < from || from % 8 != 0 || (st.st_size - from) % 8 != 0 || st.st_size - from > kCap)) clear = false;
-  if (clear && st.st_size > from) {
-    std::string entries(static_cast<std::size_t>(st.st_size - from), '\0');
-    clear = ::pread(fd, entries.data(), entries.size(), from) == static_cast<ssize_t>(entries.size());
-    for (std::size_t at = 0; clear && at + 8 <= entries.size(); at += 8) {
-      std::uint64_t removed = 0;
-      for (int b = 0; b < 8; ++b) removed |= std::uint64_t(static_cast<unsigned char>(entries[at + std::size_t(b)])) << (8 * b);
-      clear = removed != tag && removed != 0;
-    }
+  off_t size = 0;
+  if (fd_ < 0 || !names_open_file(path_, fd_, size)) return false;  // replaced, removed, or never opened
+  if (size < from_ || from_ % 8 != 0 || (size - from_) % 8 != 0 || size - from_ > kCap) return false;
+  std::string entries(static_cast<std::size_t>(size - from_), '\0');
+  if (::pread(fd_, entries.data(), entries.size(), from_) != static_cast<ssize_t>(entries.size())) return false;
+  for (std::size_t at = 0; at + 8 <= entries.size(); at += 8) {
+    std::uint64_t removed = 0;
+    for (int b = 0; b < 8; ++b) removed |= std::uint64_t(static_cast<unsigned char>(entries[at + std::size_t(b)])) << (8 * b);
+    if (removed == tag || removed == 0) return false;
   }
-  ::close(fd);
-  return clear;
+  return true;
 }
 
 }  // namespace dpipe::detail

@@ -649,16 +649,23 @@ void remove_older_files(const std::string& dir, const std::vector<std::string>& 
   if (older.empty()) return;
   drop_manifest_unless(dir, set);
   std::vector<std::uint64_t> tags;
+  // What was removed is recorded, and a late manifest removed, also when a later removal fails.
+  const auto recorded = [&] {
+    RemovalLog::record(dir, tags);
+    drop_manifest_unless(dir, set);
+  };
   for (const auto& name : older) {
     const std::string path = (fs::path(dir) / name).string();
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      const int err = errno;
+      recorded();
       throw SnapshotError("wrote a snapshot into '" + dir + "' but cannot remove that rank's older file '" + name +
-                          "': " + std::strerror(errno));
+                          "': " + std::strerror(err));
+    }
     const auto f = SnapshotSet::parse_file_name(name);
     tags.push_back(f && f->tagged ? f->tag : 0);
   }
-  RemovalLog::record(dir, tags);
-  drop_manifest_unless(dir, set);
+  recorded();
   detail::fsync_directory(dir, dir);
 }
 
@@ -678,7 +685,13 @@ void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const st
       continue;
     }
     if (m.fingerprint == s.meta.fingerprint && m.seed == s.meta.seed) continue;
-    if (!replaced) ::unlink((fs::path(dir) / name).c_str());
+    if (!replaced && ::unlink((fs::path(dir) / name).c_str()) == 0) {
+      // Another rank of this run may have counted the file: its set is incomplete again, as its
+      // completing rank learns from the removal log, and a manifest naming it goes.
+      RemovalLog::record(dir, {identity_of(s.meta).tag});
+      if (read_manifest(dir) == identity_of(s.meta)) drop_manifest(dir);
+      detail::fsync_directory(dir, dir);
+    }
     throw SnapshotError("snapshot set directory '" + dir + "' holds the set of another run ('" + other + "': seed " +
                         std::to_string(m.seed) + ", graph fingerprint " + hex_id(m.fingerprint) + "; this snapshot: seed " +
                         std::to_string(s.meta.seed) + ", graph fingerprint " + hex_id(s.meta.fingerprint) +

@@ -254,12 +254,14 @@ def main():
         for r in range(2):
             dpipe("run", json.dumps(SAMPLED), "--rank", r, "--world-size", 2, "--workers", 2, "--take", 13,
                   "--snapshot-dir", set_dir, "--output", os.path.join(TMP, f"set-{r}.jsonl"))
-        names = sorted(os.listdir(set_dir))
+        # The removal log (a hidden file the completing rank reads) is empty: no rank removed a file.
+        assert os.path.getsize(os.path.join(set_dir, ".set.dpipe-removals")) == 0
+        names = sorted(n for n in os.listdir(set_dir) if not n.startswith("."))
         assert len(names) == 3 and names[2:] == ["set.dpipe-manifest"], names
         # The first rescale of the set writes its index beside the manifest.
         dpipe("run", json.dumps(SAMPLED), "--rank", 0, "--world-size", 1, "--workers", 2, "--take", 1,
               "--resume-dir", set_dir, "--rescale", "--output", os.path.join(TMP, "set-rescaled.jsonl"))
-        names = sorted(os.listdir(set_dir))
+        names = sorted(n for n in os.listdir(set_dir) if not n.startswith("."))
         assert len(names) == 4 and names[2:] == ["set.dpipe-index", "set.dpipe-manifest"], names
         names = names[:2]
         # With --take and no --step, the tool records the step where it was asked to stop (13).

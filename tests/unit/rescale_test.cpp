@@ -563,8 +563,9 @@ TEST(SnapshotSetFiles, TheRemovalLogTellsACompletingRankWhetherAFileOfItsSetWasR
   testing::TempDir d;
   const std::string dir = d.path().string();
   const auto log_size = [&] { return fs::file_size(fs::path(dir) / RemovalLog::kName); };
-  // No log before nor after: nothing removed.
+  // The log is created by its first reader; nothing appended, nothing removed.
   const RemovalLog quiet(dir);
+  EXPECT_EQ(log_size(), 0u);
   EXPECT_TRUE(quiet.saw_no_removal_of(kMine));
   // Removals of other sets' files (ranks removing their older snapshots at the same moment) are no reason
   // to list again; a removal of a file of this set, or of a file of no known set, is.
@@ -580,7 +581,7 @@ TEST(SnapshotSetFiles, TheRemovalLogTellsACompletingRankWhetherAFileOfItsSetWasR
   EXPECT_TRUE(later.saw_no_removal_of(kMine));
   RemovalLog::record(dir, {0});
   EXPECT_FALSE(later.saw_no_removal_of(kMine));
-  // Past the cap the appender removes the log; a reader of the old one sees it replaced.
+  // Past the cap the appender removes the log; a reader holding the old one sees it removed, then replaced.
   const RemovalLog before_cap(dir);
   fs::resize_file(fs::path(dir) / RemovalLog::kName, RemovalLog::kCap - 8);
   const RemovalLog near_cap(dir);

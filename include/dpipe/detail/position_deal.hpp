@@ -170,10 +170,9 @@ inline OldDeals read_deals(const RescaleInput& in) {
 /// re-slice from the slowest old instance's position. Every position below the frontier
 /// (base + slowest next × old stride) was taken by someone; above it, the ones faster instances took
 /// become each new instance's `skip` list. Returns the states of the wanted new slots (RescaleInput::
-/// wanted_slots), in slot order. The inputs are checked before any arithmetic: positions below 2^62, and,
-/// where every position taken above the frontier is listed, at most kMaxRedealt of them (a walk builds
-/// no more than one number per old instance), so a crafted record cannot make it wrap or allocate
-/// without bound.
+/// wanted_slots), in slot order. The inputs are checked before any arithmetic: positions below 2^62, and
+/// at most kMaxRedealt positions taken above the frontier listed, or kMaxWalked asked about per slot by
+/// a walk, so a crafted record cannot make it wrap, allocate or loop without bound.
 ///
 /// Its cost follows what the wanted slots are dealt, not the old instance count: with no skipped
 /// positions in the old deals (every set but one rescaled just before), a wanted slot walks its own
@@ -181,7 +180,7 @@ inline OldDeals read_deals(const RescaleInput& in) {
 /// (an index into the `next` column) whether it took it; a column of one value, or of offsets that step
 /// by one, is checked by its form. Only when listing every position taken above the frontier is
 /// cheaper (a few old instances far ahead), or when old deals skip positions, are they listed and sorted.
-inline constexpr std::uint64_t kMaxRedealt = std::uint64_t{1} << 24;
+inline constexpr std::uint64_t kMaxRedealt = std::uint64_t{1} << 24, kMaxWalked = std::uint64_t{1} << 16;
 inline std::vector<DealState> redeal_positions(const RescaleInput& in, OldDeals old) {
   const std::size_t n_old = old.size();
   if (n_old == 0) in.refuse("it has no old instances");
@@ -228,7 +227,10 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, OldDeals 
   const std::uint64_t top = base + max_next * n_old;
   const std::uint64_t walked = (top - frontier) / n_new + 1;
   const std::size_t wanted = std::max<std::size_t>(end - first, 1);
-  bool walk = old.skips.empty() && walked <= n_old / wanted;
+  // The walk's asks (walked × wanted), saturated: at most n_old needs no pass over the old instances.
+  std::uint64_t asks = 0;
+  if (__builtin_mul_overflow(walked, std::uint64_t(wanted), &asks)) asks = ~std::uint64_t{0};
+  bool walk = old.skips.empty() && asks <= n_old;
   std::uint64_t ahead = 0;  // positions taken above the frontier, bounded before they are listed
   if (!walk) {
     old.next = old.next.held();  // every instance's, read once
@@ -236,10 +238,13 @@ inline std::vector<DealState> redeal_positions(const RescaleInput& in, OldDeals 
       if (ahead <= kMaxRedealt) ahead += skip.size();
     if (max_next != min_next)
       for (std::size_t i = 0; i < n_old && ahead <= kMaxRedealt; ++i) ahead += std::min(old.next[i] - min_next, kMaxRedealt + 1);
-    if (ahead > kMaxRedealt)
+    // The cheaper way; a walk also where listing would take more than kMaxRedealt and each slot walks at
+    // most kMaxWalked positions (a bound per slot, so a rescale of one rank and of many ranks at once
+    // refuse the same sets).
+    walk = old.skips.empty() && (asks <= ahead + n_old || (ahead > kMaxRedealt && walked <= kMaxWalked));
+    if (!walk && ahead > kMaxRedealt)
       in.refuse("its instances are " + std::to_string(ahead) + " positions apart, more than the " +
                 std::to_string(kMaxRedealt) + " a rescale lists");
-    walk = old.skips.empty() && walked <= (ahead + n_old) / wanted;
   }
   if (walk) {
     for (std::size_t j = first; j < end; ++j)
