@@ -188,8 +188,8 @@ std::optional<RankFileName> SnapshotSet::parse_file_name(std::string_view name) 
 // written, so a resume on that layout opens its own file by name and lists nothing. No collective
 // writes it: the rank whose write completes the set does (its one listing after its write counts the
 // set's names). A rank removes one naming another set before and after removing its older files, and
-// after writing; a rank that wrote a manifest lists again only if another rank has removed files since
-// its listing (the removal log). What a kill between those steps leaves open: docs/snapshot-format.md,
+// after writing; a rank that wrote a manifest lists again only if a file of its set was removed since its
+// listing (the removal log). What a kill between those steps leaves open: docs/snapshot-format.md,
 // "Snapshot sets".
 // Without a manifest (or with one this version cannot read) a reader lists the directory.
 
@@ -598,6 +598,7 @@ struct WrittenListing {
   explicit WrittenListing(const SetIdentity& set) : counter(set) {}
   SetFileCounter counter;
   std::vector<std::string> older;
+  std::vector<std::uint64_t> older_tags;  // each older file's set TAG (0: a name that carries none)
 };
 
 /// Lists `dir` once after ranks were written (a non-empty name in `written_by_rank` is rank R's file,
@@ -630,7 +631,10 @@ WrittenListing list_after_write(const std::string& dir, int world, const std::ve
     const auto f = SnapshotSet::parse_file_name(name);
     if (!f || f->world_size != world || static_cast<std::size_t>(f->rank) >= written_by_rank.size()) continue;
     const std::string& mine = written_by_rank[static_cast<std::size_t>(f->rank)];
-    if (!mine.empty() && name != mine) out.older.emplace_back(name);
+    if (!mine.empty() && name != mine) {
+      out.older.emplace_back(name);
+      out.older_tags.push_back(f->tagged ? f->tag : 0);
+    }
   }
   const int err = errno;
   ::closedir(d);
@@ -645,27 +649,25 @@ WrittenListing list_after_write(const std::string& dir, int world, const std::ve
 /// since by a rank that had found that set complete before); the removal is recorded in the removal log
 /// between the two (the removed files' set TAGs), and everything is made as durable as the writes (a
 /// crash must not bring a file back).
-void remove_older_files(const std::string& dir, const std::vector<std::string>& older, const SetIdentity& set) {
+void remove_older_files(const std::string& dir, const WrittenListing& listed, const SetIdentity& set) {
+  const std::vector<std::string>& older = listed.older;
   if (older.empty()) return;
   drop_manifest_unless(dir, set);
-  std::vector<std::uint64_t> tags;
   // What was removed is recorded, and a late manifest removed, also when a later removal fails.
-  const auto recorded = [&] {
-    RemovalLog::record(dir, tags);
+  const auto recorded = [&](std::size_t removed) {
+    RemovalLog::record(dir, {listed.older_tags.begin(), listed.older_tags.begin() + std::ptrdiff_t(removed)});
     drop_manifest_unless(dir, set);
   };
-  for (const auto& name : older) {
-    const std::string path = (fs::path(dir) / name).string();
+  for (std::size_t i = 0; i < older.size(); ++i) {
+    const std::string path = (fs::path(dir) / older[i]).string();
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
       const int err = errno;
-      recorded();
-      throw SnapshotError("wrote a snapshot into '" + dir + "' but cannot remove that rank's older file '" + name +
+      recorded(i);
+      throw SnapshotError("wrote a snapshot into '" + dir + "' but cannot remove that rank's older file '" + older[i] +
                           "': " + std::strerror(err));
     }
-    const auto f = SnapshotSet::parse_file_name(name);
-    tags.push_back(f && f->tagged ? f->tag : 0);
   }
-  recorded();
+  recorded(older.size());
   detail::fsync_directory(dir, dir);
 }
 
@@ -675,8 +677,8 @@ void remove_older_files(const std::string& dir, const std::vector<std::string>& 
 /// replaced a file of the same name (which was this run's). An older file of this run (another step or
 /// epoch) is replaced as before; one that cannot be read is no set anybody can resume, and is replaced
 /// too. Reads the metadata of this rank's other files only.
-void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const std::string& name, bool replaced,
-                             const std::vector<std::string>& older) {
+void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const SetIdentity& set, const std::string& name,
+                             bool replaced, const std::vector<std::string>& older) {
   for (const auto& other : older) {
     SnapshotMeta m;
     try {
@@ -688,8 +690,8 @@ void refuse_another_runs_set(const std::string& dir, const Snapshot& s, const st
     if (!replaced && ::unlink((fs::path(dir) / name).c_str()) == 0) {
       // Another rank of this run may have counted the file: its set is incomplete again, as its
       // completing rank learns from the removal log, and a manifest naming it goes.
-      RemovalLog::record(dir, {identity_of(s.meta).tag});
-      if (read_manifest(dir) == identity_of(s.meta)) drop_manifest(dir);
+      RemovalLog::record(dir, {set.tag});
+      if (read_manifest(dir) == set) drop_manifest(dir);
       detail::fsync_directory(dir, dir);
     }
     throw SnapshotError("snapshot set directory '" + dir + "' holds the set of another run ('" + other + "': seed " +
@@ -716,11 +718,11 @@ void SnapshotSet::write_rank(const std::string& dir, const Snapshot& s) {
   std::vector<std::string> written(static_cast<std::size_t>(s.meta.layout.rank) + 1);
   written.back() = name;
   const WrittenListing listed = list_after_write(dir, s.meta.layout.world_size, written, set);
-  refuse_another_runs_set(dir, s, name, replaced, listed.older);
+  refuse_another_runs_set(dir, s, set, name, replaced, listed.older);
   // Now that the file changed: an index another rank was building from this rank's older file may have
   // been written since (its own check sees the change only if it comes after the rename).
   drop_index(dir);
-  remove_older_files(dir, listed.older, set);
+  remove_older_files(dir, listed, set);
   // The write that completes the set writes its manifest; any other removes one that names another set
   // (a rank that found the set before complete may have written it after this rank's first removal).
   // The index is left to the first rescale that reads the set (build_index_once): written here, it would
@@ -749,7 +751,7 @@ void SnapshotSet::write_dir(const std::string& dir) const {
   }
   const SetIdentity set = identity_of(ranks_.front().meta);
   const WrittenListing listed = list_after_write(dir, world_size(), written, set);  // one listing for the whole set
-  remove_older_files(dir, listed.older, set);
+  remove_older_files(dir, listed, set);
   if (listed.counter.complete()) write_index_and_manifest(dir, set);
 }
 
