@@ -191,8 +191,8 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
     throw SnapshotError("snapshot was taken with layout " + m.layout.to_string() + ", this run has layout " +
                         l.to_string() + " (restoring on another layout is a rescale, which must be asked for)");
   // The invariants each kind declares for its records, before any node is restored.
-  std::map<std::string_view, const GraphNodeRecord*> records;
-  for (const auto& n : m.graph) records.emplace(n.key, &n);
+  std::map<std::string_view, std::size_t> records;  // key → place in the graph's pre-order
+  for (std::size_t i = 0; i < m.graph.size(); ++i) records.emplace(m.graph[i].key, i);
   for (const auto& st : s.states) {
     if (st.mode == StateMode::replay)
       for (const auto& f : st.fields)
@@ -202,7 +202,8 @@ std::string check_snapshot(const Snapshot& s, const Graph& g, const RunOptions& 
                               " (ResumeOptions::max_replay, the tool's --max-replay)");
     const KindInfo* kind = find_kind(st.kind);
     const auto node = records.find(st.key);
-    if (kind && kind->check_state && node != records.end()) kind->check_state(st, *node->second);
+    if (kind && kind->check_state && node != records.end())
+      kind->check_state(st, m.graph[node->second], first_input_record(m.graph, node->second));
   }
   std::string history;
   if (const auto it = m.user_metadata.find(kOverridesKey); it != m.user_metadata.end()) history = it->second;

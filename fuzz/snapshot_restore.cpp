@@ -24,8 +24,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)s.to_json();
   } catch (const dpipe::SnapshotError&) {  // a native blob that does not decode: show refuses the file
   }
+  std::string again;
   try {
-    (void)dpipe::Snapshot::from_bytes(s.to_bytes());
+    again = s.to_bytes();
+  } catch (const dpipe::SnapshotError& e) {
+    // Only a replay record of an older format, which has no digest steps, cannot be written as today's.
+    if (s.meta.format_version >= dpipe::Snapshot::kFormatVersion)
+      finding(std::string("a decoded snapshot of today's format does not encode: ") + e.what());
+    return 0;
+  }
+  try {
+    (void)dpipe::Snapshot::from_bytes(again);
   } catch (const dpipe::Error& e) {
     finding(std::string("a decoded snapshot does not decode after encoding: ") + e.what());
   }

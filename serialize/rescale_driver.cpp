@@ -542,8 +542,8 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
   // Which nodes run once per rank (the prefix before dispatch, the suffix after merge) and which per
   // worker is recorded per node since the node-details section; a node without it is taken to run per
   // worker, and one that did not has too few records and is refused below.
-  std::map<std::string, const GraphNodeRecord*> graph;
-  for (const auto& n : meta.graph) graph[n.key] = &n;
+  std::map<std::string, std::size_t> graph;  // key → place in the graph's pre-order
+  for (std::size_t i = 0; i < meta.graph.size(); ++i) graph[meta.graph[i].key] = i;
 
   std::vector<std::vector<NodeState>> per_rank(static_cast<std::size_t>(world_size));
 
@@ -605,7 +605,8 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
   for (const auto& key : old_records.keys()) {
     if (key == "run") continue;
     const auto g = graph.find(key);
-    const GraphNodeRecord* node = g == graph.end() ? nullptr : g->second;
+    const GraphNodeRecord* node = g == graph.end() ? nullptr : &meta.graph[g->second];
+    const GraphNodeRecord* first_input = g == graph.end() ? nullptr : first_input_record(meta.graph, g->second);
     // A node outside the graph is the engine's own (the merge a pipeline without one ends in): once per rank.
     const bool once_per_rank = !node || node->segment == "prefix" || node->segment == "suffix";
     RescaleInput in{{}, from, to, once_per_rank, node, rank_begin, rank_end};
@@ -628,7 +629,7 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     const auto check = [&](const NodeState& st, const char* which) {
       if (!kind_info || !kind_info->check_state) return;
       try {
-        kind_info->check_state(st, node ? *node : GraphNodeRecord{});  // the engine's merge has no graph node
+        kind_info->check_state(st, node ? *node : GraphNodeRecord{}, first_input);  // the engine's merge has no graph node
       } catch (const SnapshotError& e) {
         refuse(std::string(which) + " record of node '" + key + "' (instance " + std::to_string(st.instance) + "): " + e.what());
       }

@@ -370,6 +370,22 @@ void check_index_matches_states(std::string_view index, std::string_view file, s
                         "file was altered after it was written");
 }
 
+/// A replay record of format 5 on: count and digest (u64), then digest_steps, u64 elements, one per power
+/// of two from 2^16 up to count (a replay is checked at each, so a wrong one refuses early).
+template <class Fail>
+void check_replay_record(const NodeState& st, const std::string& who, const Fail& fail) {
+  const auto is = [&](std::size_t i, std::string_view name, FieldType type) {
+    return i < st.fields.size() && st.fields[i].name == name && st.fields[i].type == type;
+  };
+  if (!is(0, "count", FieldType::u64) || !is(1, "digest", FieldType::u64) || !is(2, "digest_steps", FieldType::elements))
+    fail(who + " is a replay record but does not begin with count, digest and digest_steps");
+  const ElementBlobs& steps = st.fields[2].elements;
+  const std::size_t want = replay_steps_for(st.fields[0].u);
+  if (steps.tag != "u64" || steps.size() != want)
+    fail(who + " replays " + std::to_string(st.fields[0].u) + " elements with " + std::to_string(steps.size()) + " " +
+         steps.tag.substr(0, 16) + " digest steps, not " + std::to_string(want) + " u64");
+}
+
 /// What the format states of a rank file's records beyond their encoding (docs/snapshot-format.md,
 /// "Which records exist"), checked wherever a whole file is read (show, resume, rescale), so no reader
 /// acts on a file that breaks it: the run record first, its `delivered` the metadata's; each record of
@@ -408,6 +424,7 @@ void check_records(const Snapshot& s) {
       fail(who + " is stateless but has a field '" + st.fields.front().name.substr(0, 64) + "'");
     if (const auto k = kinds.find(st.key); k != kinds.end() && k->second != st.kind)
       fail(who + " is a " + st.kind.substr(0, 64) + ", its graph node a " + std::string(k->second));
+    if (st.mode == StateMode::replay && s.meta.format_version >= 5) check_replay_record(st, who, fail);
   }
 }
 
@@ -435,6 +452,18 @@ std::string Snapshot::to_bytes() const {
 }
 
 void Snapshot::write_bytes(std::string& buffer) const {
+  // A replay record read from a file of format 4 or before has no digest steps, which no one can compute
+  // without replaying: such a snapshot is not written as today's format (resume it and snapshot the run).
+  for (const auto& st : states)
+    if (st.mode == StateMode::replay)
+      check_replay_record(st, "the record of '" + st.key.substr(0, 64) + "' (instance " + std::to_string(st.instance) + ")",
+                          [&](const std::string& what) {
+                            throw SnapshotError("snapshot not written: " + what +
+                                                (meta.format_version && meta.format_version < 5
+                                                     ? " (it was read from a format " + std::to_string(meta.format_version) +
+                                                           " file; resume the run and take a new snapshot)"
+                                                     : ""));
+                          });
   // Node details only when every node has them: a snapshot read from an older file has none, and is
   // written back as it was.
   const bool details = std::all_of(meta.graph.begin(), meta.graph.end(), [](const auto& n) { return !n.segment.empty(); });

@@ -19,6 +19,15 @@ namespace dpipe {
 enum class StateMode : std::uint8_t { hook = 1, stateless = 2, replay = 3 };
 const char* to_string(StateMode m);
 
+/// A replay record (format 5 on) holds `count`, `digest` and `digest_steps`: the digest after 2^16, 2^17,
+/// … elements, one per power of two from 2^16 up to count. How many steps a record of `count` holds:
+inline constexpr unsigned kReplayFirstStepLog2 = 16;
+inline constexpr std::size_t replay_steps_for(std::uint64_t count) {
+  std::size_t bits = 0;  // std::bit_width(count), without <bit> in this widely included header
+  for (std::uint64_t c = count; c; c >>= 1) ++bits;
+  return bits > kReplayFirstStepLog2 ? bits - kReplayFirstStepLog2 : 0;
+}
+
 enum class FieldType : std::uint8_t { u64 = 1, i64 = 2, str = 3, elements = 4 };
 
 /// Elements [begin, end) of stored list `list` of a rescale plan: a rescale that reads only what it
@@ -151,8 +160,9 @@ class Snapshot {
   /// 2: an identity section (id, step) first after the section table. 3: a state index (the node
   /// states with each long element list replaced by where it lies and its checksum) before the node
   /// states, so a rescale reads the lists it deals only. 4: unnamed nodes keyed by their upstream
-  /// subgraph (KeyScheme::stable), bytes laid out as in 3. Files of versions 1 to 3 stay readable.
-  static constexpr std::uint32_t kFormatVersion = 4;
+  /// subgraph (KeyScheme::stable), bytes laid out as in 3. 5: replay records carry their digest steps
+  /// (replay_steps_for). Files of versions 1 to 4 stay readable.
+  static constexpr std::uint32_t kFormatVersion = 5;
 
   SnapshotMeta meta;
   std::vector<NodeState> states;

@@ -13,7 +13,7 @@ MAGIC = b"DPIPESNP"
 HEADER_BYTES = 32
 SECTION_ENTRY_BYTES = 24
 MAX_SECTIONS = 64
-KNOWN_VERSIONS = (1, 2, 3, 4)
+KNOWN_VERSIONS = (1, 2, 3, 4, 5)
 SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY, SECTION_STATE_INDEX = 1, 2, 3, 4, 5
 INLINE_LIST_BYTES = 256  # a list whose lengths and bytes take more is stored apart in the state index
 STATE_MODES = {1: "hook", 2: "stateless", 3: "replay"}
@@ -168,6 +168,10 @@ def read_snapshot(data):
     body = {s["id"]: s["body"] for s in sections}
     meta = decode_meta(body[SECTION_META])
     states = decode_states(body[SECTION_STATES])
+    if h["format_version"] >= 5:
+        for s in states:
+            if s["mode"] == "replay":
+                check_replay_record(s)
     if SECTION_NODE_DETAILS in body:
         decode_node_details(body[SECTION_NODE_DETAILS], meta["graph"])
     if h["format_version"] >= 2 and SECTION_IDENTITY not in body:
@@ -225,6 +229,26 @@ def decode_node_details(body, graph):
             raise FormatError(f"node {node['key']!r} has an unknown segment {node['segment']!r}")
         node["params"] = _pairs(c)
     c.end()
+
+
+def replay_steps_for(count):
+    """How many digest steps a replay record of `count` elements holds (version 5 on): one per power of
+    two from 2^16 up to count."""
+    return max(0, count.bit_length() - 16)
+
+
+def check_replay_record(s):
+    """A replay record of version 5 on: count and digest (u64), then digest_steps, a list of u64 of the
+    length replay_steps_for(count)."""
+    f = s["fields"]
+    if ([x["name"] for x in f[:3]] != ["count", "digest", "digest_steps"]
+            or [x["type"] for x in f[:3]] != ["u64", "u64", "elements"]):
+        raise FormatError(f"replay record of {s['key']!r} does not begin with count, digest and digest_steps")
+    steps = f[2]
+    if steps["tag"] != "u64" or any(len(b) != 8 for b in steps["blobs"]) \
+            or len(steps["blobs"]) != replay_steps_for(f[0]["value"]):
+        raise FormatError(f"replay record of {s['key']!r}: {len(steps['blobs'])} digest steps for "
+                          f"{f[0]['value']} elements")
 
 
 def decode_states(body):

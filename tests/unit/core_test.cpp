@@ -312,10 +312,10 @@ TEST(Kinds, TakeChecksItsRecordAgainstItsCountBeforeAnyNodeRuns) {
   Snapshot s = run.snapshot();
   auto [head, node] = record_of(s, "head");
   ASSERT_TRUE(head && node);
-  EXPECT_NO_THROW(find_kind("take")->check_state(*head, *node));
+  EXPECT_NO_THROW(find_kind("take")->check_state(*head, *node, nullptr));
   head->fields.at(0).u = 60;
   try {
-    find_kind("take")->check_state(*head, *node);
+    find_kind("take")->check_state(*head, *node, nullptr);
     ADD_FAILURE() << "a take record past its count was accepted";
   } catch (const SnapshotError& err) {
     EXPECT_NE(std::string(err.what()).find("taken 60 exceeds count 50"), std::string::npos) << err.what();
@@ -360,7 +360,7 @@ TEST(Kinds, SkipDropsItsCountKeepsItInItsStateAndChecksIt) {
   auto resumed = e.resume(p, s, {.layout = Layout{}});
   EXPECT_EQ(resumed.next(), 40);
   drop->fields[0].u = 31;
-  EXPECT_THROW(find_kind("skip")->check_state(*drop, *node), SnapshotError);
+  EXPECT_THROW(find_kind("skip")->check_state(*drop, *node, nullptr), SnapshotError);
   EXPECT_THROW(e.resume(p, s, {.layout = Layout{}}), SnapshotError);
   EXPECT_THROW(range(0, 3) | skip(-1), ConfigError);
   // From a spec, with the kind's own check.
@@ -377,11 +377,11 @@ TEST(Kinds, CycleChecksItsPassAgainstItsCountBeforeAnyNodeRuns) {
   Snapshot s = run.snapshot();
   auto [loop, node] = record_of(s, "loop");
   ASSERT_TRUE(loop && node);
-  EXPECT_NO_THROW(find_kind("cycle")->check_state(*loop, *node));
+  EXPECT_NO_THROW(find_kind("cycle")->check_state(*loop, *node, nullptr));
   EXPECT_EQ(loop->fields.at(0).name, "pass");
   loop->fields.at(0).u = 4;
   try {
-    find_kind("cycle")->check_state(*loop, *node);
+    find_kind("cycle")->check_state(*loop, *node, nullptr);
     ADD_FAILURE() << "a cycle record past its count was accepted";
   } catch (const SnapshotError& err) {
     EXPECT_NE(std::string(err.what()).find("pass 4 is beyond count 3"), std::string::npos) << err.what();

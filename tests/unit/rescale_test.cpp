@@ -279,7 +279,8 @@ TEST(RescaleNumbers, BoundsAndStepsOfAColumnByItsForm) {
 // positions apart are refused instead of listing them all.
 TEST(SamplerRescale, RefusesInstancesFarApartInsteadOfListingThem) {
   Engine engine;
-  const auto p = range(0, 1000) | sampler({.shuffle = SamplerShuffle::none});
+  // A source long enough that the forged position lies inside it (one past it is refused sooner).
+  const auto p = range(0, std::int64_t{1} << 42) | sampler({.shuffle = SamplerShuffle::none});
   auto run = engine.start(p, {.layout = Layout{0, 1, 2}, .inline_workers = true});
   run.next();
   SnapshotSet set({run.snapshot()});
@@ -1306,6 +1307,40 @@ TEST(Rescale, ARecordNoResumeWouldTakeIsRefusedNamingItsInstance) {
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(ranks).rescaled(3, 1); },
                                             "the old record of node 'merge@out' (instance 2): ");
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(ranks).rescaled(3, 1); }, "cursor 5 is not one of its 2 workers");
+}
+
+// A sampler's position is checked against its source's size (read from the source's graph record) by
+// the offline rescale as by a resume: a `next` past the end is refused, naming the old record.
+TEST(Rescale, ASamplerPositionPastItsSourceIsRefusedOfflineAsAtResume) {
+  const auto p = range(0, 400) | sampler({.epochs = 2}) | batch({.size = 4});
+  Engine e;
+  std::vector<Snapshot> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto run = e.start(p, at(r, 2, 2));
+    for (int i = 0; i < 10; ++i) run.next();
+    ranks.push_back(run.snapshot());
+  }
+  std::string sampler_key;
+  for (auto& st : ranks[1].states)
+    if (st.kind == "sampler" && st.instance == 3) {
+      sampler_key = st.key;
+      for (auto& f : st.fields)
+        if (f.name == "next") {
+          ASSERT_GT(f.u, 0u);  // mid-stream: this instance has taken positions
+          f.u = 800 / 4 + 5;   // 800 positions (400 × 2 epochs) over 4 instances: 200 each, this one past them
+        }
+    }
+  ASSERT_FALSE(sampler_key.empty());
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(p, ranks[1], at(1, 2, 2)); }, "is past the 800 positions");
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(ranks).rescaled(3, 1); },
+                                            "the old record of node '" + sampler_key + "' (instance 3): ");
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(ranks).rescaled(3, 1); }, "is past the 800 positions");
+  // One position short of the bound is what an instance holds at its end: accepted by both.
+  for (auto& st : ranks[1].states)
+    if (st.key == sampler_key)
+      for (auto& f : st.fields)
+        if (f.name == "next") f.u = 800 / 4;
+  EXPECT_NO_THROW(SnapshotSet(ranks).rescaled(3, 1));
 }
 
 TEST(Rescale, RulesNameFieldsThroughTheStateAndAMisspelledNameIsRefused) {

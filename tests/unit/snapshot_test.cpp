@@ -1,4 +1,5 @@
 // Snapshot bytes and files: round trips, refusals of every kind of bad input, replay restores.
+#include <atomic>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -331,6 +332,83 @@ TEST(Replay, ACountBeyondMaxReplayIsRefusedBeforeAnythingRuns) {
         if (f.name == "count") f.u = std::uint64_t{1} << 40;
   testing::expect_throw_with<SnapshotError>([&] { e.resume(p, s, options(1, 3)); }, "would replay 1099511627776 elements");
   EXPECT_NO_THROW(e.resume(p, run.snapshot(), options(1, 3), {.max_replay = 1'000'000}));
+}
+
+// A replay checks its digest at each power of two from 2^16 elements: a record claiming a long replay with
+// a wrong digest is refused after 2^16 elements, not after all it claims (a 4 KB file could otherwise
+// keep a resume busy for max_replay elements).
+TEST(Replay, AForgedLongReplayIsRefusedAtItsFirstDigestStep) {
+  auto calls = std::make_shared<std::atomic<std::uint64_t>>(0);
+  const auto p = generator([calls](const GeneratorContext&) {
+    return [calls, i = std::int64_t{0}]() mutable -> std::optional<std::int64_t> {
+      ++*calls;
+      return i++;
+    };
+  });
+  Engine e;
+  Snapshot s;
+  {
+    auto run = e.start(p, options(1, 3));
+    drain(run, 10);
+    s = run.snapshot();
+  }  // its worker stopped: the calls counted below are the replay's
+  const std::uint64_t claimed = std::uint64_t{1} << 30;
+  for (auto& st : s.states)
+    if (st.mode == StateMode::replay)
+      for (auto& f : st.fields) {
+        if (f.name == "count") f.u = claimed;
+        if (f.name == "digest_steps") {
+          ASSERT_EQ(f.elements.size(), 0u);  // 10 elements: no step yet
+          f.elements = ElementBlobs{};
+          f.elements.tag = "u64";
+          for (std::size_t k = 0; k < replay_steps_for(claimed); ++k) f.elements.append(std::string(8, '\x5a'));
+        }
+      }
+  const auto forged = Snapshot::from_bytes(s.to_bytes());  // checksums valid: only the contents lie
+  calls->store(0);
+  testing::expect_throw_with<SnapshotError>([&] { e.resume(p, forged, options(1, 3)); },
+                                            "replay departed from the recorded stream within its first 65536 of 1073741824");
+  EXPECT_LE(calls->load(), (std::uint64_t{1} << 16) + kChunk);
+
+  // Steps of the wrong number are refused when the file is read, before anything runs.
+  for (auto& st : s.states)
+    if (st.mode == StateMode::replay)
+      for (auto& f : st.fields)
+        if (f.name == "count") f.u = claimed * 2;
+  testing::expect_throw_with<SnapshotError>([&] { Snapshot::from_bytes(s.to_bytes()); },
+                                            "replays 2147483648 elements with 15 u64 digest steps, not 16 u64");
+  // As is a replay record without its steps (format 5 on).
+  for (auto& st : s.states)
+    if (st.mode == StateMode::replay) st.fields.pop_back();
+  testing::expect_throw_with<SnapshotError>([&] { Snapshot::from_bytes(s.to_bytes()); },
+                                            "does not begin with count, digest and digest_steps");
+}
+
+// A genuine replay past several steps records them, checks them, and resumes exactly.
+TEST(Replay, AReplayPastSeveralDigestStepsResumesExactly) {
+  const auto p = generator([](const GeneratorContext& ctx) {
+    return [rng = ctx.rng, i = 0]() mutable -> std::optional<std::int64_t> {
+      if (i++ >= 300'000) return std::nullopt;
+      return static_cast<std::int64_t>(rng.below(1'000'000));
+    };
+  }) | batch({.size = 1000});
+  auto o = options(1, 3);
+  o.inline_workers = true;  // the generator has yielded exactly what was delivered
+  Engine e;
+  auto run = e.start(p, o);
+  auto got = drain(run, 140);  // 140,000 elements: past steps 2^16 and 2^17
+  const auto bytes = run.snapshot().to_bytes();
+  const auto snap = Snapshot::from_bytes(bytes);
+  for (const auto& st : snap.states)
+    if (st.mode == StateMode::replay) {
+      ASSERT_EQ(st.fields.at(2).name, "digest_steps");
+      EXPECT_EQ(st.fields.at(2).elements.size(), 2u);
+    }
+  auto resumed = e.resume(p, snap, o);
+  EXPECT_EQ(resumed.restore_report().replayed_elements(), 140'000u);
+  auto rest = drain(resumed);
+  got.insert(got.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got, testing::collect(p, o));
 }
 
 // A shuffle's restore holds what the snapshot holds, not the buffer size it declares.

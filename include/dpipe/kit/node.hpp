@@ -482,20 +482,26 @@ class HookedIf : public Iter<T> {
       : Iter<T>(detail::ModeKey{}, hooked ? StateMode::hook : StateMode::stateless, ctx, std::move(kind)) {}
 };
 
-/// What a Replayed node saves: how many elements it yielded, and a digest of them that proves a replay
-/// reproduced the same stream.
+/// What a Replayed node saves: how many elements it yielded, a digest of them that proves a replay
+/// reproduced the same stream, and the digest as it stood after 2^16, 2^17, … elements (each power of two
+/// from 2^16 up to `count`; format 5 on), so a replay that departs from the recorded stream is refused at
+/// the first of them past the departure, not after all `count` elements.
 struct ReplayRecord {
   std::uint64_t count = 0, digest = 0;
+  std::vector<std::uint64_t> steps{};
+  static constexpr unsigned kFirstStepLog2 = kReplayFirstStepLog2;
+  static std::size_t steps_for(std::uint64_t count) { return replay_steps_for(count); }
   template <class A>
   void fields(A& a) {
     a("count", count);
     a("digest", digest);
+    a("digest_steps", steps);
   }
 };
 
 /// A node that cannot save its state (a user generator). It is restored by rebuilding it from the
 /// initial RNG state and pulling the recorded number of elements; a digest of what it yields proves
-/// the replay reproduced the same stream.
+/// the replay reproduced the same stream, checked at each recorded step and at the end.
 template <class T>
 class Replayed : public Iter<T> {
   static_assert(Snapshottable<T>,
@@ -505,20 +511,35 @@ class Replayed : public Iter<T> {
  protected:
   Replayed(BuildContext& ctx, std::string kind) : Iter<T>(detail::ModeKey{}, StateMode::replay, ctx, std::move(kind)) {}
 
-  void save_state(StateWriter& w) const final { w.write(ReplayRecord{this->produced_, digest_}); }
+  void save_state(StateWriter& w) const final { w.write(ReplayRecord{this->produced_, digest_, steps_}); }
   void restore_state(StateReader& r) final {
     ReplayRecord record;
-    r.read(record);
-    const std::uint64_t count = record.count, digest = record.digest;
+    r("count", record.count);
+    r("digest", record.digest);
+    const bool stepped = r.next_is("digest_steps");  // files before format 5 have no steps
+    if (stepped) {
+      r("digest_steps", record.steps);
+      if (record.steps.size() != ReplayRecord::steps_for(record.count))
+        r.fail("a replay of " + std::to_string(record.count) + " elements records " + std::to_string(record.steps.size()) +
+               " digest steps, not " + std::to_string(ReplayRecord::steps_for(record.count)));
+    }
+    const std::uint64_t count = record.count;
     std::vector<T> sink;
+    std::size_t checked = 0;
     while (this->produced_ < count) {
       sink.clear();
       const std::uint64_t want = std::min<std::uint64_t>(count - this->produced_, kChunk);
       if (this->pull(sink, static_cast<std::size_t>(want)) == 0)
         r.fail("replay ended after " + std::to_string(this->produced_) + " of the " + std::to_string(count) +
                " recorded elements: the node does not reproduce its stream from the saved seed");
+      for (; stepped && checked < steps_.size(); ++checked)
+        if (steps_[checked] != record.steps[checked])
+          r.fail("replay departed from the recorded stream within its first " +
+                 std::to_string(std::uint64_t{1} << (ReplayRecord::kFirstStepLog2 + checked)) + " of " +
+                 std::to_string(count) + " elements (digest mismatch there): the node is not a deterministic "
+                 "function of the pipeline seed and epoch, or the snapshot is not of this pipeline");
     }
-    if (digest_ != digest)
+    if (digest_ != record.digest)
       r.fail("replay of " + std::to_string(count) +
              " elements produced a different stream than the one recorded (digest mismatch): the node is "
              "not a deterministic function of the pipeline seed and epoch");
@@ -526,15 +547,22 @@ class Replayed : public Iter<T> {
   }
   void on_replay_elements(const std::vector<T>& out, std::size_t from) final {
     ByteWriter w;
+    std::uint64_t position = this->produced_ - (out.size() - from);  // elements yielded before out[from]
     for (std::size_t i = from; i < out.size(); ++i) {
       w.buffer().clear();
       Codec<T>::encode(w, out[i]);
       digest_ = mix64(digest_ ^ fnv1a(w.buffer()));
+      if (++position == next_step_) {
+        steps_.push_back(digest_);
+        next_step_ <<= 1;
+      }
     }
   }
 
  private:
   std::uint64_t digest_ = 0;
+  std::vector<std::uint64_t> steps_;  // the digest after 2^16, 2^17, … elements
+  std::uint64_t next_step_ = std::uint64_t{1} << ReplayRecord::kFirstStepLog2;
 };
 
 }  // namespace dpipe

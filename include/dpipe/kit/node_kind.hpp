@@ -12,6 +12,7 @@
 ///     static RescaleRule rescale();                                  // dpipe/kit/rescale.hpp
 ///     template <class Spec> static SpecPipeline from_spec(Spec&);   // the spec builder
 ///     static void check_state(const NodeState&, const GraphNodeRecord&);  // optional: invariants
+///         (or with a third parameter, `const GraphNodeRecord* first_input`: see KindInfo)
 ///     static std::string summary(const NodeState&, const GraphNodeRecord&);  // optional: for show
 ///     static constexpr bool source = false;                          // optional: starts a pipeline
 ///     static constexpr bool deals = false;                           // optional: deals to instances
@@ -46,9 +47,11 @@ struct KindInfo {
   /// The names of its state's fields, in order (none: it keeps no state of its own).
   std::vector<std::string> state_fields{};
   RescaleRule rescale = RescaleRule::refused("it declares no rescale rule");
-  /// Throws SnapshotError when a saved record of the kind is impossible for the node's parameters; checked
-  /// for every record of a snapshot before any node is restored. Null: the kind checks in restore only.
-  void (*check_state)(const NodeState&, const GraphNodeRecord&) = nullptr;
+  /// Throws SnapshotError when a saved record of the kind is impossible for the node's parameters (and its
+  /// first input's: the record after it in the graph's pre-order, given for a node with inputs when the
+  /// graph records one; null otherwise); checked for every record of a snapshot before any node is
+  /// restored, by a resume and by an offline rescale alike. Null: the kind checks in restore only.
+  void (*check_state)(const NodeState&, const GraphNodeRecord& node, const GraphNodeRecord* first_input) = nullptr;
   /// One line for `snapshot show` saying what a record of the kind means ("12 of 100 buffered"); null:
   /// the fields speak for themselves. May throw SnapshotError for a record it cannot read.
   std::string (*summary)(const NodeState&, const GraphNodeRecord&) = nullptr;
@@ -92,7 +95,13 @@ KindInfo kind_info() {
       if (n.size() > 2 && n.ends_with("_0")) n.back() = 'N';
     k.state_fields = std::move(names.names);
   }
-  if constexpr (requires { &K::check_state; }) k.check_state = &K::check_state;
+  if constexpr (requires { &K::check_state; }) {
+    if constexpr (std::is_invocable_v<decltype(&K::check_state), const NodeState&, const GraphNodeRecord&,
+                                      const GraphNodeRecord*>)
+      k.check_state = &K::check_state;
+    else
+      k.check_state = [](const NodeState& st, const GraphNodeRecord& node, const GraphNodeRecord*) { K::check_state(st, node); };
+  }
   if constexpr (requires { &K::summary; }) k.summary = &K::summary;
   if constexpr (requires { K::source; }) k.source = K::source;
   if constexpr (requires { K::deals; }) k.deals = K::deals;
@@ -108,6 +117,13 @@ struct KindList {};
 
 /// The registered kind of that name, or null (a user's own kind, or the engine's "run" record).
 const KindInfo* find_kind(std::string_view name);
+
+/// The record of graph node `i`'s first input: the next record of the graph's pre-order, for a node of a
+/// registered kind that is no source; null otherwise (a source's next record is another branch's node).
+inline const GraphNodeRecord* first_input_record(const std::vector<GraphNodeRecord>& graph, std::size_t i) {
+  const KindInfo* kind = i < graph.size() ? find_kind(graph[i].kind) : nullptr;
+  return kind && !kind->source && i + 1 < graph.size() ? &graph[i + 1] : nullptr;
+}
 /// Every registered kind, in the order of dpipe/kinds.hpp.
 const std::vector<KindInfo>& registered_kinds();
 

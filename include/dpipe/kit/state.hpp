@@ -218,6 +218,8 @@ class StateReader {
 
   /// Whether fields remain to be read.
   bool has_more() const { return pos_ < count_; }
+  /// Whether the next field to read is called `name` (an optional field, absent from older files).
+  bool next_is(std::string_view name) const { return pos_ < count_ && field_at(pos_).name == name; }
   /// Throws unless every field was read.
   void finish() const {
     if (pos_ != count_)

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dpipe/kit/length.hpp"
+#include "dpipe/kit/node_kind.hpp"
 #include "dpipe/detail/position_deal.hpp"
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/permutation.hpp"
@@ -148,6 +149,21 @@ struct SamplerKind {
       {.name = "epochs", .type = ParamType::integer, .doc = "passes over the source", .fallback = "1"},
   };
   using State = detail::DealState;
+  /// Invariant: its deal lies within the source's positions (its size × epochs), as a restore checks; the
+  /// size is read from the source's record (its first input) where the source's kind can say (range,
+  /// from_vector), so an offline rescale refuses what a resume would.
+  static void check_state(const NodeState& record, const GraphNodeRecord& node, const GraphNodeRecord* source) {
+    const KindInfo* source_kind = source ? find_kind(source->kind) : nullptr;
+    const auto epochs = count_param(node.params, "epochs");
+    if (!source_kind || !source_kind->length || !epochs) return;
+    const auto size = source_kind->length(source->params, {}, LengthAt{});
+    const auto total = size ? times(*size, *epochs) : std::nullopt;
+    if (!total) return;
+    detail::DealState st;
+    StateReader r(record);
+    r.read(st);
+    st.check(r, "positions", *total);
+  }
   /// `snapshot show`: where this instance is in the global sequence.
   static std::string summary(const NodeState& record, const GraphNodeRecord&) {
     detail::DealState st;
