@@ -231,7 +231,7 @@ void BM_PackVsHandWritten(benchmark::State& state) {
   const auto& docs = documents();
   constexpr std::size_t kSeqLen = 1024;
   std::int64_t bytes = 0;
-  for (const auto& d : docs) bytes += std::int64_t(std::get<dpipe::ValueArray>(dpipe::find_field(d, "tokens")->data).data.size());
+  for (const auto& d : docs) bytes += std::int64_t(dpipe::find_field(d, "tokens")->as_array().data.size());
   const auto p = dpipe::from_vector(docs) | dpipe::pack({.seq_len = kSeqLen});
   dpipe::Engine e({.threads = 1});
   paired(

@@ -67,7 +67,7 @@ void encode_value(ByteWriter& w, const Value& v) {
       break;
     }
     case Value::Kind::array: {
-      const auto& a = std::get<ValueArray>(v.data);
+      const auto& a = v.as_array();
       w.str(a.dtype);
       w.put<std::uint64_t>(a.shape.size());
       for (const std::uint64_t d : a.shape) w.put(d);
@@ -195,7 +195,7 @@ bool read_int64s(const Value& v, std::vector<std::int64_t>& out) {
     return true;
   }
   if (v.kind != Value::Kind::array) return false;
-  const auto& a = std::get<ValueArray>(v.data);
+  const auto& a = v.as_array();
   if (a.shape.size() != 1 || a.dtype.size() < 3 || (a.dtype[0] != '<' && a.dtype[0] != '|' && a.dtype[0] != '=') ||
       (a.dtype[1] != 'i' && a.dtype[1] != 'u'))
     return false;
@@ -262,7 +262,7 @@ void append_value_json(std::string& out, const Value& v) {
       return;
     }
     case Value::Kind::array: {
-      const auto& a = std::get<ValueArray>(v.data);
+      const auto& a = v.as_array();
       if (append_array_numbers(out, a)) return;
       out += "{\"dtype\": ";
       SpecElement<SpecStr>::append_json(out, a.dtype);

@@ -7,6 +7,7 @@
 /// returned, naming the callable.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <variant>
@@ -30,13 +31,38 @@ struct ValueArray {
   std::string check() const;
 };
 
+/// A ValueArray held behind a pointer and copied deeply, so an array's type string, shape and bytes do not
+/// size every Value (48 bytes instead of 104: a batch of 16 scalars or short lists fits the allocator's
+/// small-block caches). Moved from, it holds nothing; it is then only destroyed or assigned to.
+class ArrayBox {
+ public:
+  ArrayBox(ValueArray a) : p_(std::make_unique<ValueArray>(std::move(a))) {}  // NOLINT: a Value is made from its array
+  ArrayBox(const ArrayBox& o) : p_(o.p_ ? std::make_unique<ValueArray>(*o.p_) : nullptr) {}
+  ArrayBox(ArrayBox&&) noexcept = default;
+  ArrayBox& operator=(const ArrayBox& o) {
+    p_ = o.p_ ? std::make_unique<ValueArray>(*o.p_) : nullptr;
+    return *this;
+  }
+  ArrayBox& operator=(ArrayBox&&) noexcept = default;
+  bool operator==(const ArrayBox& o) const { return p_ && o.p_ ? *p_ == *o.p_ : p_ == o.p_; }
+  const ValueArray& get() const { return *p_; }
+  ValueArray& get() { return *p_; }
+
+ private:
+  std::unique_ptr<ValueArray> p_;
+};
+
 struct Value {
   enum class Kind : std::uint8_t { none, boolean, integer, real, string, bytes, list, tuple, dict, array };
 
   Kind kind = Kind::none;
   /// none: monostate; boolean; integer; real; string (UTF-8) and bytes: std::string; list, tuple and
-  /// dict: the items (a dict's keys and values alternate, in insertion order); array.
-  std::variant<std::monostate, bool, std::int64_t, double, std::string, std::vector<Value>, ValueArray> data;
+  /// dict: the items (a dict's keys and values alternate, in insertion order); array (as_array()).
+  std::variant<std::monostate, bool, std::int64_t, double, std::string, std::vector<Value>, ArrayBox> data;
+
+  /// The array of a Value of kind array.
+  const ValueArray& as_array() const { return std::get<ArrayBox>(data).get(); }
+  ValueArray& as_array() { return std::get<ArrayBox>(data).get(); }
 
   static Value none() { return {}; }
   static Value boolean(bool b) { return {Kind::boolean, b}; }

@@ -38,9 +38,9 @@ Buckets::Buckets(const BucketByLengthOptions& o)
 std::string Buckets::add(Value element, std::deque<Value>& made) {
   const Value* f = find_field(element, o_.field);
   if (!f) return is_record(element) ? "an element has no field '" + o_.field + "'" : "an element is not a record";
-  if (f->kind != Value::Kind::array || std::get<ValueArray>(f->data).shape.size() != 1)
+  if (f->kind != Value::Kind::array || f->as_array().shape.size() != 1)
     return "field '" + o_.field + "' is not a 1-D array";
-  const std::size_t length = std::get<ValueArray>(f->data).shape[0];
+  const std::size_t length = f->as_array().shape[0];
   std::size_t b = 0;
   while (b < o_.boundaries.size() && length >= static_cast<std::uint64_t>(o_.boundaries[b])) ++b;
   if (o_.max_tokens > 0 && !buckets_[b].empty()) {

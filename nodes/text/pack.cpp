@@ -69,7 +69,7 @@ std::string Packer::add(const Value& document) {
   // The tokens' bytes as int64s: the array's own when it is one of int64, else converted.
   const char* t = nullptr;
   std::size_t n = 0;
-  if (const auto* a = tokens->kind == Value::Kind::array ? &std::get<ValueArray>(tokens->data) : nullptr;
+  if (const auto* a = tokens->kind == Value::Kind::array ? &tokens->as_array() : nullptr;
       a && a->dtype == "<i8" && a->shape.size() == 1 && a->data.size() == a->shape[0] * 8) {
     t = a->data.data();
     n = a->shape[0];
@@ -147,7 +147,7 @@ namespace {
 const std::string* column(const Value& row, const char* name) {
   const Value* v = find_field(row, name);
   if (!v || v->kind != Value::Kind::array) return nullptr;
-  const auto& a = std::get<ValueArray>(v->data);
+  const auto& a = v->as_array();
   if (a.dtype != "<i8" || a.shape.size() != 1 || a.data.size() != a.shape[0] * 8) return nullptr;
   return &a.data;
 }

@@ -21,7 +21,7 @@ namespace detail {
 namespace {
 bool is_vector(const Value& v) {
   if (v.kind != Value::Kind::array) return false;
-  const auto& a = std::get<ValueArray>(v.data);
+  const auto& a = v.as_array();
   return a.shape.size() == 1 && a.check().empty();
 }
 
@@ -43,13 +43,13 @@ std::string pad_item(const std::string& dtype, std::int64_t pad) {
 
 // Column of one field over the batch: rows of 1-D arrays padded to `len`.
 Value pad_rows(const std::vector<const Value*>& cells, std::size_t len, std::int64_t pad) {
-  const auto& first = std::get<ValueArray>(cells.front()->data);
+  const auto& first = cells.front()->as_array();
   const std::size_t item = ValueArray::item_size(first.dtype);
   const std::string filler = pad_item(first.dtype, pad);
   ValueArray a{.dtype = first.dtype, .shape = {cells.size(), len}, .data = {}};
   a.data.reserve(cells.size() * len * item);
   for (const Value* c : cells) {
-    const auto& x = std::get<ValueArray>(c->data);
+    const auto& x = c->as_array();
     a.data += x.data;
     for (std::size_t k = x.shape[0]; k < len; ++k) a.data += filler;
   }
@@ -97,14 +97,14 @@ Value pad_batch(std::vector<Value>& elements, const PaddedBatchOptions& o, std::
       if (!c) return why = "element " + std::to_string(e) + " of a batch has no field '" + names[f] + "'", Value{};
       if (e > 0) {
         const Value& first = *cells[f][0];
-        if (c->kind != first.kind || (c->kind == Value::Kind::array && (!is_vector(*c) || std::get<ValueArray>(c->data).dtype !=
-                                                                                              std::get<ValueArray>(first.data).dtype)))
+        if (c->kind != first.kind || (c->kind == Value::Kind::array && (!is_vector(*c) || c->as_array().dtype !=
+                                                                                              first.as_array().dtype)))
           return why = "field '" + names[f] + "' of element " + std::to_string(e) + " is not of the first element's type", Value{};
       }
       cells[f][e] = c;
       if (c->kind == Value::Kind::array) {
         if (!is_vector(*c)) return why = "field '" + names[f] + "' is an array of more than one dimension", Value{};
-        const std::size_t n = std::get<ValueArray>(c->data).shape[0];
+        const std::size_t n = c->as_array().shape[0];
         lengths[e] = std::max<std::int64_t>(lengths[e], static_cast<std::int64_t>(n));
         longest = std::max(longest, n);
       }

@@ -111,7 +111,7 @@ struct Convert {
         return out;
       }
       case Value::Kind::array: {
-        auto* owned = new ValueArray(std::move(std::get<ValueArray>(v.data)));
+        auto* owned = new ValueArray(std::move(v.as_array()));
         py::capsule keep(owned, [](void* p) { delete static_cast<ValueArray*>(p); });
         std::vector<py::ssize_t> shape(owned->shape.begin(), owned->shape.end());
         return py::array(py::dtype(owned->dtype), shape, {}, owned->data.data(), keep);
@@ -204,8 +204,13 @@ struct FromPython<SpecInt> {
     return x;
   }
   [[noreturn]] static void too_wide(const py::handle& v, const std::string& label) {
-    std::string text = py::str(v);
-    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    std::string text;
+    try {
+      text = py::str(v);
+      if (text.size() > 40) text = text.substr(0, 37) + "...";
+    } catch (const py::error_already_set&) {  // past Python's digit limit for str(): its size instead
+      text = "of " + std::string(py::str(v.attr("bit_length")())) + " bits";
+    }
     throw ResultTypeError("the Python callable " + label + " returned the integer " + text +
                           ", outside the 64 bits dpipe's integers hold");
   }
@@ -275,8 +280,17 @@ struct FromPython<Value> {
     if (PyList_Check(o)) {  // each item held while it converts (converting may run Python code)
       std::vector<Value> items;
       items.reserve(static_cast<std::size_t>(PyList_GET_SIZE(o)));
-      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); ++i)
-        items.push_back(get(py::reinterpret_borrow<py::object>(PyList_GET_ITEM(o, i)), label, depth + 1));
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); ++i) {
+        PyObject* item = PyList_GET_ITEM(o, i);
+        if (PyLong_CheckExact(item)) {  // the common item (token ids), converted running no Python code
+          int overflow = 0;
+          const long long x = PyLong_AsLongLongAndOverflow(item, &overflow);
+          if (overflow != 0) throw std::runtime_error("the Python callable " + label + " returned an integer outside 64 bits");
+          items.push_back(Value::integer(x));
+          continue;
+        }
+        items.push_back(get(py::reinterpret_borrow<py::object>(item), label, depth + 1));
+      }
       return Value::list(std::move(items));
     }
     if (PyTuple_Check(o)) {
@@ -632,6 +646,14 @@ class PyFlatChainIter final : public Hooked<Out> {
   /// Under the GIL: the outputs of one input (an iterable, not a string) appended to `pending_`, each converted.
   void expand(const py::object& result) {
     PyObject* r = result.ptr();
+    if (PyList_CheckExact(r) || PyTuple_CheckExact(r)) {  // the common result: its items by index
+      // Each item held while it converts (converting may run Python code, which may even shrink the list:
+      // its size is read again for every item).
+      for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(r); ++i)
+        pending_.push_back(FromPython<Out>::get(py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(r, i)),
+                                                callable_.label));
+      return;
+    }
     PyObject* it = PyUnicode_Check(r) || PyBytes_Check(r) ? nullptr : PyObject_GetIter(r);
     if (!it) {
       PyErr_Clear();

@@ -384,6 +384,45 @@ def main():
             assert r.returncode == 1 and (expected in r.stderr or expected == "is no valid i64"), (expected, r.stderr)
     check("workers2: a file that breaks what the document states is refused by show and resume", stated_properties_are_checked)
 
+    def replay_steps_are_checked():
+        """Format 5's replay record: count, digest, then one digest step per power of two from 2^16 up to
+        count. A record claiming 2^30 elements with 14 steps (15 are due) is refused by this reader, by
+        show and by resume; with 15 (wrong) ones it is well formed, and resume stops where the fixture's
+        generator ends (60 elements), not after 2^30 (the unit test Replay.AForgedLongReplayIs… covers a
+        generator that goes on: refused at the first step)."""
+        vdir = os.path.join(FIXTURES, "v5")
+        spec = os.path.join(vdir, "zip-generator.spec.json")
+        base = sr.read_file(os.path.join(vdir, "zip-generator.dpipe"))
+        record = next(st for st in base["states"] if st["mode"] == "replay")
+        assert [f["name"] for f in record["fields"][:3]] == ["count", "digest", "digest_steps"], record
+        assert sr.replay_steps_for(2**16 - 1) == 0 and sr.replay_steps_for(2**16) == 1 and sr.replay_steps_for(2**30) == 15
+
+        def forged(steps):
+            snap = copy.deepcopy(base)
+            fields = next(st for st in snap["states"] if st["mode"] == "replay")["fields"]
+            fields[0]["value"] = 2**30
+            fields[2]["blobs"] = [struct.pack("<Q", 0x5A5A + k) for k in range(steps)]
+            path = os.path.join(TMP, f"replay-{steps}.dpipe")
+            with open(path, "wb") as f:
+                f.write(sr.write_snapshot(snap))
+            return path
+
+        short = forged(14)
+        try:
+            sr.read_file(short)
+            raise AssertionError("the reader took a replay record with 14 steps for 2^30 elements")
+        except sr.FormatError as e:
+            assert "14 digest steps for 1073741824 elements" in str(e), e
+        for args in (("snapshot", "show", short), ("run", spec, "--resume", short)):
+            r = dpipe(*args, check=False)
+            assert r.returncode == 1 and "with 14 u64 digest steps, not 15 u64" in r.stderr, (args, r.stderr)
+        wrong = forged(15)
+        sr.read_file(wrong)  # well formed: only a replay can tell the steps are wrong
+        r = dpipe("run", spec, "--resume", wrong, check=False)
+        assert r.returncode == 1 and "replay ended after 60 of the 1073741824 recorded elements" in r.stderr, r.stderr
+    check("v5/zip-generator: a replay record's digest steps are counted when read and checked as it replays",
+          replay_steps_are_checked)
+
     def fingerprint_recomputed():
         """The document's fingerprint recipe, for linear pipelines of unnamed nodes (node i's input is i + 1)."""
         mix64, fnv1a = _mix64, _fnv1a

@@ -61,10 +61,14 @@ def test_results_of_the_wrong_kind_name_the_callable():
     def not_iterable(x):
         return 3
 
+    def vast(x):  # past the 4300 digits Python's str() writes
+        return 10 ** 5000
+
     cases = [
         (dpipe.map(floats, out="batch of integer"), r"floats returned a 1-D array of float64, expected a 1-D integer array"),
         (dpipe.map(huge, out=int), r"huge returned the integer 1180591620717411303424, outside the 64 bits"),
         (dpipe.flat_map(not_iterable), r"not_iterable returned int"),
+        (dpipe.map(vast, out=int), r"vast returned the integer of 16610 bits, outside the 64 bits"),
     ]
     for node, pattern in cases:
         with pytest.raises(dpipe.NodeError, match=pattern):

@@ -574,6 +574,21 @@ TEST(ValueCodec, RoundTripsEveryKind) {
   EXPECT_NE(decoded(encoded(Value::tuple({}))), Value::list({}));
 }
 
+// An array is held behind a pointer (so it does not size every Value), yet copies and compares as a value.
+TEST(ValueCodec, AnArrayCopiesDeeplyAndComparesByContent) {
+  static_assert(sizeof(Value) <= 48, "a Value is as small as a string and its kind");
+  Value a = sample_value(3);
+  Value b = a;  // a deep copy
+  EXPECT_EQ(a, b);
+  std::get<std::vector<Value>>(b.data).back().as_array().data[0] ^= 1;
+  EXPECT_NE(a, b);  // the copy's array is its own
+  EXPECT_EQ(encoded(a), encoded(sample_value(3)));
+  Value moved = std::move(b);
+  b = a;  // a moved-from Value is assigned to again
+  EXPECT_EQ(b, a);
+  EXPECT_NE(moved, a);
+}
+
 TEST(ValueCodec, JsonTextNamesEveryKind) {
   std::string out;
   append_value_json(out, sample_value(3));

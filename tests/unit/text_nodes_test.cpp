@@ -31,7 +31,7 @@ std::vector<I64> column(const Value& row, const char* name) {
     ADD_FAILURE() << "no array field " << name;
     return {};
   }
-  const auto& a = std::get<ValueArray>(f->data);
+  const auto& a = f->as_array();
   EXPECT_EQ(a.dtype, "<i8");
   std::vector<I64> out(a.data.size() / 8);
   std::memcpy(out.data(), a.data.data(), a.data.size());
@@ -369,7 +369,7 @@ TEST(PaddedBatch, PadsArrayFieldsToTheLongestRoundedUpAndStacksScalars) {
 
 /// The document ids of a padded batch (its `doc` column) and its padded length.
 std::pair<std::vector<I64>, std::size_t> batch_docs(const Value& b) {
-  const auto& tokens = std::get<ValueArray>(find_field(b, "tokens")->data);
+  const auto& tokens = find_field(b, "tokens")->as_array();
   return {column(b, "doc"), static_cast<std::size_t>(tokens.shape[1])};
 }
 
