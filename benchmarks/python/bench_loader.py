@@ -197,10 +197,10 @@ def main():
     work = dpipe.range(0, k) | dpipe.sharding_filter() | dpipe.batch(size=1) | dpipe.map(heavy)
     one = rate(lambda: consume(dpipe.Loader(work, workers=1, threads=2)), k, repeats=2)
     two = rate(lambda: consume(dpipe.Loader(work, workers=2, threads=2)), k, repeats=2)
-    figures.append(("map(numpy fn), 2 workers / 1 worker", two / one, ">= 1.5"))
+    figures.append(("map(numpy fn), 2 workers / 1 worker", two / one, ">= 1.7"))
     overlapped = dpipe.range(0, k) | dpipe.batch(size=1) | dpipe.parallel_map(heavy, max_in_flight=8)
     par = rate(lambda: consume(dpipe.Loader(overlapped, workers=1, threads=2)), k, repeats=2)
-    figures.append(("parallel_map(numpy fn), 1 worker / map, 1 worker", par / one, ">= 1.5"))
+    figures.append(("parallel_map(numpy fn), 1 worker / map, 1 worker", par / one, ">= 1.7"))
 
     # 5. The LLM example's pipeline, on its generated corpora.
     spec = importlib.util.spec_from_file_location(
