@@ -33,22 +33,29 @@ struct ValueArray {
 
 /// A ValueArray held behind a pointer and copied deeply, so an array's type string, shape and bytes do not
 /// size every Value (48 bytes instead of 104: a batch of 16 scalars or short lists fits the allocator's
-/// small-block caches). Moved from, it holds nothing; it is then only destroyed or assigned to.
+/// small-block caches). Moved from, it reads as an empty array (as a moved-from ValueArray would).
 class ArrayBox {
  public:
   ArrayBox(ValueArray a) : p_(std::make_unique<ValueArray>(std::move(a))) {}  // NOLINT: a Value is made from its array
-  ArrayBox(const ArrayBox& o) : p_(o.p_ ? std::make_unique<ValueArray>(*o.p_) : nullptr) {}
+  ArrayBox(const ArrayBox& o) : p_(std::make_unique<ValueArray>(o.get())) {}
   ArrayBox(ArrayBox&&) noexcept = default;
   ArrayBox& operator=(const ArrayBox& o) {
-    p_ = o.p_ ? std::make_unique<ValueArray>(*o.p_) : nullptr;
+    p_ = std::make_unique<ValueArray>(o.get());
     return *this;
   }
   ArrayBox& operator=(ArrayBox&&) noexcept = default;
-  bool operator==(const ArrayBox& o) const { return p_ && o.p_ ? *p_ == *o.p_ : p_ == o.p_; }
-  const ValueArray& get() const { return *p_; }
-  ValueArray& get() { return *p_; }
+  bool operator==(const ArrayBox& o) const { return get() == o.get(); }
+  const ValueArray& get() const { return p_ ? *p_ : empty(); }
+  ValueArray& get() {
+    if (!p_) p_ = std::make_unique<ValueArray>();
+    return *p_;
+  }
 
  private:
+  static const ValueArray& empty() {
+    static const ValueArray none{};
+    return none;
+  }
   std::unique_ptr<ValueArray> p_;
 };
 

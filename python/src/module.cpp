@@ -157,6 +157,32 @@ class PythonCallError : public std::runtime_error {
   bool interrupts;
 };
 
+/// Under the GIL: repr(x) on one line, cut to about 80 bytes at a character's start ("<unprintable>" when
+/// repr raises), for a message that shows the element a callable failed on.
+std::string short_repr(const py::handle& x) {
+  PyObject* r = PyObject_Repr(x.ptr());
+  if (!r) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  const py::object text = py::reinterpret_steal<py::object>(r);
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+  if (!utf8) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  std::string out(utf8, static_cast<std::size_t>(size));
+  if (out.size() > 80) {
+    std::size_t cut = 77;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    out = out.substr(0, cut) + "...";
+  }
+  for (char& c : out)
+    if (c == '\n' || c == '\r') c = ' ';
+  return out;
+}
+
 /// Under the GIL, in a catch of error_already_set: the exception as a PythonCallError ("ValueError: …",
 /// then `where` it was raised). The exception keeps its traceback, so the Python NodeError's __cause__ shows
 /// the frames of the user's callable.
@@ -282,7 +308,7 @@ struct FromPython<Value> {
       items.reserve(static_cast<std::size_t>(PyList_GET_SIZE(o)));
       for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); ++i) {
         PyObject* item = PyList_GET_ITEM(o, i);
-        if (PyLong_CheckExact(item)) {  // the common item (token ids), converted running no Python code
+        if (PyLong_CheckExact(item) && depth < kValueMaxDepth) {  // the common item (token ids), converted running no Python code
           int overflow = 0;
           const long long x = PyLong_AsLongLongAndOverflow(item, &overflow);
           if (overflow != 0) throw std::runtime_error("the Python callable " + label + " returned an integer outside 64 bits");
@@ -377,7 +403,8 @@ struct PyCallable {
     if (!r) {
       py::error_already_set e;
       rethrow_python(e, " (raised by " + label + " on element " + std::to_string(index) +
-                            " of its input on this instance, counted from where the run started or resumed)");
+                            " of its input on this instance, counted from where the run started or resumed: " +
+                            short_repr(arg) + ")");
     }
     return py::reinterpret_steal<py::object>(r);
   }

@@ -27,6 +27,7 @@ def test_a_node_error_names_the_callable_and_the_element_and_keeps_the_traceback
         assert got == list(range(7))
         message = str(err.value)
         assert f"{__name__}.explode_at" in message and "on element 7 of its input" in message
+        assert message.endswith("started or resumed: 7)"), message  # the element itself, as repr() shows it
         cause = err.value.__cause__
         assert isinstance(cause, ValueError)
         frames = traceback.extract_tb(cause.__traceback__)

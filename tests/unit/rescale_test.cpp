@@ -1343,6 +1343,35 @@ TEST(Rescale, ASamplerPositionPastItsSourceIsRefusedOfflineAsAtResume) {
   EXPECT_NO_THROW(SnapshotSet(ranks).rescaled(3, 1));
 }
 
+// Read through its rank files (no set index), a rescale leaves long lists in the files until a rule deals
+// them: the sampler's check of its old records then sees its skipped positions unloaded, and checks the
+// rest instead of refusing the set.
+TEST(Rescale, ASamplerWhoseSkippedPositionsStayInTheFilesIsCheckedAndRescaled) {
+  const auto p = range(0, 3000) | sampler({.shuffle = SamplerShuffle::none}) | batch({.size = 4});
+  Engine e;
+  std::vector<Snapshot> ranks;
+  for (int r = 0; r < 2; ++r) {  // rank 1 far ahead of rank 0: a rescale leaves its positions to skip
+    auto run = e.start(p, at(r, 2, 1));
+    for (int i = 0; i < (r == 0 ? 5 : 80); ++i) run.next();
+    ranks.push_back(run.reproducible_snapshot({}, 7));
+  }
+  const SnapshotSet once = SnapshotSet(ranks).rescaled(3, 1);
+  std::size_t most_skipped = 0;
+  for (int r = 0; r < 3; ++r)
+    for (const auto& st : once.rank(r).states)
+      for (const auto& f : st.fields)
+        if (st.kind == "sampler" && f.name == "skip") most_skipped = std::max(most_skipped, f.elements.size());
+  ASSERT_GT(most_skipped, 32u);  // more than 256 bytes: stored apart, not loaded by a plan
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  for (int r = 0; r < 3; ++r) SnapshotSet::write_rank(dir, once.rank(r));
+  fs::remove(fs::path(dir) / kManifest);  // no manifest, no index: the rescale plans from the rank files
+  fs::remove(fs::path(dir) / kIndex);
+  const SnapshotSet expected = once.rescaled(2, 1);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, 2, 1}, true).to_bytes(), expected.rank(r).to_bytes());
+}
+
 TEST(Rescale, RulesNameFieldsThroughTheStateAndAMisspelledNameIsRefused) {
   using S = BatchState<ElementBlobs>;
   // Two old instances, 6 buffered elements between them.
