@@ -1287,17 +1287,25 @@ TEST(Rescale, TheRegisteredRulesDealEveryHeldElementOnceThroughTwoRescales) {
   EXPECT_EQ(held_after("shuffle", once, Layout{0, 3, 1}, Layout{0, 1, 1}, &S::buffer), all);
 }
 
+/// The snapshots of every rank of `world` × `workers` after `taken(rank)` elements of `p`.
+template <class P, class Taken>
+std::vector<Snapshot> rank_snapshots(const P& p, int world, int workers, Taken taken) {
+  Engine e;
+  std::vector<Snapshot> out;
+  for (int r = 0; r < world; ++r) {
+    auto run = e.start(p, at(r, world, workers));
+    for (int i = 0; i < taken(r); ++i) run.next();
+    out.push_back(run.reproducible_snapshot({}, 7));
+  }
+  return out;
+}
+
 // An offline rescale checks what a resume checks before any node runs, on the records it reads and on
 // those it makes, and refuses before anything is written, naming the old record that is wrong.
 TEST(Rescale, ARecordNoResumeWouldTakeIsRefusedNamingItsInstance) {
   const auto p = range(0, 400) | sampler() | batch({.size = 4});
   Engine e;
-  std::vector<Snapshot> ranks;
-  for (int r = 0; r < 2; ++r) {
-    auto run = e.start(p, at(r, 2, 2));
-    for (int i = 0; i < 10; ++i) run.next();
-    ranks.push_back(run.snapshot());
-  }
+  std::vector<Snapshot> ranks = rank_snapshots(p, 2, 2, [](int) { return 10; });
   EXPECT_NO_THROW(SnapshotSet(ranks).rescaled(3, 1));
   for (auto& st : ranks[1].states)
     if (st.key == "merge@out")
@@ -1314,12 +1322,7 @@ TEST(Rescale, ARecordNoResumeWouldTakeIsRefusedNamingItsInstance) {
 TEST(Rescale, ASamplerPositionPastItsSourceIsRefusedOfflineAsAtResume) {
   const auto p = range(0, 400) | sampler({.epochs = 2}) | batch({.size = 4});
   Engine e;
-  std::vector<Snapshot> ranks;
-  for (int r = 0; r < 2; ++r) {
-    auto run = e.start(p, at(r, 2, 2));
-    for (int i = 0; i < 10; ++i) run.next();
-    ranks.push_back(run.snapshot());
-  }
+  std::vector<Snapshot> ranks = rank_snapshots(p, 2, 2, [](int) { return 10; });
   std::string sampler_key;
   for (auto& st : ranks[1].states)
     if (st.kind == "sampler" && st.instance == 3) {
@@ -1348,13 +1351,8 @@ TEST(Rescale, ASamplerPositionPastItsSourceIsRefusedOfflineAsAtResume) {
 // rest instead of refusing the set.
 TEST(Rescale, ASamplerWhoseSkippedPositionsStayInTheFilesIsCheckedAndRescaled) {
   const auto p = range(0, 3000) | sampler({.shuffle = SamplerShuffle::none}) | batch({.size = 4});
-  Engine e;
-  std::vector<Snapshot> ranks;
-  for (int r = 0; r < 2; ++r) {  // rank 1 far ahead of rank 0: a rescale leaves its positions to skip
-    auto run = e.start(p, at(r, 2, 1));
-    for (int i = 0; i < (r == 0 ? 5 : 80); ++i) run.next();
-    ranks.push_back(run.reproducible_snapshot({}, 7));
-  }
+  // Rank 1 far ahead of rank 0: a rescale leaves the positions it took to be skipped.
+  const std::vector<Snapshot> ranks = rank_snapshots(p, 2, 1, [](int r) { return r == 0 ? 5 : 80; });
   const SnapshotSet once = SnapshotSet(ranks).rescaled(3, 1);
   std::size_t most_skipped = 0;
   for (int r = 0; r < 3; ++r)
