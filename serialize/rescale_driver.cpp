@@ -71,6 +71,12 @@ class OldRecords {
 
 [[noreturn]] void refuse(const std::string& msg) { throw SnapshotError("cannot rescale: " + msg); }
 
+/// A node's records saved by two modes: every instance runs the same node, so one of them is forged.
+[[noreturn]] void refuse_mixed_modes(const std::string& key, StateMode first, StateMode other) {
+  refuse("node '" + key + "' has records saved by " + to_string(first) + " and by " + to_string(other) +
+         ", which no run writes");
+}
+
 /// Adds `st` to `by_instance`, refusing a second record of one instance.
 void place_record(std::map<std::uint32_t, const NodeState*>& by_instance, const NodeState& st) {
   if (!by_instance.emplace(st.instance, &st).second)
@@ -571,6 +577,8 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
       in.columns = columns;
       in.kind = old_records.kind(key);
       in.mode = columns->mode(0);
+      for (std::size_t i = 1; i < slots; ++i)
+        if (columns->mode(i) != in.mode) refuse_mixed_modes(key, in.mode, columns->mode(i));
       return;
     }
     const auto& records = old_records.records(key);
@@ -586,6 +594,8 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
       for (const auto& f : st->fields)
         if (f.name == "deferred_failure") refuse("node '" + key + "' had failed: " + f.s);
     in.mode = in.old.front()->mode;
+    for (const NodeState* st : in.old)
+      if (st->mode != in.mode) refuse_mixed_modes(key, in.mode, st->mode);
   };
 
   // The consumers' buffers, one record per rank (instance = rank): pooled and dealt to the new ranks.
@@ -652,6 +662,11 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
     } else {
       in.refuse("its kind is not registered, so no rescale rule is known for it");
     }
+    // A record restored by replay says nothing another layout could use (a generator's rule refuses it);
+    // a kind whose rule dealt such records was saved by hook, which resume would insist on.
+    if (in.mode == StateMode::replay)
+      in.refuse("its records are replay records, which no rescale can deal (a " + in.kind.substr(0, 64) +
+                "'s resume would refuse them too)");
     // The records of the wanted slots, each with its slot as instance (or every slot's, the unwanted
     // ones empty): one for each wanted slot.
     const auto [first, end] = in.wanted_slots();

@@ -1370,6 +1370,25 @@ TEST(Rescale, ASamplerWhoseSkippedPositionsStayInTheFilesIsCheckedAndRescaled) {
     EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, 2, 1}, true).to_bytes(), expected.rank(r).to_bytes());
 }
 
+// Records saved by a mode no run writes for the node are refused as a resume refuses them: a hooked
+// sampler's records forged as replay records (which no rule may deal), or one instance's alone.
+TEST(Rescale, RecordsOfAModeNoRunWritesAreRefused) {
+  const auto p = range(0, 400) | sampler() | batch({.size = 4});
+  const std::vector<Snapshot> ranks = rank_snapshots(p, 2, 2, [](int) { return 10; });
+  EXPECT_NO_THROW(SnapshotSet(ranks).rescaled(3, 1));
+  auto forge = [&](bool every) {
+    auto forged = ranks;
+    for (auto& s : forged)
+      for (auto& st : s.states)
+        if (st.kind == "sampler" && (every || st.instance == 3)) st.mode = StateMode::replay;
+    return forged;
+  };
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(forge(true)).rescaled(3, 1); },
+                                            "are replay records, which no rescale can deal");
+  testing::expect_throw_with<SnapshotError>([&] { SnapshotSet(forge(false)).rescaled(3, 1); },
+                                            "has records saved by hook and by replay");
+}
+
 TEST(Rescale, RulesNameFieldsThroughTheStateAndAMisspelledNameIsRefused) {
   using S = BatchState<ElementBlobs>;
   // Two old instances, 6 buffered elements between them.
