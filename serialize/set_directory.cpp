@@ -284,21 +284,24 @@ void drop_manifest_unless(const std::string& dir, const SetIdentity& set) {
 /// world): each rank counted once, should a listing return a name twice.
 class SetFileCounter {
  public:
-  explicit SetFileCounter(const SetIdentity& set) : suffix_(set_suffix(set)), seen_(std::size_t(set.world)) {}
+  explicit SetFileCounter(const SetIdentity& set) : suffix_(set_suffix(set)), world_(std::uint64_t(set.world)) {}
   void see(std::string_view name) {
     if (!name.starts_with("rank-") || !name.ends_with(suffix_)) return;
     const auto r = decimal(name.substr(5, name.size() - 5 - suffix_.size()));
-    if (r && *r < seen_.size() && !seen_[*r]) {
-      seen_[*r] = true;
-      ++count_;
-    }
+    if (r && *r < world_) ranks_.push_back(*r);
   }
-  bool complete() const { return count_ == seen_.size(); }
+  /// Whether every rank of the set was seen. Memory follows the names listed, not the world size the set
+  /// claims (a file naming 2^31 ranks costs its listing, not a bit per rank).
+  bool complete() const {
+    std::sort(ranks_.begin(), ranks_.end());
+    ranks_.erase(std::unique(ranks_.begin(), ranks_.end()), ranks_.end());
+    return ranks_.size() == world_;
+  }
 
  private:
   std::string suffix_;
-  std::vector<bool> seen_;
-  std::size_t count_ = 0;
+  std::uint64_t world_;
+  mutable std::vector<std::uint64_t> ranks_;  // put in order (and duplicates dropped) when asked
 };
 
 /// Counts the rank files of `set` in `dir` (one readdir pass).
