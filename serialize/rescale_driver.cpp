@@ -632,6 +632,27 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
                                                    : "");
            });
 
+    // A node's input count (IterBase::input_taken) says where one instance was in its own input, which no
+    // instance of another layout has: the rules read the records without it, and the new records have none
+    // (their nodes count from the resume, and say so). A set index leaves it out of its columns.
+    const std::vector<const NodeState*> read_records = in.old;
+    std::vector<NodeState> without_counts;
+    const auto drop_input_counts = [&] {
+      without_counts.clear();
+      without_counts.reserve(read_records.size());
+      for (std::size_t i = 0; i < read_records.size(); ++i) {
+        const auto& fields = read_records[i]->fields;
+        if (std::none_of(fields.begin(), fields.end(), [](const Field& f) { return f.name == kInputTakenField; })) {
+          in.old[i] = read_records[i];
+          continue;
+        }
+        NodeState& copy = without_counts.emplace_back(*read_records[i]);
+        std::erase_if(copy.fields, [](const Field& f) { return f.name == kInputTakenField; });
+        in.old[i] = &copy;
+      }
+    };
+    drop_input_counts();
+
     // The invariants a resume checks before any node runs (KindInfo::check_state), on the records read
     // (the whole records, when the set is read so) and on those the rule made: a record no resume would
     // take is refused here, naming the old instance, before anything is written.
@@ -657,6 +678,7 @@ std::vector<Snapshot> rescale_records(const SnapshotMeta& meta, int old_world, O
           break;
         } catch (const ElementsNotLoaded& e) {
           if (e.key != key || !old_records.load(e.field)) throw;
+          drop_input_counts();  // copies of the records as loaded now
         }
       }
     } else {

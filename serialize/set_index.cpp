@@ -157,6 +157,7 @@ void SetIndexWriter::add_rank(const SnapshotPlan& plan, std::uint32_t rank, cons
     // not seen before (a deferred failure) adds a column absent from the records before.
     std::size_t at = 0;  // the column the next field is looked for from
     for (const Field& f : st.fields) {
+      if (f.name == kInputTakenField) continue;  // a rescale drops it (rescale_driver.cpp)
       std::size_t k = at;
       while (k < n.columns.size() && n.columns[k].name != f.name) ++k;
       if (k == n.columns.size()) {

@@ -419,9 +419,18 @@ void check_records(const Snapshot& s) {
     if (st.instance < first || st.instance >= first + workers)
       fail(who + " is of no instance of rank " + std::to_string(s.meta.layout.rank) + " (" + std::to_string(first) + " to " +
            std::to_string(first + workers - 1) + ")");
-    // A stateless node has no fields of its own, only a held failure's three (deferred_failure, …).
-    if (st.mode == StateMode::stateless && !st.fields.empty() && !st.fields.front().name.starts_with("deferred_"))
-      fail(who + " is stateless but has a field '" + st.fields.front().name.substr(0, 64) + "'");
+    // A stateless node has no fields of its own, only its input count (format 6 on) and a held failure's
+    // three (deferred_failure, …).
+    if (st.mode == StateMode::stateless) {
+      std::size_t own = 0;
+      if (!st.fields.empty() && st.fields.front().name == kInputTakenField) own = 1;
+      if (st.fields.size() > own && !st.fields[own].name.starts_with("deferred_"))
+        fail(who + " is stateless but has a field '" + st.fields[own].name.substr(0, 64) + "'");
+    }
+    for (const Field& f : st.fields)
+      if (f.name == kInputTakenField && (f.type != FieldType::u64 || s.meta.format_version < 6))
+        fail(who + " has a field '" + std::string(kInputTakenField) + "' " +
+             (f.type != FieldType::u64 ? "that is not a u64" : "in a file of version " + std::to_string(s.meta.format_version) + " (6 on)"));
     if (const auto k = kinds.find(st.key); k != kinds.end() && k->second != st.kind)
       fail(who + " is a " + st.kind.substr(0, 64) + ", its graph node a " + std::string(k->second));
     if (st.mode == StateMode::replay && s.meta.format_version >= 5) check_replay_record(st, who, fail);

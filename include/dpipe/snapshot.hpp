@@ -28,6 +28,11 @@ inline constexpr std::size_t replay_steps_for(std::uint64_t count) {
   return bits > kReplayFirstStepLog2 ? bits - kReplayFirstStepLog2 : 0;
 }
 
+/// The field a node that names elements by their index in its input saves after its own (format 6 on):
+/// how many elements it has taken from its input since the run started (IterBase::input_taken). A
+/// rescale drops it, since no instance of another layout has that input.
+inline constexpr const char* kInputTakenField = "input_taken";
+
 enum class FieldType : std::uint8_t { u64 = 1, i64 = 2, str = 3, elements = 4 };
 
 /// Elements [begin, end) of stored list `list` of a rescale plan: a rescale that reads only what it
@@ -161,8 +166,9 @@ class Snapshot {
   /// states with each long element list replaced by where it lies and its checksum) before the node
   /// states, so a rescale reads the lists it deals only. 4: unnamed nodes keyed by their upstream
   /// subgraph (KeyScheme::stable), bytes laid out as in 3. 5: replay records carry their digest steps
-  /// (replay_steps_for). Files of versions 1 to 4 stay readable.
-  static constexpr std::uint32_t kFormatVersion = 5;
+  /// (replay_steps_for). 6: a node calling a Python callable saves `input_taken` after its own fields
+  /// (kInputTakenField). Files of versions 1 to 5 stay readable.
+  static constexpr std::uint32_t kFormatVersion = 6;
 
   SnapshotMeta meta;
   std::vector<NodeState> states;

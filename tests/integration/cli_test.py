@@ -344,7 +344,7 @@ def _():
     for rank, step in ((0, 1200), (1, 1300)):
         dpipe("run", spec, "--rank", rank, "--world-size", 2, "--take", 3, "--snapshot-dir", d, "--step", step)
     shown = json.loads(dpipe("snapshot", "show", rank_file(d, 1, 2)).stdout)
-    assert shown["step"] == 1300 and shown["format_version"] == 5 and shown["id"] != "0" * 16, shown
+    assert shown["step"] == 1300 and shown["format_version"] == 6 and shown["id"] != "0" * 16, shown
     # The names say the steps: refused from the directory listing, naming ranks and steps.
     r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--resume-dir", d, check=False)
     assert r.returncode == 1 and "step 1200 on rank 0; step 1300 on rank 1" in r.stderr, r.stderr

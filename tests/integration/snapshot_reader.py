@@ -13,7 +13,7 @@ MAGIC = b"DPIPESNP"
 HEADER_BYTES = 32
 SECTION_ENTRY_BYTES = 24
 MAX_SECTIONS = 64
-KNOWN_VERSIONS = (1, 2, 3, 4, 5)
+KNOWN_VERSIONS = (1, 2, 3, 4, 5, 6)
 SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY, SECTION_STATE_INDEX = 1, 2, 3, 4, 5
 INLINE_LIST_BYTES = 256  # a list whose lengths and bytes take more is stored apart in the state index
 STATE_MODES = {1: "hook", 2: "stateless", 3: "replay"}
@@ -172,6 +172,8 @@ def read_snapshot(data):
         for s in states:
             if s["mode"] == "replay":
                 check_replay_record(s)
+    for s in states:
+        check_input_taken(s, h["format_version"])
     if SECTION_NODE_DETAILS in body:
         decode_node_details(body[SECTION_NODE_DETAILS], meta["graph"])
     if h["format_version"] >= 2 and SECTION_IDENTITY not in body:
@@ -249,6 +251,25 @@ def check_replay_record(s):
             or len(steps["blobs"]) != replay_steps_for(f[0]["value"]):
         raise FormatError(f"replay record of {s['key']!r}: {len(steps['blobs'])} digest steps for "
                           f"{f[0]['value']} elements")
+
+
+INPUT_TAKEN = "input_taken"
+
+
+def check_input_taken(s, version):
+    """A node calling a Python callable saves how many elements it took from its input as a u64 field
+    `input_taken` after its own fields (version 6 on); a stateless record has no other field of its own
+    (only a held failure's three after it)."""
+    names = [f["name"] for f in s["fields"]]
+    if INPUT_TAKEN in names:
+        f = s["fields"][names.index(INPUT_TAKEN)]
+        if version < 6 or f["type"] != "u64":
+            raise FormatError(f"record of {s['key']!r}: a field {INPUT_TAKEN!r} of type {f['type']} in a version "
+                              f"{version} file (a u64, version 6 on)")
+    if s["mode"] == "stateless":
+        own = [n for n in names if n != INPUT_TAKEN and not n.startswith("deferred_")]
+        if own:
+            raise FormatError(f"record of {s['key']!r} is stateless but has a field {own[0]!r}")
 
 
 def decode_states(body):
@@ -523,9 +544,11 @@ def check_set_index(index, rank_files):
             where = f"node {s['key']!r} instance {s['instance']}"
             if (node["kind"], row["rank"], row["mode"]) != (s["kind"], r, s["mode"]):
                 raise FormatError(f"the index and rank {r} differ on {where}")
-            if [f["name"] for f in s["fields"]] != list(row["fields"]):
+            # A rescale drops a node's input count, so the index leaves it out.
+            fields = [f for f in s["fields"] if f["name"] != INPUT_TAKEN]
+            if [f["name"] for f in fields] != list(row["fields"]):
                 raise FormatError(f"the index and rank {r} give {where} other fields")
-            for f in s["fields"]:
+            for f in fields:
                 t, tag, value = row["fields"][f["name"]]
                 if t != f["type"]:
                     raise FormatError(f"field {f['name']!r} of {where} has another type in the index")

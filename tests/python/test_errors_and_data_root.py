@@ -1,14 +1,17 @@
 """Mistakes a Python user makes, each a clear error at the call or naming the callable (with its traceback
 and the element's index); a lambda's fingerprint holds a digest of its code; and checkpoints that move
 with their data (data_root=, file_digest=)."""
+import json
 import os
 import shutil
+import sys
 import traceback
 
 import numpy as np
 import pytest
 
 import dpipe
+from conftest import SOURCE_ROOT
 
 
 def explode_at(x):
@@ -27,11 +30,110 @@ def test_a_node_error_names_the_callable_and_the_element_and_keeps_the_traceback
         assert got == list(range(7))
         message = str(err.value)
         assert f"{__name__}.explode_at" in message and "on element 7 of its input" in message
-        assert message.endswith("started or resumed: 7)"), message  # the element itself, as repr() shows it
+        assert message.endswith("counted from the run's start: 7)"), message  # the element itself, as repr() shows it
         cause = err.value.__cause__
         assert isinstance(cause, ValueError)
         frames = traceback.extract_tb(cause.__traceback__)
         assert any(f.name == "explode_at" and f.filename == __file__ for f in frames), frames
+
+
+def explode_at_60000(x):
+    if x == 60000:
+        raise ValueError("60000 is not welcome")
+    return x
+
+
+def input_counts(state):
+    """The `input_taken` fields of a state dict's records, by node kind, read by the independent reader."""
+    sys.path.insert(0, str(SOURCE_ROOT / "tests" / "integration"))
+    import snapshot_reader
+    snap = snapshot_reader.read_snapshot(state["dpipe_snapshot"])
+    counts = {}
+    for record in snap["states"]:
+        for f in record["fields"]:
+            assert not f["name"].startswith("deferred_"), record  # the node has not met the failure yet
+            if f["name"] == "input_taken":
+                counts.setdefault(record["kind"], []).append(f["value"])
+    return counts
+
+
+@pytest.mark.parametrize("stage, kind", [
+    (lambda: dpipe.map(explode_at_60000), "map"),
+    (lambda: dpipe.filter(lambda x: explode_at_60000(x) >= 0), "filter"),
+    (lambda: dpipe.flat_map(lambda x: [explode_at_60000(x)]), "flat_map"),
+    (lambda: dpipe.parallel_map(explode_at_60000, max_in_flight=4), "parallel_map"),
+    (lambda: dpipe.map(double_of) | dpipe.map(halve_and_explode_at_60000), "flat_map"),  # fused into one node
+])
+def test_the_element_index_of_a_failure_runs_on_across_a_resume_and_restarts_at_a_rescale(stage, kind):
+    """A node calling a Python callable saves how many elements of its input it has taken, so a failure after
+    a resume names the element's index from the run's start; a rescale drops the count (no instance of
+    another layout had that input), and the message then says it counts from the resume."""
+    # On the engine's threads the settled snapshot finds the node some 25,000 elements ahead of the consumer.
+    def pipeline():  # sampler: a rescalable source
+        return dpipe.range(0, 120000) | dpipe.sampler(shuffle="none") | stage()
+    for inline in (True, False):
+        whole = dpipe.Loader(pipeline(), inline_workers=inline)
+        with pytest.raises(dpipe.NodeError, match=r"on element 60000 of its input on this instance, counted from the run's start: 60000\)"):
+            list(whole)
+        loader = dpipe.Loader(pipeline(), inline_workers=inline)
+        it = iter(loader)
+        head = [next(it) for _ in range(100)]
+        assert head[:3] == [0, 1, 2]
+        state = loader.state_dict()
+        counts = input_counts(state)
+        assert list(counts) == [kind] and len(counts[kind]) == 1, counts
+        assert 100 <= counts[kind][0] < 60000  # mid-stream: taken, not yet at the failing element
+        resumed = dpipe.Loader(pipeline(), inline_workers=inline)
+        resumed.load_state_dict(state)
+        with pytest.raises(dpipe.NodeError, match=r"on element 60000 of its input on this instance, counted from the run's start: 60000\)"):
+            list(resumed)
+        rescaled = dpipe.rescale([state], world_size=1, workers=1)[0]
+        assert input_counts(rescaled) == {}
+        again = dpipe.Loader(pipeline(), inline_workers=inline)
+        again.load_state_dict(rescaled)
+        expected = 60000 - counts[kind][0]
+        with pytest.raises(dpipe.NodeError, match=rf"on element {expected} of its input on this instance, counted from the "
+                                                  r"resume \(the snapshot resumed did not record the count\): 60000\)"):
+            list(again)
+
+
+def test_the_element_index_counts_the_input_of_the_nodes_own_worker():
+    # Worker w of 2 reads the elements i with i mod 2 = w (sharding_filter): 60000 is worker 0's element 30000.
+    def pipeline():
+        return dpipe.range(0, 120000) | dpipe.sharding_filter() | dpipe.map(explode_at_60000)
+    loader = dpipe.Loader(pipeline(), workers=2)
+    it = iter(loader)
+    for _ in range(300):
+        next(it)
+    state = loader.state_dict()
+    assert all(100 <= n < 30000 for n in input_counts(state)["map"]), input_counts(state)
+    resumed = dpipe.Loader(pipeline(), workers=2)
+    resumed.load_state_dict(state)
+    with pytest.raises(dpipe.NodeError, match=r"on element 30000 of its input on this instance, counted from the run's start") as err:
+        list(resumed)
+    assert err.value.worker == 0
+
+
+def test_a_python_made_state_of_format_6_resumes_with_its_nodes_input_counts():
+    # Written once by the build that introduced format 6 (tests/python/python_fixture.py); never regenerated.
+    import python_fixture
+    directory = SOURCE_ROOT / "tests" / "data" / "snapshots" / "v6"
+    data = (directory / "python-map.dpipe").read_bytes()
+    expected = json.loads((directory / "python-map.expected.json").read_text())
+    assert input_counts({"dpipe_snapshot": data}) == {"map": [8 * expected["take"]]}
+    loader = python_fixture.loader()
+    loader.load_state_dict({"dpipe_snapshot": data})
+    rest, failure = python_fixture.rest_and_failure(iter(loader))
+    assert rest == expected["rest"] and len(rest) > 100
+    assert failure == expected["failure"] and "on element 1500 of its input on this instance, counted from the run's start" in failure
+
+
+def double_of(x):
+    return 2 * x
+
+
+def halve_and_explode_at_60000(x):
+    return explode_at_60000(x // 2)
 
 
 def test_mistakes_at_the_call_are_type_errors_naming_what_is_wrong():

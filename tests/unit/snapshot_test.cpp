@@ -413,6 +413,108 @@ TEST(Replay, AReplayPastSeveralDigestStepsResumesExactly) {
   EXPECT_EQ(got, testing::collect(p, o));
 }
 
+// A function that counts its calls as a Python callable does (kit/call_count.hpp) and names the element it
+// fails on by that count: the node keeps the count in its record (`input_taken`), so the index runs on
+// across a resume; a record without it (an older file, a rescaled set) starts the count at the resume.
+struct CountingFn {
+  std::int64_t fail_at = 15000;
+  mutable std::uint64_t calls = 0;
+  bool counted_from_resume = false;
+  void check(std::int64_t x) const {
+    const std::uint64_t index = calls++;
+    if (x == fail_at)
+      throw std::runtime_error("fails on element " + std::to_string(index) + (counted_from_resume ? " from the resume" : " from the start"));
+  }
+};
+struct CountingPredicate : CountingFn {
+  bool operator()(std::int64_t x) const { return check(x), x % 3 != 0; }
+};
+struct CountingExpansion : CountingFn {
+  std::vector<std::int64_t> operator()(std::int64_t x) const { return check(x), std::vector<std::int64_t>{x, x}; }
+};
+struct CountingRoute : CountingFn {
+  std::int64_t operator()(std::int64_t x) const { return check(x), 0; }
+};
+
+TEST(InputCount, ANodeCallingACountingFunctionSavesItsCountAndTheIndexRunsOnAcrossAResume) {
+  const std::vector<std::pair<std::string, Pipeline<std::int64_t>>> pipelines = {
+      {"filter", range(0, 20000) | filter(CountingPredicate{})},
+      {"flat_map", range(0, 20000) | flat_map(CountingExpansion{})},
+      {"demux", (range(0, 20000) | demux<1>(CountingRoute{}))[0]},
+  };
+  const auto failure = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const NodeError& e) {
+      return e.what();
+    }
+    return "no failure";
+  };
+  for (const auto& [kind, p] : pipelines) {
+    SCOPED_TRACE(kind);
+    for (const bool inline_workers : {true, false}) {
+      auto o = options(1, 1);
+      o.inline_workers = inline_workers;
+      Engine e;
+      auto run = e.start(p, o);
+      drain(run, 300);
+      const Snapshot snap = Snapshot::from_bytes(run.snapshot().to_bytes());
+      // Mid-stream: the node has taken some of its input, not yet the failing element.
+      const NodeState* record = nullptr;
+      for (const auto& st : snap.states)
+        if (st.kind == kind) record = &st;
+      ASSERT_NE(record, nullptr);
+      ASSERT_FALSE(record->fields.empty());
+      const Field* taken = nullptr;
+      for (const auto& f : record->fields)
+        if (f.name == kInputTakenField) taken = &f;
+      ASSERT_NE(taken, nullptr);
+      EXPECT_EQ(taken->type, FieldType::u64);
+      EXPECT_GE(taken->u, kind == "flat_map" ? 150u : 200u);  // a filter drops a third; flat_map doubles
+      EXPECT_LT(taken->u, 15000u);
+      // Uninterrupted and resumed, the failure names element 15000 of the node's input.
+      EXPECT_NE(failure([&] { auto whole = e.start(p, o); drain(whole); }).find("fails on element 15000 from the start"), std::string::npos);
+      EXPECT_NE(failure([&] { auto resumed = e.resume(p, snap, o); drain(resumed); }).find("fails on element 15000 from the start"),
+                std::string::npos);
+      // Without the count (a file of format 5, a rescaled set) the node counts from the resume, and says so.
+      Snapshot without = snap;
+      for (auto& st : without.states) std::erase_if(st.fields, [](const Field& f) { return f.name == kInputTakenField; });
+      EXPECT_NE(failure([&] { auto resumed = e.resume(p, without, o); drain(resumed); })
+                    .find("fails on element " + std::to_string(15000 - taken->u) + " from the resume"),
+                std::string::npos);
+    }
+  }
+}
+
+TEST(InputCount, ACountIsRefusedWhereNoNodeKeepsOneOrInAFileBeforeFormat6) {
+  const auto p = range(0, 2000) | filter(CountingPredicate{}) | batch({.size = 4});
+  Engine e;
+  auto run = e.start(p, options(1, 1));
+  drain(run, 20);
+  Snapshot snap = Snapshot::from_bytes(run.snapshot().to_bytes());
+  Snapshot forged = snap;
+  for (auto& st : forged.states)
+    if (st.kind == "batch") st.fields.push_back(Field{.name = kInputTakenField, .type = FieldType::u64, .u = 3});
+  try {
+    auto resumed = e.resume(p, forged, options(1, 1));
+    ADD_FAILURE() << "a batch record with an input count was restored";
+  } catch (const SnapshotError& err) {
+    EXPECT_NE(std::string(err.what()).find("which this node does not keep"), std::string::npos) << err.what();
+  }
+  // The count in a file that says version 5 is refused when the file is read.
+  std::string bytes = snap.to_bytes();
+  const std::uint32_t v = 5;
+  std::memcpy(bytes.data() + 8, &v, 4);
+  const std::uint32_t crc = crc32c_raw(bytes.data(), 28);
+  std::memcpy(bytes.data() + 28, &crc, 4);
+  try {
+    (void)Snapshot::from_bytes(bytes);
+    ADD_FAILURE() << "a version 5 file with an input count was read";
+  } catch (const SnapshotError& err) {
+    EXPECT_NE(std::string(err.what()).find("'input_taken' in a file of version 5 (6 on)"), std::string::npos) << err.what();
+  }
+}
+
 // A shuffle's restore holds what the snapshot holds, not the buffer size it declares.
 TEST(SnapshotRestore, AHugeShuffleBufferSizeRestores) {
   Engine e;

@@ -264,6 +264,7 @@ class IterBase {
     {
       StateWriter w(st);
       save_state(w);
+      if (const std::optional<std::uint64_t> taken = input_taken()) w(kInputTakenField, *taken);
       if (deferred_) {  // a failure this node holds back until its next pull (see fail_after)
         const FailureRecord f = FailureRecord::of(deferred_);
         w("deferred_failure", f.cause);
@@ -303,6 +304,15 @@ class IterBase {
     return in.size() == 1 ? in.front()->wait_ready(limit, want) : true;
   }
 
+  /// A node that names an element by its index in its input (one calling a Python callable) counts the
+  /// elements it has taken from its input since the run started: saved after its own fields as the record's
+  /// `input_taken` (format 6 on) and given back at restore, so the index runs on across a resume. nullopt
+  /// for every other node.
+  virtual std::optional<std::uint64_t> input_taken() const { return std::nullopt; }
+  /// At restore, for a node that counts: the saved count, or nullopt when its record has none (a file of
+  /// format 5 or before, a set rescaled to another layout): it then counts from the resume, and says so.
+  virtual void restore_input_taken(std::optional<std::uint64_t> taken) { (void)taken; }
+
   /// Elements this instance dropped as bad (`on_error = skip`), counted across resumes (it is state).
   virtual std::uint64_t skipped_elements() const { return 0; }
   /// Nanoseconds spent in pull(), inputs included (only when the run collects statistics).
@@ -330,6 +340,12 @@ class IterBase {
     StateReader r(st);
     replayed_ = 0;
     restore_state(r);
+    std::optional<std::uint64_t> taken;
+    if (r.next_is(kInputTakenField)) {
+      if (!input_taken()) r.fail("it has a field '" + std::string(kInputTakenField) + "', which this node does not keep");
+      r(kInputTakenField, taken.emplace());
+    }
+    restore_input_taken(taken);
     if (r.has_more()) {
       FailureRecord f;
       r("deferred_failure", f.cause);

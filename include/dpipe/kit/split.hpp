@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dpipe/detail/fifo.hpp"
+#include "dpipe/kit/call_count.hpp"
 #include "dpipe/detail/run_shared.hpp"
 #include "dpipe/pipeline.hpp"
 
@@ -87,6 +88,8 @@ class SplitCore final : public SplitOutputs<Out> {
   }
 
   Iter<In>& input() const { return *input_; }
+  Route& route() { return route_; }
+  const Route& route() const { return route_; }
 
   SplitState<std::vector<Out>> state() const {
     SplitState<std::vector<Out>> st;
@@ -156,6 +159,14 @@ class SplitIter final : public Hooked<Out> {
     SplitState<std::vector<Out>> st;
     r.read(st);
     core_->restore(std::move(st), r);
+  }
+  /// A route that calls a function once per input element (demux's) saves the function's call count.
+  std::optional<std::uint64_t> input_taken() const override {
+    if constexpr (requires { core_->route().fn; }) return call_count(std::as_const(*core_).route().fn);
+    else return std::nullopt;
+  }
+  void restore_input_taken(std::optional<std::uint64_t> taken) override {
+    if constexpr (requires { core_->route().fn; }) restore_call_count(core_->route().fn, taken);
   }
   std::vector<IterBase*> inputs() const override { return {&core_->input()}; }
 

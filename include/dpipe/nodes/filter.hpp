@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "dpipe/kit/call_count.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/kit/rescale.hpp"
 #include "dpipe/kit/spec.hpp"
@@ -70,6 +71,8 @@ class FilterIter final : public HookedIf<T> {
     if (skips_) r.read(skipped_);
   }
   std::uint64_t skipped_elements() const override { return skipped_.skipped; }
+  std::optional<std::uint64_t> input_taken() const override { return call_count(pred_); }
+  void restore_input_taken(std::optional<std::uint64_t> taken) override { restore_call_count(pred_, taken); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 

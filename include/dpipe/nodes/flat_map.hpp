@@ -142,6 +142,8 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
     if (skips_) r.read(skipped_);
   }
   std::uint64_t skipped_elements() const override { return skipped_.skipped; }
+  std::optional<std::uint64_t> input_taken() const override { return call_count(fn_); }
+  void restore_input_taken(std::optional<std::uint64_t> taken) override { restore_call_count(fn_, taken); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:
