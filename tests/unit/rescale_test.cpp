@@ -787,6 +787,21 @@ std::uint64_t garble_section(const std::string& path, std::uint32_t id) {
   return length;
 }
 
+/// A predicate that counts its calls as a Python callable does (kit/call_count.hpp): its filter saves the count.
+struct CountingKeep {
+  mutable std::uint64_t calls = 0;
+  bool counted_from_resume = false;
+  bool operator()(I64 x) const { return ++calls, x % 7 != 0; }
+};
+
+/// Whether any record of `s` holds an input count.
+bool holds_input_count(const Snapshot& s) {
+  for (const auto& st : s.states)
+    for (const auto& f : st.fields)
+      if (f.name == kInputTakenField) return true;
+  return false;
+}
+
 TEST(SnapshotSetFiles, ARescaleThroughADirectoryGivesWhatRescalingTheSetGives) {
   const auto sampled = range(0, 3000) | sampler({.shuffle = SamplerShuffle::global});
   // Shuffle buffers of 60 (stored apart in the state index) and of 3 (inline), batches, queues; a
@@ -796,6 +811,8 @@ TEST(SnapshotSetFiles, ARescaleThroughADirectoryGivesWhatRescalingTheSetGives) {
       {"shuffle(3) → batch(5)", sampled | shuffle({.buffer = 3}) | batch({.size = 5})},
       {"dispatch → shuffle(40) → batch(3)", sampled | dispatch() | shuffle({.buffer = 40}) | batch({.size = 3})},
       {"merge → shuffle(70) → batch(2)", sampled | prefetch({.depth = 3}) | merge() | shuffle({.buffer = 70}) | batch({.size = 2})},
+      // A filter whose records hold its input count, which the index leaves out and every rescale drops.
+      {"counting filter → batch(4)", sampled | filter(CountingKeep{}) | batch({.size = 4})},
   };
   for (const auto& [what, p] : pipelines) {
     SCOPED_TRACE(what);
@@ -804,6 +821,9 @@ TEST(SnapshotSetFiles, ARescaleThroughADirectoryGivesWhatRescalingTheSetGives) {
     write_set(p, dir, 4, 2, 9, [](int) { return 50; });
     ASSERT_FALSE(fs::exists(fs::path(dir) / kIndex));  // left to the first rescale, which writes it
     const SnapshotSet whole = SnapshotSet::read_dir(dir);
+    const bool counts = what.starts_with("counting");
+    EXPECT_EQ(holds_input_count(whole.rank(0)), counts);
+    EXPECT_FALSE(holds_input_count(whole.rescaled(3, 2).rank(0)));
     // Through the set index, then (index and manifest removed: the set is listed) through every rank's
     // state index.
     for (const bool index : {true, false}) {
@@ -818,6 +838,12 @@ TEST(SnapshotSetFiles, ARescaleThroughADirectoryGivesWhatRescalingTheSetGives) {
         for (int r = 0; r < world; ++r)
           EXPECT_EQ(SnapshotSet::read_rank(dir, Layout{r, world, workers}, true).to_bytes(), expected.rank(r).to_bytes())
               << "rank " << r << " of " << world << " x " << workers << (index ? " through the index" : "");
+        // The rescaled records resume (each filter counting from the resume, as none has a count).
+        if (counts && world == 3) {
+          Engine e;
+          auto resumed = e.resume(p, SnapshotSet::read_rank(dir, Layout{1, 3, 2}, true), at(1, 3, 2));
+          EXPECT_FALSE(testing::drain(resumed).empty());
+        }
       }
     }
   }

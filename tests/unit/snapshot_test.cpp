@@ -417,7 +417,7 @@ TEST(Replay, AReplayPastSeveralDigestStepsResumesExactly) {
 // fails on by that count: the node keeps the count in its record (`input_taken`), so the index runs on
 // across a resume; a record without it (an older file, a rescaled set) starts the count at the resume.
 struct CountingFn {
-  std::int64_t fail_at = 15000;
+  std::int64_t fail_at = 150000;
   mutable std::uint64_t calls = 0;
   bool counted_from_resume = false;
   void check(std::int64_t x) const {
@@ -438,9 +438,9 @@ struct CountingRoute : CountingFn {
 
 TEST(InputCount, ANodeCallingACountingFunctionSavesItsCountAndTheIndexRunsOnAcrossAResume) {
   const std::vector<std::pair<std::string, Pipeline<std::int64_t>>> pipelines = {
-      {"filter", range(0, 20000) | filter(CountingPredicate{})},
-      {"flat_map", range(0, 20000) | flat_map(CountingExpansion{})},
-      {"demux", (range(0, 20000) | demux<1>(CountingRoute{}))[0]},
+      {"filter", range(0, 200000) | filter(CountingPredicate{})},
+      {"flat_map", range(0, 200000) | flat_map(CountingExpansion{})},
+      {"demux", (range(0, 200000) | demux<1>(CountingRoute{}))[0]},
   };
   const auto failure = [](auto&& f) -> std::string {
     try {
@@ -458,7 +458,8 @@ TEST(InputCount, ANodeCallingACountingFunctionSavesItsCountAndTheIndexRunsOnAcro
       Engine e;
       auto run = e.start(p, o);
       drain(run, 300);
-      const Snapshot snap = Snapshot::from_bytes(run.snapshot().to_bytes());
+      // The settled snapshot: on the engine's threads, where the node is depends on the consumer only.
+      const Snapshot snap = Snapshot::from_bytes(run.reproducible_snapshot().to_bytes());
       // Mid-stream: the node has taken some of its input, not yet the failing element.
       const NodeState* record = nullptr;
       for (const auto& st : snap.states)
@@ -471,16 +472,16 @@ TEST(InputCount, ANodeCallingACountingFunctionSavesItsCountAndTheIndexRunsOnAcro
       ASSERT_NE(taken, nullptr);
       EXPECT_EQ(taken->type, FieldType::u64);
       EXPECT_GE(taken->u, kind == "flat_map" ? 150u : 200u);  // a filter drops a third; flat_map doubles
-      EXPECT_LT(taken->u, 15000u);
-      // Uninterrupted and resumed, the failure names element 15000 of the node's input.
-      EXPECT_NE(failure([&] { auto whole = e.start(p, o); drain(whole); }).find("fails on element 15000 from the start"), std::string::npos);
-      EXPECT_NE(failure([&] { auto resumed = e.resume(p, snap, o); drain(resumed); }).find("fails on element 15000 from the start"),
+      EXPECT_LT(taken->u, 150000u);
+      // Uninterrupted and resumed, the failure names element 150000 of the node's input.
+      EXPECT_NE(failure([&] { auto whole = e.start(p, o); drain(whole); }).find("fails on element 150000 from the start"), std::string::npos);
+      EXPECT_NE(failure([&] { auto resumed = e.resume(p, snap, o); drain(resumed); }).find("fails on element 150000 from the start"),
                 std::string::npos);
       // Without the count (a file of format 5, a rescaled set) the node counts from the resume, and says so.
       Snapshot without = snap;
       for (auto& st : without.states) std::erase_if(st.fields, [](const Field& f) { return f.name == kInputTakenField; });
       EXPECT_NE(failure([&] { auto resumed = e.resume(p, without, o); drain(resumed); })
-                    .find("fails on element " + std::to_string(15000 - taken->u) + " from the resume"),
+                    .find("fails on element " + std::to_string(150000 - taken->u) + " from the resume"),
                 std::string::npos);
     }
   }
