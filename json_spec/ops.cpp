@@ -175,7 +175,14 @@ std::string spec_ops_markdown() {
            " State: ";
     std::string state;
     for (const auto& f : op["state"]) state += (state.empty() ? "" : ", ") + ("`" + f.get<std::string>() + "`");
-    out += (state.empty() ? std::string("none") : state) + ". Length: " +
+    out += (state.empty() ? std::string("none") : state) + ".";
+    // A node calling a Python callable on each element keeps its input count (IterBase::input_taken).
+    const bool takes_fn = std::any_of(op["params"].begin(), op["params"].end(),
+                                      [](const auto& p) { return p["name"] == "fn" && p["type"] == "function"; });
+    if (takes_fn && !op["source"].get<bool>())
+      out += " With a Python callable, also `input_taken` (the elements of its input it has taken, which its "
+             "failures count in; a rescale drops it).";
+    out += std::string(" Length: ") +
            (op["length"].get<bool>() ? "known" : "unknown (`len(loader)` raises naming it)") + ".\n\n";
   }
   return out;
