@@ -427,10 +427,19 @@ void check_records(const Snapshot& s) {
       if (st.fields.size() > own && !st.fields[own].name.starts_with("deferred_"))
         fail(who + " is stateless but has a field '" + st.fields[own].name.substr(0, 64) + "'");
     }
-    for (const Field& f : st.fields)
-      if (f.name == kInputTakenField && (f.type != FieldType::u64 || s.meta.format_version < 6))
+    // The input count, once, after the node's own fields: only a held failure's may follow it.
+    for (std::size_t k = 0; k < st.fields.size(); ++k) {
+      const Field& f = st.fields[k];
+      if (f.name != kInputTakenField) continue;
+      if (f.type != FieldType::u64 || s.meta.format_version < 6)
         fail(who + " has a field '" + std::string(kInputTakenField) + "' " +
              (f.type != FieldType::u64 ? "that is not a u64" : "in a file of version " + std::to_string(s.meta.format_version) + " (6 on)"));
+      if (k + 1 < st.fields.size() && !st.fields[k + 1].name.starts_with("deferred_"))
+        fail(who + " has a field '" + st.fields[k + 1].name.substr(0, 64) + "' after its '" + std::string(kInputTakenField) +
+             "', where only a held failure's may follow");
+      if (k > 0 && st.fields[k - 1].name.starts_with("deferred_"))
+        fail(who + " has its '" + std::string(kInputTakenField) + "' after a held failure's fields, not before them");
+    }
     if (const auto k = kinds.find(st.key); k != kinds.end() && k->second != st.kind)
       fail(who + " is a " + st.kind.substr(0, 64) + ", its graph node a " + std::string(k->second));
     if (st.mode == StateMode::replay && s.meta.format_version >= 5) check_replay_record(st, who, fail);

@@ -390,7 +390,7 @@ struct PyCallable {
   bool fused = false;        // adjacent stages fused by the Python package: returns an iterable of outputs
 
   /// Elements of the node's input this copy was called on (one copy per node instance), counted from the
-  /// run's start: a node saves the count with its record and gives it back at restore (kit/call_count.hpp);
+  /// start of its input (the run's; under `cycle`, the pass's): a node saves the count with its record and gives it back at restore (kit/call_count.hpp);
   /// `counted_from_resume` when the record had none (a file before format 6, a rescaled set).
   mutable std::uint64_t calls = 0;
   bool counted_from_resume = false;
@@ -400,14 +400,14 @@ struct PyCallable {
   /// count of calls).
   template <class In>
   py::object call(In&& x, std::optional<std::uint64_t> at = std::nullopt) const {
+    const std::uint64_t index = at ? *at : calls++;  // counted before converting, which may throw
     const py::object arg = Convert{.bytes = input_bytes, .tuple_row = input_tuple}.element(std::forward<In>(x));
-    const std::uint64_t index = at ? *at : calls++;
     PyObject* r = PyObject_CallOneArg(fn->p, arg.ptr());
     if (!r) {
       py::error_already_set e;
       rethrow_python(e, " (raised by " + label + " on element " + std::to_string(index) + " of its input on this instance, " +
                             (counted_from_resume ? "counted from the resume (the snapshot resumed did not record the count)"
-                                                 : "counted from the run's start") +
+                                                 : "counted from the start of its input") +
                             ": " + short_repr(arg) + ")");
     }
     return py::reinterpret_steal<py::object>(r);
@@ -436,8 +436,9 @@ class PyMapInput {
   virtual std::size_t pull(std::size_t max) = 0;
   /// Under the GIL: the callable's result for pulled element `i` (each element once).
   virtual py::object call(std::size_t i) = 0;
-  /// Elements pulled since the run started (every one called on when the node is between pulls).
-  virtual std::uint64_t taken() const = 0;
+  /// Elements pulled since the node was first built (every one called on when the node is between pulls);
+  /// nullopt when the count started at a resume that did not give it back.
+  virtual std::optional<std::uint64_t> taken() const = 0;
   /// At restore: the saved count, or nullopt (the count starts at the resume; messages say so).
   virtual void restore_taken(std::optional<std::uint64_t> taken) = 0;
   virtual IterBase* iter() const = 0;
@@ -456,7 +457,10 @@ class TypedMapInput final : public PyMapInput {
     return n;
   }
   py::object call(std::size_t i) override { return fn_.call(std::move(chunk_[i]), base_ + i); }
-  std::uint64_t taken() const override { return pulled_; }
+  std::optional<std::uint64_t> taken() const override {
+    if (fn_.counted_from_resume) return std::nullopt;
+    return pulled_;
+  }
   void restore_taken(std::optional<std::uint64_t> taken) override {
     pulled_ = base_ = taken.value_or(0);
     fn_.counted_from_resume = !taken;
@@ -468,7 +472,7 @@ class TypedMapInput final : public PyMapInput {
   std::unique_ptr<Iter<In>> input_;
   PyCallable fn_;  // a copy per worker
   std::vector<In> chunk_;
-  std::uint64_t pulled_ = 0, base_ = 0;  // elements pulled since the run started; before this chunk
+  std::uint64_t pulled_ = 0, base_ = 0;  // elements pulled since the node was first built; before this chunk
 };
 
 /// Instantiates a map's input (a NodeDef<In>) on one instance, behind PyMapInput.
@@ -515,6 +519,7 @@ class PyMapIter final : public HookedIf<Out> {
   }
   std::uint64_t skipped_elements() const override { return skipped_.skipped; }
   std::optional<std::uint64_t> input_taken() const override { return input_->taken(); }
+  bool counts_input() const override { return true; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { input_->restore_taken(taken); }
   std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
@@ -582,6 +587,7 @@ class PyParallelMapIter final : public Stateless<Out> {
     return detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
   }
   std::optional<std::uint64_t> input_taken() const override { return input_->taken(); }
+  bool counts_input() const override { return true; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { input_->restore_taken(taken); }
   std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
   std::size_t min_useful_pull() const override { return window_; }
@@ -684,6 +690,7 @@ class PyFlatChainIter final : public Hooked<Out> {
     next_ = 0;
   }
   std::optional<std::uint64_t> input_taken() const override { return input_->taken(); }
+  bool counts_input() const override { return true; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { input_->restore_taken(taken); }
   std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }

@@ -261,11 +261,16 @@ def check_input_taken(s, version):
     `input_taken` after its own fields (version 6 on); a stateless record has no other field of its own
     (only a held failure's three after it)."""
     names = [f["name"] for f in s["fields"]]
-    if INPUT_TAKEN in names:
-        f = s["fields"][names.index(INPUT_TAKEN)]
+    for k, name in enumerate(names):
+        if name != INPUT_TAKEN:
+            continue
+        f = s["fields"][k]
         if version < 6 or f["type"] != "u64":
             raise FormatError(f"record of {s['key']!r}: a field {INPUT_TAKEN!r} of type {f['type']} in a version "
                               f"{version} file (a u64, version 6 on)")
+        if any(not later.startswith("deferred_") for later in names[k + 1:]) \
+                or any(earlier.startswith("deferred_") for earlier in names[:k]):
+            raise FormatError(f"record of {s['key']!r}: fields after its {INPUT_TAKEN!r} other than a held failure's, or a held failure's before it")
     if s["mode"] == "stateless":
         own = [n for n in names if n != INPUT_TAKEN and not n.startswith("deferred_")]
         if own:

@@ -4,6 +4,7 @@ with their data (data_root=, file_digest=)."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import traceback
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import dpipe
-from conftest import SOURCE_ROOT
+from conftest import BUILD_ROOT, SOURCE_ROOT, plain
 
 
 def explode_at(x):
@@ -30,7 +31,7 @@ def test_a_node_error_names_the_callable_and_the_element_and_keeps_the_traceback
         assert got == list(range(7))
         message = str(err.value)
         assert f"{__name__}.explode_at" in message and "on element 7 of its input" in message
-        assert message.endswith("counted from the run's start: 7)"), message  # the element itself, as repr() shows it
+        assert message.endswith("counted from the start of its input: 7)"), message  # the element itself, as repr() shows it
         cause = err.value.__cause__
         assert isinstance(cause, ValueError)
         frames = traceback.extract_tb(cause.__traceback__)
@@ -58,22 +59,24 @@ def input_counts(state):
 
 
 @pytest.mark.parametrize("stage, kind", [
-    (lambda: dpipe.map(explode_at_60000), "map"),
-    (lambda: dpipe.filter(lambda x: explode_at_60000(x) >= 0), "filter"),
-    (lambda: dpipe.flat_map(lambda x: [explode_at_60000(x)]), "flat_map"),
-    (lambda: dpipe.parallel_map(explode_at_60000, max_in_flight=4), "parallel_map"),
-    (lambda: dpipe.map(double_of) | dpipe.map(halve_and_explode_at_60000), "flat_map"),  # fused into one node
+    (lambda p: p | dpipe.map(explode_at_60000), "map"),
+    (lambda p: p | dpipe.filter(lambda x: explode_at_60000(x) >= 0), "filter"),
+    (lambda p: p | dpipe.flat_map(lambda x: [explode_at_60000(x)]), "flat_map"),
+    (lambda p: p | dpipe.parallel_map(explode_at_60000, max_in_flight=4), "parallel_map"),
+    (lambda p: p | dpipe.map(double_of) | dpipe.map(halve_and_explode_at_60000), "flat_map"),  # fused into one node
+    (lambda p: p.demux(1, lambda x: explode_at_60000(x) * 0)[0], "demux"),
 ])
 def test_the_element_index_of_a_failure_runs_on_across_a_resume_and_restarts_at_a_rescale(stage, kind):
     """A node calling a Python callable saves how many elements of its input it has taken, so a failure after
-    a resume names the element's index from the run's start; a rescale drops the count (no instance of
-    another layout had that input), and the message then says it counts from the resume."""
+    a resume names the element's index from the start of its input; a rescale drops the count (no instance of
+    another layout had that input), and the message then says it counts from the resume; a snapshot of such
+    a run saves no count, so the resume after it says so too."""
     # On the engine's threads the settled snapshot finds the node some 25,000 elements ahead of the consumer.
     def pipeline():  # sampler: a rescalable source
-        return dpipe.range(0, 120000) | dpipe.sampler(shuffle="none") | stage()
+        return stage(dpipe.range(0, 120000) | dpipe.sampler(shuffle="none"))
     for inline in (True, False):
         whole = dpipe.Loader(pipeline(), inline_workers=inline)
-        with pytest.raises(dpipe.NodeError, match=r"on element 60000 of its input on this instance, counted from the run's start: 60000\)"):
+        with pytest.raises(dpipe.NodeError, match=r"on element 60000 of its input on this instance, counted from the start of its input: 60000\)"):
             list(whole)
         loader = dpipe.Loader(pipeline(), inline_workers=inline)
         it = iter(loader)
@@ -85,8 +88,10 @@ def test_the_element_index_of_a_failure_runs_on_across_a_resume_and_restarts_at_
         assert 100 <= counts[kind][0] < 60000  # mid-stream: taken, not yet at the failing element
         resumed = dpipe.Loader(pipeline(), inline_workers=inline)
         resumed.load_state_dict(state)
-        with pytest.raises(dpipe.NodeError, match=r"on element 60000 of its input on this instance, counted from the run's start: 60000\)"):
+        with pytest.raises(dpipe.NodeError, match=r"on element 60000 of its input on this instance, counted from the start of its input: 60000\)"):
             list(resumed)
+        if kind == "demux":
+            continue  # a demux does not rescale
         rescaled = dpipe.rescale([state], world_size=1, workers=1)[0]
         assert input_counts(rescaled) == {}
         again = dpipe.Loader(pipeline(), inline_workers=inline)
@@ -95,6 +100,18 @@ def test_the_element_index_of_a_failure_runs_on_across_a_resume_and_restarts_at_
         with pytest.raises(dpipe.NodeError, match=rf"on element {expected} of its input on this instance, counted from the "
                                                   r"resume \(the snapshot resumed did not record the count\): 60000\)"):
             list(again)
+        # A run resumed without a count saves none: the next resume counts from itself, and says so.
+        counting = dpipe.Loader(pipeline(), inline_workers=inline)
+        counting.load_state_dict(rescaled)
+        it = iter(counting)
+        assert [next(it) for _ in range(50)] == list(range(100, 150))  # every stage passes its element on
+        later = counting.state_dict()
+        assert input_counts(later) == {}
+        last = dpipe.Loader(pipeline(), inline_workers=inline)
+        last.load_state_dict(later)
+        with pytest.raises(dpipe.NodeError, match=r"on element \d+ of its input on this instance, counted from the "
+                                                  r"resume \(the snapshot resumed did not record the count\): 60000\)"):
+            list(last)
 
 
 def test_the_element_index_counts_the_input_of_the_nodes_own_worker():
@@ -109,9 +126,33 @@ def test_the_element_index_counts_the_input_of_the_nodes_own_worker():
     assert all(100 <= n < 30000 for n in input_counts(state)["map"]), input_counts(state)
     resumed = dpipe.Loader(pipeline(), workers=2)
     resumed.load_state_dict(state)
-    with pytest.raises(dpipe.NodeError, match=r"on element 30000 of its input on this instance, counted from the run's start") as err:
+    with pytest.raises(dpipe.NodeError, match=r"on element 30000 of its input on this instance, counted from the start of its input") as err:
         list(resumed)
     assert err.value.worker == 0
+
+
+def test_a_skipping_map_keeps_its_skip_count_and_its_input_count_and_resumes_exactly():
+    def fails_on_thousands(x):
+        if x % 1000 == 999:
+            raise ValueError(x)
+        return x
+    def pipeline():
+        return dpipe.range(0, 5000) | dpipe.map(fails_on_thousands, on_error="skip") | dpipe.batch(size=10)
+    whole = [plain(b) for b in dpipe.Loader(pipeline(), inline_workers=True)]
+    loader = dpipe.Loader(pipeline(), inline_workers=True)
+    it = iter(loader)
+    head = [plain(next(it)) for _ in range(150)]  # past elements 999 and 1999 (inline: pulls of 128)
+    state = loader.state_dict()
+    sys.path.insert(0, str(SOURCE_ROOT / "tests" / "integration"))
+    import snapshot_reader
+    record = next(r for r in snapshot_reader.read_snapshot(state["dpipe_snapshot"])["states"] if r["kind"] == "map")
+    fields = {f["name"]: f["value"] for f in record["fields"]}
+    assert record["mode"] == "hook" and list(fields) == ["skipped", "input_taken"], record
+    assert fields["skipped"] == 1 and 1500 <= fields["input_taken"] < 2000, fields
+    resumed = dpipe.Loader(pipeline(), inline_workers=True)
+    resumed.load_state_dict(state)
+    assert head + [plain(b) for b in resumed] == whole
+    assert sum(len(b) for b in whole) == 5000 - 5
 
 
 def test_a_python_made_state_of_format_6_resumes_with_its_nodes_input_counts():
@@ -121,11 +162,15 @@ def test_a_python_made_state_of_format_6_resumes_with_its_nodes_input_counts():
     data = (directory / "python-map.dpipe").read_bytes()
     expected = json.loads((directory / "python-map.expected.json").read_text())
     assert input_counts({"dpipe_snapshot": data}) == {"map": [8 * expected["take"]]}
+    shown = json.loads(subprocess.run([str(BUILD_ROOT / "tools" / "dpipe"), "snapshot", "show", str(directory / "python-map.dpipe")],
+                                      capture_output=True, text=True, check=True).stdout)
+    record = next(r for r in shown["states"] if r["kind"] == "map")
+    assert record["mode"] == "stateless" and record["fields"]["input_taken"] == 80, record
     loader = python_fixture.loader()
     loader.load_state_dict({"dpipe_snapshot": data})
     rest, failure = python_fixture.rest_and_failure(iter(loader))
     assert rest == expected["rest"] and len(rest) > 100
-    assert failure == expected["failure"] and "on element 1500 of its input on this instance, counted from the run's start" in failure
+    assert failure == expected["failure"] and "on element 1500 of its input on this instance, counted from the start of its input" in failure
 
 
 def double_of(x):

@@ -305,10 +305,13 @@ class IterBase {
   }
 
   /// A node that names an element by its index in its input (one calling a Python callable) counts the
-  /// elements it has taken from its input since the run started: saved after its own fields as the record's
-  /// `input_taken` (format 6 on) and given back at restore, so the index runs on across a resume. nullopt
-  /// for every other node.
+  /// elements it has taken from its input since it was first built (the run's start; under `cycle`, the
+  /// pass's): saved after its own fields as the record's `input_taken` (format 6 on) and given back at
+  /// restore, so the index runs on across a resume. nullopt for every other node, and for a counting node
+  /// whose count started at a resume that did not give it one (so no later snapshot passes it off as whole).
   virtual std::optional<std::uint64_t> input_taken() const { return std::nullopt; }
+  /// Whether this node counts its input (it then accepts `input_taken` at restore).
+  virtual bool counts_input() const { return false; }
   /// At restore, for a node that counts: the saved count, or nullopt when its record has none (a file of
   /// format 5 or before, a set rescaled to another layout): it then counts from the resume, and says so.
   virtual void restore_input_taken(std::optional<std::uint64_t> taken) { (void)taken; }
@@ -342,7 +345,7 @@ class IterBase {
     restore_state(r);
     std::optional<std::uint64_t> taken;
     if (r.next_is(kInputTakenField)) {
-      if (!input_taken()) r.fail("it has a field '" + std::string(kInputTakenField) + "', which this node does not keep");
+      if (!counts_input()) r.fail("it has a field '" + std::string(kInputTakenField) + "', which this node does not keep");
       r(kInputTakenField, taken.emplace());
     }
     restore_input_taken(taken);

@@ -165,6 +165,10 @@ class SplitIter final : public Hooked<Out> {
     if constexpr (requires { core_->route().fn; }) return call_count(std::as_const(*core_).route().fn);
     else return std::nullopt;
   }
+  bool counts_input() const override {
+    if constexpr (requires { core_->route().fn; }) return CountsCalls<decltype(core_->route().fn)>;
+    else return false;
+  }
   void restore_input_taken(std::optional<std::uint64_t> taken) override {
     if constexpr (requires { core_->route().fn; }) restore_call_count(core_->route().fn, taken);
   }

@@ -72,6 +72,7 @@ class FilterIter final : public HookedIf<T> {
   }
   std::uint64_t skipped_elements() const override { return skipped_.skipped; }
   std::optional<std::uint64_t> input_taken() const override { return call_count(pred_); }
+  bool counts_input() const override { return CountsCalls<Pred>; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { restore_call_count(pred_, taken); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }

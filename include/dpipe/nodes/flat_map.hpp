@@ -143,6 +143,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
   }
   std::uint64_t skipped_elements() const override { return skipped_.skipped; }
   std::optional<std::uint64_t> input_taken() const override { return call_count(fn_); }
+  bool counts_input() const override { return CountsCalls<Fn>; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { restore_call_count(fn_, taken); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
