@@ -29,7 +29,7 @@ inline constexpr std::size_t replay_steps_for(std::uint64_t count) {
 }
 
 /// The field a node that names elements by their index in its input saves after its own (format 6 on):
-/// how many elements it has taken from its input since the run started (IterBase::input_taken). A
+/// how many elements it has taken from its input since it was first built (IterBase::input_taken). A
 /// rescale drops it, since no instance of another layout has that input.
 inline constexpr const char* kInputTakenField = "input_taken";
 

@@ -390,8 +390,9 @@ struct PyCallable {
   bool fused = false;        // adjacent stages fused by the Python package: returns an iterable of outputs
 
   /// Elements of the node's input this copy was called on (one copy per node instance), counted from the
-  /// start of its input (the run's; under `cycle`, the pass's): a node saves the count with its record and gives it back at restore (kit/call_count.hpp);
-  /// `counted_from_resume` when the record had none (a file before format 6, a rescaled set).
+  /// start of its input (the run's; under `cycle`, the pass's). A node saves the count with its record and
+  /// gives it back at restore (kit/call_count.hpp); `counted_from_resume` when the record had none (a file
+  /// before format 6, a rescaled set).
   mutable std::uint64_t calls = 0;
   bool counted_from_resume = false;
 

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "dpipe/detail/fifo.hpp"
-#include "dpipe/kit/call_count.hpp"
 #include "dpipe/detail/run_shared.hpp"
+#include "dpipe/kit/call_count.hpp"
 #include "dpipe/pipeline.hpp"
 
 namespace dpipe {
