@@ -16,6 +16,7 @@
 /// rank's state index, loading only the element lists it deals (read_rank, rescale_dir).
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,6 +51,11 @@ class SnapshotSet {
   /// The write that completes the set writes its manifest; every write first removes the manifest
   /// (docs/snapshot-format.md, "Snapshot sets").
   static void write_rank(const std::string& dir, const Snapshot& s);
+  /// write_rank on a background thread: the caller pays the capture only (take the snapshot, move it in);
+  /// the encoding, write, fsync and rename happen on one writer thread per process, in the order the
+  /// writes were submitted. The future holds the write's error, if any. A crash mid-write leaves the last
+  /// complete file, as write_rank does; writes still queued when the process exits normally are finished.
+  static std::future<void> write_rank_async(std::string dir, Snapshot s);
   /// Reads every rank's file of `dir`; refuses a missing, extra or inconsistent rank, naming it.
   static SnapshotSet read_dir(const std::string& dir);
   /// Rank `to.rank`'s snapshot of the set in `dir`, for a run of layout `to`. On the set's own layout it

@@ -9,7 +9,7 @@
 Every node function takes the spec's parameters as keyword arguments (docs/python.md)."""
 
 from . import _dpipe
-from ._dpipe import ConfigError, DataError, Error, FileError, NodeError, SnapshotError, write_records
+from ._dpipe import ConfigError, DataError, Error, FileError, NodeError, PendingSave, SnapshotError, write_records
 from ._loader import rescale
 from ._nodes import NODE_FUNCTIONS as _NODE_FUNCTIONS
 from ._nodes import Pipeline, from_spec
@@ -20,7 +20,7 @@ SNAPSHOT_FORMAT_VERSION = _dpipe.snapshot_format_version()
 __version__ = _dpipe.__version__  # the C++ library's version: both come from one build
 
 __all__ = ["Pipeline", "from_spec", "Loader", "rescale", "Error", "ConfigError", "SnapshotError", "DataError",
-           "FileError", "NodeError", "SNAPSHOT_FORMAT_VERSION", "write_records"] + sorted(_NODE_FUNCTIONS)
+           "FileError", "NodeError", "PendingSave", "SNAPSHOT_FORMAT_VERSION", "write_records"] + sorted(_NODE_FUNCTIONS)
 
 _loader_class = None
 

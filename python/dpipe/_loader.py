@@ -1,6 +1,7 @@
 """Loader: runs a pipeline for a training loop, on dpipe's own engine threads, and saves and restores
 its exact position with the StatefulDataLoader protocol (state_dict / load_state_dict)."""
 
+import atexit
 import collections
 import itertools
 import json
@@ -11,6 +12,10 @@ from . import _dpipe
 from . import _fuse
 from . import _nodes
 from ._nodes import Pipeline, from_spec
+
+# Before the interpreter finalizes, every live run stops and joins its workers: a worker computing ahead
+# in a Python callable would otherwise ask for the GIL during finalization, which ends its thread by force.
+atexit.register(_dpipe.stop_all_loops)
 
 STATE_KEY = "dpipe_snapshot"
 CARRY_KEY = "carried"  # equal_steps: elements a pass cut off, delivered first by the next
@@ -153,6 +158,7 @@ class LoaderBase:
         self._carry = collections.deque()  # the elements carried over, as Python values
         self._loop = None       # the run the last iterator drew from
         self._restored = None   # a run restored by load_state_dict, not iterated yet
+        self._pending_save = None  # the last save() (its write may be under way)
 
     # ---- the layout and the epoch ----
     @property
@@ -275,33 +281,71 @@ class LoaderBase:
             yield x
 
     # ---- the StatefulDataLoader protocol ----
-    def state_dict(self, step=None):
+    def state_dict(self, step=None, reproducible=False):
         """The position after the last element delivered, as plain Python values (pickle and torch.save
-        keep it): the snapshot's bytes and what they hold, readable. A reproducible snapshot: rescaling
-        the states of every rank (dpipe.rescale) gives the same streams on every run (inline, a state
-        taken after a Ctrl-C holds fewer elements computed ahead: exact, other bytes)."""
-        loop = self._restored or self._loop
-        if loop is None:
-            loop = self._restored = self._start(None)
-        # Threaded, the state is brought to a point that timing does not decide; inline, it is one already.
-        data, out = loop.snapshot(not self._options.inline_workers, step)
+        keep it): the snapshot's bytes and what they hold, readable. Exact: a resume on the same layout
+        delivers what this run would have delivered next, and dpipe.rescale of every rank's states
+        delivers each element once. The pause is one chunk of work under way at most: the workers keep
+        what they computed ahead, in the state. `reproducible=True` first brings every worker to a point
+        that timing does not decide (its queue filled to a fixed depth, which costs that many elements'
+        work on this thread), so that rescaled states give the same streams on every run; inline, a state
+        is one already (after a Ctrl-C it holds fewer elements computed ahead: exact, other bytes)."""
+        loop = self._live_loop()
+        data, out = loop.snapshot(bool(reproducible) and not self._options.inline_workers, step)
         out[STATE_KEY] = data
         out["element_type"] = self.element_type
         if self._carry:  # equal_steps' elements held for the next pass, as the Python values they are
             out[CARRY_KEY] = list(self._carry)
         return out
 
+    def save(self, directory, step=None):
+        """Writes this rank's file of the snapshot set in `directory` (created if needed;
+        rank-R-of-W.wK[.sS].TAG.dpipe, as C++'s SnapshotSet::write_rank) on a background thread: this call
+        takes the exact state (as state_dict() does) and returns a dpipe.PendingSave at once; the encoding,
+        write, fsync and rename happen meanwhile, one write after another in the order they were asked
+        for. `wait()` on it raises the write's error; a failed earlier save raises at the next save().
+        A crash mid-write leaves the last complete file. Resume with load(directory)."""
+        if self._carry:
+            raise _dpipe.ConfigError("save(): this loader carries elements equal_steps cut off, which a set file "
+                                     "does not hold; use state_dict()")
+        previous, self._pending_save = self._pending_save, None
+        if previous is not None and previous.done():
+            previous.wait()  # raises what it failed with
+        self._pending_save = self._live_loop().save(os.fspath(directory), step)
+        return self._pending_save
+
+    def load(self, directory, rescale=False):
+        """Continue from this rank's file of the snapshot set in `directory` (written by save(), by
+        SnapshotSet::write_rank or the tool's --snapshot-dir) on the next iter(). On the set's own layout
+        only this rank's file is read; a set of another world size or worker count is refused unless
+        `rescale=True`, which reads the set's index and only the elements dealt to this rank."""
+        data = _dpipe.read_rank(os.fspath(directory), self.rank, self.world_size, self.workers, bool(rescale))
+        self._load_bytes(data)
+        self._carry = collections.deque()
+
+    def _live_loop(self):
+        loop = self._restored or self._loop
+        if loop is None:
+            loop = self._restored = self._start(None)
+        return loop
+
     def load_state_dict(self, state):
         """Continue at the element after the one where `state` was taken, on the next iter(). The state
         is checked now: another pipeline, seed, epoch or layout raises dpipe.SnapshotError, saying what
         differs."""
-        data = _snapshot_bytes(state)
-        self._options.epoch = int(_dpipe.describe(data)["epoch"])
-        restored = self._start(data)
+        self._load_bytes(_snapshot_bytes(state))
+        self._carry = collections.deque(state.get(CARRY_KEY, ()))
+
+    def _load_bytes(self, data):
+        epoch, self._options.epoch = self._options.epoch, int(_dpipe.describe(data)["epoch"])
+        try:
+            restored = self._start(data)
+        except BaseException:
+            self._options.epoch = epoch  # a refused state leaves the loader as it was
+            raise
         self._retire(self._restored, "load_state_dict() replaced it before it was iterated")
         self._retire(self._loop, "load_state_dict() loaded another position")
         self._loop, self._restored = None, restored
-        self._carry = collections.deque(state.get(CARRY_KEY, ()))
 
 
 def _snapshot_bytes(state):

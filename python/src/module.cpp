@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <optional>
 #include <set>
@@ -1020,14 +1022,32 @@ class Computing {
 };
 }  // namespace interrupts
 
+class Loop;
+/// Every Loop alive in this process: the interpreter's exit stops them first (stop_all_loops).
+std::mutex live_loops_mu;
+std::set<Loop*> live_loops;
+
 class Loop {
  public:
-  virtual ~Loop() = default;
+  Loop() {
+    const std::lock_guard lock(live_loops_mu);
+    live_loops.insert(this);
+  }
+  virtual ~Loop() {
+    const std::lock_guard lock(live_loops_mu);
+    live_loops.erase(this);
+  }
+  Loop(const Loop&) = delete;
+  Loop& operator=(const Loop&) = delete;
   /// The next element, or nullopt at the end. Waits without the GIL.
   virtual std::optional<py::object> next() = 0;
   /// The state after the last element delivered: (snapshot bytes, what they hold as a dict).
   virtual py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                              std::map<std::string, std::string> metadata) = 0;
+  /// Takes the exact snapshot after the last element delivered and writes it as this rank's file of the
+  /// set in `dir` on the background writer (SnapshotSet::write_rank_async): the caller pays the capture.
+  virtual std::shared_future<void> save(const std::string& dir, std::optional<std::uint64_t> step,
+                                        std::map<std::string, std::string> metadata) = 0;
   virtual std::uint64_t delivered() const = 0;
   virtual std::vector<std::string> warnings() const = 0;
   virtual Layout layout() const = 0;
@@ -1144,6 +1164,12 @@ class TypedLoop final : public Loop {
     run_->recycle(std::move(*s));
     return out;
   }
+  std::shared_future<void> save(const std::string& dir, std::optional<std::uint64_t> step,
+                                std::map<std::string, std::string> metadata) override {
+    const Call call(*this);
+    py::gil_scoped_release nogil;
+    return SnapshotSet::write_rank_async(dir, run_->snapshot(std::move(metadata), step)).share();
+  }
   std::uint64_t delivered() const override {
     check_live();
     return run_->delivered();
@@ -1184,6 +1210,48 @@ class TypedLoop final : public Loop {
   bool warned_empty_ = false;
   std::string bytes_;  // the last snapshot's bytes: its capacity is reused by the next
 };
+
+/// A write of Loop::save under way on the background writer.
+class PendingSave {
+ public:
+  explicit PendingSave(std::shared_future<void> f) : f_(std::move(f)) {}
+  bool done() const { return f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+  /// Waits (without the GIL) up to `timeout` seconds, or for good: whether the write is done; raises
+  /// the write's error.
+  bool wait(std::optional<double> timeout) const {
+    {
+      py::gil_scoped_release nogil;
+      if (!timeout) f_.wait();
+      else if (f_.wait_for(std::chrono::duration<double>(std::max(*timeout, 0.0))) != std::future_status::ready)
+        return false;
+    }
+    f_.get();
+    return true;
+  }
+
+ private:
+  std::shared_future<void> f_;
+};
+
+/// With the GIL, from Python's atexit (before the interpreter finalizes): stops the run of every live
+/// loop and joins its workers. A worker still computing ahead would otherwise ask for the GIL while the
+/// interpreter finalizes, which ends its thread by force inside the engine (an abort: "exception not
+/// rethrown"); loops left to the final collection (a module global, an iterator the script left
+/// behind after a break, an exception, sys.exit) would be destroyed only then.
+void stop_all_loops() {
+  std::vector<Loop*> loops;
+  {
+    const std::lock_guard lock(live_loops_mu);
+    loops.assign(live_loops.begin(), live_loops.end());
+  }
+  for (Loop* l : loops) {
+    {
+      const std::lock_guard lock(live_loops_mu);  // one a stop just destroyed (through Python) is gone
+      if (!live_loops.count(l)) continue;
+    }
+    l->invalidate("this dpipe iterator was stopped: the interpreter is exiting");
+  }
+}
 
 /// A built spec: its pipeline, seed, and how its elements reach Python.
 struct BuiltSpec {
@@ -1346,6 +1414,9 @@ PYBIND11_MODULE(_dpipe, m) {
       })
       .def("snapshot", &Loop::snapshot, py::arg("reproducible") = true, py::arg("step") = py::none(),
            py::arg("metadata") = std::map<std::string, std::string>{})
+      .def("save", [](Loop& l, const std::string& dir, std::optional<std::uint64_t> step,
+                      std::map<std::string, std::string> metadata) { return PendingSave(l.save(dir, step, std::move(metadata))); },
+           py::arg("dir"), py::arg("step") = py::none(), py::arg("metadata") = std::map<std::string, std::string>{})
       .def_property_readonly("delivered", &Loop::delivered)
       .def_property_readonly("warnings", &Loop::warnings)
       .def("skipped", &Loop::skipped)
@@ -1358,6 +1429,28 @@ PYBIND11_MODULE(_dpipe, m) {
   m.def("start", &start, py::arg("spec"), py::arg("options"), py::arg("state") = py::none(),
         py::arg("allow_changed_data") = false, py::arg("overrides") = std::vector<std::string>{},
         "Starts the pipeline, or resumes it from snapshot bytes.");
+  py::class_<PendingSave>(m, "PendingSave", "A Loader.save() under way: its file is written on a background thread.")
+      .def("done", &PendingSave::done, "Whether the write has ended (written, or failed).")
+      .def("wait", &PendingSave::wait, py::arg("timeout") = py::none(),
+           "Waits for the write (up to `timeout` seconds; None: until it ends): True once it is done, False "
+           "if the timeout passed first. Raises the write's error.");
+  m.def(
+      "read_rank",
+      [](const std::string& dir, int rank, int world_size, int workers, bool rescale) {
+        std::string bytes;
+        {
+          py::gil_scoped_release nogil;
+          const dpipe::Layout layout{rank, world_size, workers};
+          dpipe::validate_layout(layout);
+          bytes = dpipe::SnapshotSet::read_rank(dir, layout, rescale).to_bytes();
+        }
+        return py::bytes(bytes);
+      },
+      py::arg("dir"), py::arg("rank"), py::arg("world_size"), py::arg("workers"), py::arg("rescale") = false,
+      "This rank's snapshot bytes of the set in `dir` (SnapshotSet::read_rank): on the set's layout its own "
+      "file only; on another (with rescale) the set's index and the elements dealt to this rank.");
+  m.def("stop_all_loops", &stop_all_loops,
+        "Stops every live loop's run and joins its workers (registered with atexit by the package).");
   m.def("drain", &drain, py::arg("spec"), py::arg("options"), "Runs to the end in C++; returns the element count.");
   m.def("rescale", &rescale, py::arg("ranks"), py::arg("world_size"), py::arg("workers"));
   m.def("describe", [](const std::string& bytes) { return describe(dpipe::Snapshot::from_bytes(bytes)); }, py::arg("snapshot"));

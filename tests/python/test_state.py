@@ -120,14 +120,14 @@ def test_a_state_of_another_pipeline_seed_or_layout_is_refused():
         dpipe.Loader(CANONICAL).load_state_dict({"epoch": 1})
 
 
-def rescaled_run(threads):
+def rescaled_run(threads, reproducible=True):
     """2 ranks × 2 workers take 30 batches each; rescaled to 3 ranks × 1 worker, which run to the end."""
     states, head = [], []
     for rank in range(2):
         loader = dpipe.Loader(RESCALABLE, seed=11, rank=rank, world_size=2, workers=2, threads=threads)
         it = iter(loader)
         head += [plain(next(it)) for _ in range(30)]
-        states.append(pickle.loads(pickle.dumps(loader.state_dict(step=30))))
+        states.append(pickle.loads(pickle.dumps(loader.state_dict(step=30, reproducible=reproducible))))
     new_states = dpipe.rescale(states, world_size=3, workers=1)
     assert [s["rank"] for s in new_states] == [0, 1, 2] and all(s["step"] == 30 for s in new_states)
     tails = []
@@ -144,6 +144,74 @@ def test_rescale_delivers_every_element_once_and_the_same_streams_every_time():
     assert sorted(seen) == list(range(4000))
     head2, tails2 = rescaled_run(threads=2)
     assert head2 == head and tails2 == tails
+
+
+def test_the_default_state_is_exact_and_rescales_exactly_once():
+    # The default state_dict() keeps what the workers computed ahead, however far timing let them run.
+    head, tails = rescaled_run(threads=2, reproducible=False)
+    seen = [x for b in head for x in b] + [x for t in tails for b in t for x in b]
+    assert sorted(seen) == list(range(4000))
+
+
+def slow_identity(x):
+    import time
+    time.sleep(0.0002)  # long enough that the workers are mid-chunk when the state is taken
+    return x
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_save_writes_in_the_background_and_load_continues_exactly(tmp, workers):
+    p = RESCALABLE | dpipe.map(slow_identity)
+    whole = run_all(dpipe.Loader(p, seed=3, workers=workers))
+    loader = dpipe.Loader(p, seed=3, workers=workers)
+    it = iter(loader)
+    head = [plain(next(it)) for _ in range(40)]
+    pending = loader.save(tmp / "ckpt", step=40)
+    assert isinstance(pending, dpipe.PendingSave)
+    assert pending.wait(timeout=60) and pending.done()
+    assert [n for n in (tmp / "ckpt").iterdir() if n.name.startswith("rank-0-of-1.w")]
+    # The run goes on meanwhile, exactly as without the save.
+    assert head + [plain(x) for x in it] == whole
+    again = dpipe.Loader(p, seed=3, workers=workers)
+    again.load(tmp / "ckpt")
+    assert head + run_all(again) == whole
+    # Another layout only with rescale=True, reading the elements dealt to this rank.
+    other = dpipe.Loader(p, seed=3, rank=0, world_size=2, workers=1)
+    with pytest.raises(dpipe.SnapshotError, match="rescale"):
+        other.load(tmp / "ckpt")
+    tails = []
+    for rank in range(2):
+        other = dpipe.Loader(p, seed=3, rank=rank, world_size=2, workers=1)
+        other.load(tmp / "ckpt", rescale=True)
+        tails += run_all(other)
+    assert sorted(x for b in head + tails for x in b) == list(range(4000))
+
+
+def test_a_failed_save_raises_at_wait_and_at_the_next_save(tmp):
+    (tmp / "a-file").write_text("not a directory")
+    loader = dpipe.Loader(RESCALABLE, seed=3, workers=2)
+    it = iter(loader)
+    next(it)
+    pending = loader.save(tmp / "a-file")
+    with pytest.raises(dpipe.SnapshotError, match="cannot create snapshot directory"):
+        pending.wait()
+    with pytest.raises(dpipe.SnapshotError, match="cannot create snapshot directory"):
+        loader.save(tmp / "fine")
+    loader.save(tmp / "fine").wait()  # the failure was told once; the next save goes ahead
+
+
+def test_a_refused_state_leaves_the_loader_on_its_own_epoch():
+    other_epoch = dpipe.Loader(CANONICAL, seed=5, epoch=3)
+    next(iter(other_epoch))
+    foreign = other_epoch.state_dict()
+    foreign_seed = dpipe.Loader(CANONICAL, seed=6, epoch=3)
+    next(iter(foreign_seed))
+    loader = dpipe.Loader(CANONICAL, seed=5, epoch=0)
+    with pytest.raises(dpipe.SnapshotError):
+        loader.load_state_dict(foreign_seed.state_dict())
+    assert loader.epoch == 0
+    loader.load_state_dict(foreign)  # a state of this pipeline and seed is taken, with its epoch
+    assert loader.epoch == 3
 
 
 def test_rescale_refuses_a_bad_layout_in_one_short_line():

@@ -15,6 +15,7 @@
 #include <set>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 
@@ -517,6 +518,41 @@ TEST(SnapshotSetFiles, ASameLayoutResumeReadsOnlyItsOwnFile) {
   testing::expect_throw_with<SnapshotError>([&] { SnapshotSet::read_rank(dir, Layout{0, 3, 2}, false); },
                                             "ask for a rescale");
   EXPECT_THROW(SnapshotSet::read_rank(dir, Layout{0, 3, 2}, true), SnapshotError);
+}
+
+TEST(SnapshotSetFiles, AsyncWritesLandInTheOrderAskedAndTheLastResumesExactly) {
+  // Workers' queues and a shuffle buffer full: the snapshots hold elements in flight.
+  const auto p = range(0, 5000) | sampler() | shuffle({.buffer = 64}) | batch({.size = 4});
+  testing::TempDir d;
+  const std::string dir = d.path().string();
+  Engine e;
+  auto run = e.start(p, at(0, 1, 2));
+  std::vector<std::future<void>> writes;
+  std::vector<std::vector<std::vector<I64>>> rest_at;  // what a fresh run gives after each step
+  for (std::uint64_t step = 1; step <= 6; ++step) {
+    for (int i = 0; i < 7; ++i) ASSERT_TRUE(run.next());
+    writes.push_back(SnapshotSet::write_rank_async(dir, run.snapshot({}, step)));
+  }
+  for (auto& w : writes) w.get();  // every write done, none failed
+  // One file: the last step's (an earlier write that landed after it would have removed it as older).
+  const auto names = names_in(dir);
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_NE(names[0].find(".s6."), std::string::npos) << names[0];
+  const Snapshot mine = SnapshotSet::read_rank(dir, Layout{0, 1, 2}, false);
+  EXPECT_EQ(mine.meta.step, std::optional<std::uint64_t>(6));
+  EXPECT_EQ(mine.meta.elements_delivered, 42u);
+  auto resumed = e.resume(p, SnapshotDir{dir}, at(0, 1, 2));
+  EXPECT_EQ(testing::drain(resumed), testing::drain(run));
+  // A write that fails gives its error through its future, and the writer goes on with the next.
+  const std::string file = (d.path() / "a-file").string();
+  std::ofstream(file) << "x";
+  auto again = e.start(p, at(0, 1, 2));
+  again.next();
+  auto failed = SnapshotSet::write_rank_async(file, again.snapshot({}, 1));
+  EXPECT_THROW(failed.get(), Error);
+  const std::string other = (d.path() / "other").string();
+  SnapshotSet::write_rank_async(other, again.snapshot({}, 2)).get();
+  EXPECT_EQ(SnapshotSet::read_rank(other, Layout{0, 1, 2}, false).meta.step, std::optional<std::uint64_t>(2));
 }
 
 TEST(SnapshotSetFiles, AMixedSetIsRefusedFromTheNamesNamingRanksAndSteps) {

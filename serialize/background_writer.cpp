@@ -1,0 +1,68 @@
+// SnapshotSet::write_rank_async: one writer thread per process, started on the first write, taking the
+// snapshots in the order they were submitted. One thread (not one per write) keeps a later step's file
+// from being written before an earlier one's, which the earlier write would then remove as older.
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "dpipe/snapshot_set.hpp"
+
+namespace dpipe {
+namespace {
+
+class BackgroundWriter {
+ public:
+  static BackgroundWriter& instance() {
+    static BackgroundWriter writer;  // destroyed at exit, after the writes already submitted are done
+    return writer;
+  }
+
+  std::future<void> submit(std::packaged_task<void()> task) {
+    std::future<void> done = task.get_future();
+    const std::lock_guard lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    queue_.push_back(std::move(task));
+    cv_.notify_one();
+    return done;
+  }
+
+  ~BackgroundWriter() {
+    {
+      const std::lock_guard lock(mu_);
+      closing_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // closing, and every write submitted is done
+      std::packaged_task<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();  // an exception it throws goes to its future
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool closing_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::future<void> SnapshotSet::write_rank_async(std::string dir, Snapshot s) {
+  return BackgroundWriter::instance().submit(std::packaged_task<void()>(
+      [dir = std::move(dir), s = std::move(s)] { write_rank(dir, s); }));
+}
+
+}  // namespace dpipe
