@@ -15,6 +15,10 @@ namespace {
 // otherwise hold it for half a lane of them: seconds). About ten wake-ups' worth, so cheap producers
 // still fill half the lane before waking it, and slow ones hand over promptly.
 constexpr std::chrono::milliseconds kLongestHold{1};
+// A producing task that has run this long hands its thread on after the chunk it finishes (it queues
+// itself again behind the other lanes' tasks): with more workers than engine threads, a lane of slow
+// elements would otherwise fill its whole queue while the lane the consumer needs next waits for a thread.
+constexpr std::chrono::milliseconds kTaskSlice{2};
 }  // namespace
 
 AsyncLaneBase::AsyncLaneBase(Executor* executor, std::size_t capacity, std::size_t chunk, bool inline_mode)
@@ -30,6 +34,7 @@ void AsyncLaneBase::schedule_locked() {
 }
 
 void AsyncLaneBase::produce_loop() {
+  const auto began = std::chrono::steady_clock::now();
   std::size_t room;
   {
     std::lock_guard lock(mu_);
@@ -71,6 +76,11 @@ void AsyncLaneBase::produce_loop() {
       running_ = false;
       idle_cv_.notify_all();
       return;  // `this` may be destroyed as soon as the lock is released
+    }
+    if (std::chrono::steady_clock::now() - began >= kTaskSlice) {
+      // Still running_ (stop() and pause() wait for the queued task, which ends at once if asked to).
+      executor_->submit([this] { produce_loop(); });
+      return;
     }
     room = capacity_ - buffered_;  // one lock per chunk
   }

@@ -7,15 +7,26 @@ import itertools
 import json
 import os
 import sys
+import weakref
 
 from . import _dpipe
 from . import _fuse
 from . import _nodes
 from ._nodes import Pipeline, from_spec
 
-# Before the interpreter finalizes, every live run stops and joins its workers: a worker computing ahead
-# in a Python callable would otherwise ask for the GIL during finalization, which ends its thread by force.
-atexit.register(_dpipe.stop_all_loops)
+# Every run this process started and still alive. Before the interpreter finalizes, each stops and joins
+# its workers: a worker computing ahead in a Python callable would otherwise ask for the GIL during
+# finalization, which ends its thread by force inside the engine (an abort). Loops a script left behind
+# (a module global, an iterator after a break, an exception or sys.exit) would be freed only then.
+_LIVE_LOOPS = weakref.WeakSet()
+
+
+def _stop_live_loops():
+    for loop in list(_LIVE_LOOPS):
+        loop.invalidate("this dpipe iterator was stopped: the interpreter is exiting")
+
+
+atexit.register(_stop_live_loops)
 
 STATE_KEY = "dpipe_snapshot"
 CARRY_KEY = "carried"  # equal_steps: elements a pass cut off, delivered first by the next
@@ -226,7 +237,9 @@ class LoaderBase:
 
     # ---- iteration ----
     def _start(self, state):
-        return _dpipe.start(self._built, self._options, state, self._allow_changed_data, self._overrides)
+        loop = _dpipe.start(self._built, self._options, state, self._allow_changed_data, self._overrides)
+        _LIVE_LOOPS.add(loop)
+        return loop
 
     def __iter__(self):
         _refuse_torch_workers()

@@ -12,7 +12,6 @@
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <optional>
 #include <set>
@@ -1022,21 +1021,10 @@ class Computing {
 };
 }  // namespace interrupts
 
-class Loop;
-/// Every Loop alive in this process: the interpreter's exit stops them first (stop_all_loops).
-std::mutex live_loops_mu;
-std::set<Loop*> live_loops;
-
 class Loop {
  public:
-  Loop() {
-    const std::lock_guard lock(live_loops_mu);
-    live_loops.insert(this);
-  }
-  virtual ~Loop() {
-    const std::lock_guard lock(live_loops_mu);
-    live_loops.erase(this);
-  }
+  Loop() = default;
+  virtual ~Loop() = default;
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
   /// The next element, or nullopt at the end. Waits without the GIL.
@@ -1232,26 +1220,6 @@ class PendingSave {
  private:
   std::shared_future<void> f_;
 };
-
-/// With the GIL, from Python's atexit (before the interpreter finalizes): stops the run of every live
-/// loop and joins its workers. A worker still computing ahead would otherwise ask for the GIL while the
-/// interpreter finalizes, which ends its thread by force inside the engine (an abort: "exception not
-/// rethrown"); loops left to the final collection (a module global, an iterator the script left
-/// behind after a break, an exception, sys.exit) would be destroyed only then.
-void stop_all_loops() {
-  std::vector<Loop*> loops;
-  {
-    const std::lock_guard lock(live_loops_mu);
-    loops.assign(live_loops.begin(), live_loops.end());
-  }
-  for (Loop* l : loops) {
-    {
-      const std::lock_guard lock(live_loops_mu);  // one a stop just destroyed (through Python) is gone
-      if (!live_loops.count(l)) continue;
-    }
-    l->invalidate("this dpipe iterator was stopped: the interpreter is exiting");
-  }
-}
 
 /// A built spec: its pipeline, seed, and how its elements reach Python.
 struct BuiltSpec {
@@ -1449,8 +1417,6 @@ PYBIND11_MODULE(_dpipe, m) {
       py::arg("dir"), py::arg("rank"), py::arg("world_size"), py::arg("workers"), py::arg("rescale") = false,
       "This rank's snapshot bytes of the set in `dir` (SnapshotSet::read_rank): on the set's layout its own "
       "file only; on another (with rescale) the set's index and the elements dealt to this rank.");
-  m.def("stop_all_loops", &stop_all_loops,
-        "Stops every live loop's run and joins its workers (registered with atexit by the package).");
   m.def("drain", &drain, py::arg("spec"), py::arg("options"), "Runs to the end in C++; returns the element count.");
   m.def("rescale", &rescale, py::arg("ranks"), py::arg("world_size"), py::arg("workers"));
   m.def("describe", [](const std::string& bytes) { return describe(dpipe::Snapshot::from_bytes(bytes)); }, py::arg("snapshot"));

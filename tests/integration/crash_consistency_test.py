@@ -4,9 +4,10 @@ moments, 200 times in all, and after each kill the path holds the old or the new
 next (complete) write no temporary `.NAME.dpipe-tmp.PID.HEX` is left beside it.
 
 Writers: `dpipe run --snapshot-out`, `dpipe run --snapshot-dir` (one rank's file of a set), `dpipe snapshot
-rescale` (a whole new set), `write_records` (tests/crash/records_writer.cpp, in a loop) and `dpipe run
---output`. The kill moment is drawn uniformly over the writer's measured duration (seed printed, or set
-with DPIPE_CRASH_SEED); the assertions hold for any moment. Writes JUnit XML with one case per writer to
+rescale` (a whole new set), `write_records` (tests/crash/records_writer.cpp, in a loop), `dpipe run
+--output` and the Python Loader's save() (the write on its background thread). The kill moment is drawn
+uniformly over the writer's measured duration (seed printed, or set with DPIPE_CRASH_SEED); the
+assertions hold for any moment. Writes JUnit XML with one case per writer to
 $DPIPE_BUILD_ROOT/test-results/crash_consistency.xml."""
 import json
 import os
@@ -304,6 +305,36 @@ def tool_output():
     return str(tally)
 
 
+# The Python package's background write (Loader.save): in the plain build only (under a sanitizer the
+# extension is not built). The interpreter with numpy is Debian's.
+PYTHON_PACKAGE = os.path.join(BUILD, "python")
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+SAVE_WRITER = r"""
+import sys, dpipe
+take, d = int(sys.argv[1]), sys.argv[2]
+p = dpipe.range(0, 1_000_000) | dpipe.sampler(shuffle="global") | dpipe.shuffle(buffer=2000) | dpipe.batch(size=4)
+loader = dpipe.Loader(p, seed=11, workers=2)
+it = iter(loader)
+for _ in range(take):
+    next(it)
+pending = [loader.save(d, step=1) for _ in range(8)]   # queued one after another on the writer thread
+pending[-1].wait()
+"""
+
+
+def python_extension_built():
+    return os.path.isdir(PYTHON_PACKAGE) and any(n.startswith("_dpipe") for n in os.listdir(os.path.join(PYTHON_PACKAGE, "dpipe")))
+
+
+def python_save():
+    """Loader.save's write on its background thread, killed at random: this rank's file of the set holds
+    the old or the new complete snapshot, and a complete save after it leaves no temporary."""
+    d = os.path.join(TMP, "python-save")
+    writer = lambda take: ["env", f"PYTHONPATH={PYTHON_PACKAGE}", PYTHON, "-c", SAVE_WRITER, str(take), d]  # noqa: E731
+    run(writer(100))
+    return snapshot_writer("python_save", 20, rank_file(d, 0, 1), writer, takes=(100, 150))
+
+
 def main():
     print(f"crash consistency: seed {SEED} (DPIPE_CRASH_SEED), files in {TMP}")
     t0 = time.monotonic()
@@ -313,6 +344,10 @@ def main():
     case("crash/snapshot_rescale", rescale)
     case("crash/records_file", records)
     case("crash/tool_output", tool_output)
+    if python_extension_built():
+        case("crash/python_background_save", python_save)
+    else:
+        print("skip crash/python_background_save: the Python extension is not built here")
     print(f"{time.monotonic() - t0:.1f} s")
     out = os.path.join(BUILD, "test-results")
     os.makedirs(out, exist_ok=True)
