@@ -54,7 +54,8 @@ void AsyncLaneBase::produce_loop() {
     } catch (...) {
       error = std::current_exception();
     }
-    if (n > 0) adapt_chunk(std::chrono::steady_clock::now() - t0, n);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (n > 0) adapt_chunk(t1 - t0, n);
     std::unique_lock lock(mu_);
     if (error) {
       error_ = error;
@@ -77,7 +78,7 @@ void AsyncLaneBase::produce_loop() {
       idle_cv_.notify_all();
       return;  // `this` may be destroyed as soon as the lock is released
     }
-    if (std::chrono::steady_clock::now() - began >= kTaskSlice) {
+    if (t1 - began >= kTaskSlice) {
       // Still running_ (stop() and pause() wait for the queued task, which ends at once if asked to).
       executor_->submit([this] { produce_loop(); });
       return;

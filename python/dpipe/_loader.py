@@ -333,7 +333,7 @@ class LoaderBase:
         only this rank's file is read; a set of another world size or worker count is refused unless
         `rescale=True`, which reads the set's index and only the elements dealt to this rank."""
         data = _dpipe.read_rank(os.fspath(directory), self.rank, self.world_size, self.workers, bool(rescale))
-        self._load_bytes(data)
+        self._load_bytes(data, "load()")
         self._carry = collections.deque()
 
     def _live_loop(self):
@@ -346,18 +346,18 @@ class LoaderBase:
         """Continue at the element after the one where `state` was taken, on the next iter(). The state
         is checked now: another pipeline, seed, epoch or layout raises dpipe.SnapshotError, saying what
         differs."""
-        self._load_bytes(_snapshot_bytes(state))
+        self._load_bytes(_snapshot_bytes(state), "load_state_dict()")
         self._carry = collections.deque(state.get(CARRY_KEY, ()))
 
-    def _load_bytes(self, data):
+    def _load_bytes(self, data, by):
         epoch, self._options.epoch = self._options.epoch, int(_dpipe.describe(data)["epoch"])
         try:
             restored = self._start(data)
         except BaseException:
             self._options.epoch = epoch  # a refused state leaves the loader as it was
             raise
-        self._retire(self._restored, "load_state_dict() replaced it before it was iterated")
-        self._retire(self._loop, "load_state_dict() loaded another position")
+        self._retire(self._restored, by + " replaced it before it was iterated")
+        self._retire(self._loop, by + " loaded another position")
         self._loop, self._restored = None, restored
 
 

@@ -1023,10 +1023,7 @@ class Computing {
 
 class Loop {
  public:
-  Loop() = default;
   virtual ~Loop() = default;
-  Loop(const Loop&) = delete;
-  Loop& operator=(const Loop&) = delete;
   /// The next element, or nullopt at the end. Waits without the GIL.
   virtual std::optional<py::object> next() = 0;
   /// The state after the last element delivered: (snapshot bytes, what they hold as a dict).
