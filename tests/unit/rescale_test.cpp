@@ -2,6 +2,7 @@
 // across any sequence of snapshot → restore on another layout.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -553,6 +554,22 @@ TEST(SnapshotSetFiles, AsyncWritesLandInTheOrderAskedAndTheLastResumesExactly) {
   const std::string other = (d.path() / "other").string();
   SnapshotSet::write_rank_async(other, again.snapshot({}, 2)).get();
   EXPECT_EQ(SnapshotSet::read_rank(other, Layout{0, 1, 2}, false).meta.step, std::optional<std::uint64_t>(2));
+  // A child forked after the writer started has a writer of its own: its write is done, not waited on
+  // forever (the snapshot is taken before the fork: the child has none of the engine's threads).
+  Snapshot before_fork = again.snapshot({}, 3);
+  const std::string child_dir = (d.path() / "child").string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto w = SnapshotSet::write_rank_async(child_dir, std::move(before_fork));
+    const bool done = w.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    ::_exit(done ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(SnapshotSet::read_rank(child_dir, Layout{0, 1, 2}, false).meta.step, std::optional<std::uint64_t>(3));
 }
 
 TEST(SnapshotSetFiles, AMixedSetIsRefusedFromTheNamesNamingRanksAndSteps) {
