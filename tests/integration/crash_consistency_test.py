@@ -323,7 +323,8 @@ pending[-1].wait()
 
 
 def python_extension_built():
-    return os.path.isdir(PYTHON_PACKAGE) and any(n.startswith("_dpipe") for n in os.listdir(os.path.join(PYTHON_PACKAGE, "dpipe")))
+    package = os.path.join(PYTHON_PACKAGE, "dpipe")
+    return os.path.isdir(package) and any(n.startswith("_dpipe") for n in os.listdir(package))
 
 
 def python_save():
