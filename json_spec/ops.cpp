@@ -35,6 +35,7 @@ ordered_json param_json(const ParamSchema& p) {
   j["doc"] = p.doc;
   j["tuning"] = p.tuning;
   if (!p.fingerprint.empty()) j["fingerprint"] = items(p.fingerprint, ' ');
+  if (!p.torch.empty()) j["torch"] = p.torch;
   if (p.type == ParamType::choice) j["choices"] = items(p.choices, '|');
   return j;
 }
@@ -112,7 +113,8 @@ std::string spec_ops_text(std::string_view only) {
       const std::string name = p["name"].get<std::string>();
       out += "  " + name + std::string(width - name.size() + 2, ' ') + type_text(p) + ", " + default_text(p) +
              (p["positional"].get<bool>() ? ", positional" : "") + (p["tuning"].get<bool>() ? ", tuning" : "") +
-             ": " + p["doc"].get<std::string>() + "\n";
+             (p.contains("torch") ? ", torch: " + p["torch"].get<std::string>() : "") + ": " +
+             p["doc"].get<std::string>() + "\n";
     }
     if (op.contains("functions")) {
       out += "  functions (fn):\n";
@@ -153,7 +155,9 @@ std::string spec_ops_markdown() {
       for (const auto& p : op["params"]) {
         if (p["name"] == "name") continue;
         out += "| `" + p["name"].get<std::string>() + "`" + (p["positional"].get<bool>() ? " (positional)" : "") +
-               (p["tuning"].get<bool>() ? " (tuning)" : "") + " | " + cell(type_text(p)) + " | " +
+               (p["tuning"].get<bool>() ? " (tuning)" : "") +
+               (p.contains("torch") ? " (torch: `" + p["torch"].get<std::string>() + "`)" : "") + " | " +
+               cell(type_text(p)) + " | " +
                cell(default_text(p)) + " | " + cell(p["doc"].get<std::string>()) + " |\n";
       }
       out += "\n";

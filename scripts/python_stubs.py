@@ -80,6 +80,7 @@ def write_records(path: str, records: Sequence[bytes]) -> None: ...
 
 def annotation(op, param, entry):
     by_name = {p["name"]: p for p in entry["params"]}
+    by_name.update({p["torch"]: dict(p, required=False, default=None) for p in entry["params"] if "torch" in p})
     if param.name == "args":
         return "*args: int"
     if param.name == "inputs":

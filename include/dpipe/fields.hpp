@@ -78,10 +78,12 @@ bool read_int64s(const Value& v, std::vector<std::int64_t>& out);
 /// The `field` and `into` parameters of map, filter and flat_map (dpipe/field_function.hpp).
 inline constexpr ParamSchema kFieldParam = {
     .name = "field", .type = ParamType::text,
-    .doc = "records: the field the function reads (absent: the whole element)", .fallback = "null"};
+    .doc = "records: the field the function reads (absent: the whole element)", .fallback = "null",
+    .torch = "input_col"};
 inline constexpr ParamSchema kIntoParam = {
     .name = "into", .type = ParamType::text,
-    .doc = "records: the field the function's result goes into (absent: `field`)", .fallback = "null"};
+    .doc = "records: the field the function's result goes into (absent: `field`)", .fallback = "null",
+    .torch = "output_col"};
 
 namespace detail {
 /// The field `field` of `record`; std::runtime_error (an error of the element) when `record` is not a

@@ -192,6 +192,9 @@ def _signature(entry):
         else:
             kind = P.POSITIONAL_OR_KEYWORD
         params.append(P(p["name"], kind, default=default))
+    for p in entry["params"]:  # torch's names of the same parameters (shuffle's buffer_size), keyword only
+        if "torch" in p:
+            params.append(P(p["torch"], P.KEYWORD_ONLY, default=None))
     if has_with:
         params.insert(0, P("inputs", P.VAR_POSITIONAL))
         params.append(P("with_", P.KEYWORD_ONLY, default=None))
@@ -212,7 +215,8 @@ def _doc(entry):
     for p in entry["params"]:
         default = "required" if p["required"] else f"default {p['default']!r}"
         choices = f", one of {', '.join(p['choices'])}" if "choices" in p else ""
-        lines.append(f"    {p['name']} ({p['type']}{choices}, {default}): {p['doc']}")
+        torch = f"; torch's name {p['torch']} is taken too" if "torch" in p else ""
+        lines.append(f"    {p['name']} ({p['type']}{choices}, {default}{torch}): {p['doc']}")
     for f in entry.get("functions", ()):
         if f["name"] == "external":
             continue
@@ -354,6 +358,12 @@ def _node_function(op):
                 if key not in sig.parameters or sig.parameters[key].kind is inspect.Parameter.VAR_POSITIONAL:
                     raise TypeError(f"{op}() got an unexpected keyword argument '{key}' (it takes "
                                     f"{', '.join(known_keywords)})")
+        for p in entry["params"]:  # torch's name given: the parameter itself (a positional one may be missing)
+            if p.get("torch") in kwargs:
+                if p["name"] in kwargs or (sig.parameters[p["name"]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+                                           and list(sig.parameters).index(p["name"]) < len(args)):
+                    raise TypeError(f"{op}() got {p['name']} twice: as {p['name']} and as torch's {p['torch']}")
+                kwargs[p["name"]] = kwargs.pop(p["torch"])
         bound = sig.bind(*args, **kwargs)  # TypeError naming a missing argument or an extra positional one
         given = dict(bound.arguments)
         params = {}

@@ -1,5 +1,6 @@
 """Pipelines from Python: the same node kinds, options and checks as C++, elements as Python sees them,
 and the same streams as the tool."""
+import inspect
 import json
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def test_every_spec_op_has_a_node_function():
 def test_node_functions_have_the_schemas_signatures():
     import inspect
     sig = inspect.signature(dpipe.batch)
-    assert list(sig.parameters) == ["size", "drop_last", "name"]
+    assert list(sig.parameters) == ["size", "drop_last", "name", "batch_size"]  # torch's name for size last
     assert sig.parameters["size"].default is inspect.Parameter.empty
     assert sig.parameters["drop_last"].default is False
     assert sig.parameters["drop_last"].kind is inspect.Parameter.KEYWORD_ONLY
@@ -47,6 +48,7 @@ def test_node_functions_have_the_schemas_signatures():
         params = inspect.signature(_function_of(op["op"])).parameters
         for p in op["params"]:
             assert p["name"] in params or (p["type"] == "list of pipelines" and "inputs" in params), (op["op"], p)
+            assert "torch" not in p or params[p["torch"]].kind is inspect.Parameter.KEYWORD_ONLY, (op["op"], p)
     # Positional parameters from the schema: repeat(3), cycle(2), take(3), shuffle(100), dispatch("broadcast").
     assert dpipe.repeat(3).spec()["pipeline"] == [{"op": "repeat", "times": 3}]
     assert dpipe.cycle(2).spec()["pipeline"] == [{"op": "cycle", "count": 2}]
@@ -55,8 +57,8 @@ def test_node_functions_have_the_schemas_signatures():
 
 
 def test_an_unknown_keyword_is_a_type_error_at_the_call_naming_it():
-    with pytest.raises(TypeError, match="buffer_size"):
-        dpipe.shuffle(buffer_size=10)
+    with pytest.raises(TypeError, match="'buffers'.*takes buffer, name, buffer_size"):
+        dpipe.shuffle(buffers=10)
     with pytest.raises(TypeError, match="size"):
         dpipe.batch()  # a required parameter missing
     with pytest.raises(TypeError, match="'mull'.*takes mul, add"):
@@ -200,6 +202,21 @@ def test_torch_style_defaults_take_none_shuffle_buffer_and_flatten():
     assert list(dpipe.Loader(f)) == tool_elements(f.spec())
     with pytest.raises(dpipe.ConfigError, match="flattens lists"):
         dpipe.Loader(dpipe.range(0, 3) | dpipe.flat_map())
+
+
+def test_torchs_parameter_names_are_taken_too_and_make_the_same_spec():
+    assert dpipe.shuffle(buffer_size=7) == dpipe.shuffle(buffer=7)
+    assert dpipe.batch(batch_size=4, drop_last=True) == dpipe.batch(4, drop_last=True)
+    assert dpipe.unbatch(unbatch_level=-1) == dpipe.unbatch(level=-1)
+    assert dpipe.map("affine", input_col="x", output_col="y", mul=2) == dpipe.map("affine", field="x", into="y", mul=2)
+    assert dpipe.filter(bool, input_col="x").spec()["pipeline"][0]["op"] == "filter"
+    records = dpipe.range(0, 6) | dpipe.map(lambda i: {"x": i}, out=object)
+    doubled = records | dpipe.map(lambda v: 2 * v, input_col="x", output_col="y")
+    assert [r["y"] for r in dpipe.Loader(doubled)] == [0, 2, 4, 6, 8, 10]
+    for call in (lambda: dpipe.shuffle(10, buffer_size=10), lambda: dpipe.shuffle(buffer=10, buffer_size=10)):
+        with pytest.raises(TypeError, match="buffer twice: as buffer and as torch's buffer_size"):
+            call()
+    assert "buffer_size" in str(inspect.signature(dpipe.shuffle))
 
 
 def test_unbatch_levels_as_torchs_unbatch_level():

@@ -96,6 +96,9 @@ struct ParamSchema {
   /// The keys it is written as in the fingerprint (dpipe/graph.hpp), separated by ' ', when they are not
   /// its name: a list of files as "file*" (file0, file1, …), a list of values as "size digest".
   std::string_view fingerprint{};
+  /// torch's name for the same parameter (`buffer_size` for shuffle's `buffer`), which Python accepts
+  /// too; specs and fingerprints use `name` only.
+  std::string_view torch{};
 
   constexpr bool required() const { return fallback.empty(); }
   /// Whether `text` is one of the choices.

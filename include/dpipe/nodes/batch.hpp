@@ -120,7 +120,8 @@ struct BatchKind {
   static constexpr std::string_view doc =
       "Groups consecutive elements into batches of `size`; the last, shorter batch is kept unless `drop_last`.";
   static constexpr ParamSchema params[] = {
-      {.name = "size", .type = ParamType::integer, .doc = "elements per batch (positive)", .positional = true},
+      {.name = "size", .type = ParamType::integer, .doc = "elements per batch (positive)", .positional = true,
+       .torch = "batch_size"},
       {.name = "drop_last", .type = ParamType::boolean, .doc = "drop the last batch when it is short", .fallback = "false"},
   };
   using State = BatchState<ElementBlobs>;

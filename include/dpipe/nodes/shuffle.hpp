@@ -140,7 +140,8 @@ struct ShuffleKind {
   static constexpr std::string_view doc =
       "A buffer of `buffer` elements; each output is a random element of the buffer, replaced by the next input.";
   static constexpr ParamSchema params[] = {
-      {.name = "buffer", .type = ParamType::integer, .doc = "elements held (positive)", .fallback = "10000", .positional = true},
+      {.name = "buffer", .type = ParamType::integer, .doc = "elements held (positive)", .fallback = "10000", .positional = true,
+       .torch = "buffer_size"},
   };
   using State = ShuffleState<ElementBlobs>;
   /// `snapshot show`: how full the buffer is.

@@ -97,9 +97,8 @@ struct UnbatchKind {
       "The elements of each batch, in order.";
   static constexpr ParamSchema params[] = {
       {.name = "level", .type = ParamType::integer,
-       .doc = "levels of batches removed: 1, 2, … (one unbatch node each; a name goes to the first), -1 all, 0 none "
-              "(torch's unbatch_level)",
-       .fallback = "1"},
+       .doc = "levels of batches removed: 1, 2, … (one unbatch node each; a name goes to the first), -1 all, 0 none",
+       .fallback = "1", .torch = "unbatch_level"},
   };
   using State = UnbatchState<ElementBlobs>;
   static RescaleRule rescale() { return RescaleRule::refused(rescale::kNotDealt); }
