@@ -19,6 +19,10 @@ constexpr std::chrono::milliseconds kLongestHold{1};
 // itself again behind the other lanes' tasks): with more workers than engine threads, a lane of slow
 // elements would otherwise fill its whole queue while the lane the consumer needs next waits for a thread.
 constexpr std::chrono::milliseconds kTaskSlice{2};
+// Chunks shorter than this are not captured: a snapshot waits for one instead (about a wake-up's cost).
+constexpr double kCaptureFloorNs = 200'000;
+// A capture may cost at most this share of the chunk it follows.
+constexpr double kCaptureShare = 0.05;
 }  // namespace
 
 AsyncLaneBase::AsyncLaneBase(Executor* executor, std::size_t capacity, std::size_t chunk, bool inline_mode)
@@ -45,6 +49,15 @@ void AsyncLaneBase::produce_loop() {
     }
     room = capacity_ - buffered_;
   }
+  // The chain as it stands (as of the last published chunk) when no capture is: a first chunk, of unknown
+  // cost, or one expected to be slow after fast ones.
+  if (captures_ && !capture_fresh_ &&
+      (ns_per_element_ == 0 || worth_capturing(ns_per_element_ * double(std::min(room, chunk_now_)))) &&
+      capture_timed()) {
+    std::lock_guard lock(mu_);
+    publish_capture();
+    capture_fresh_ = true;
+  }
   for (;;) {
     std::size_t n = 0;
     std::exception_ptr error;
@@ -56,6 +69,9 @@ void AsyncLaneBase::produce_loop() {
     }
     const auto t1 = std::chrono::steady_clock::now();
     if (n > 0) adapt_chunk(t1 - t0, n);
+    const bool captured =
+        n > 0 && !error && captures_ && worth_capturing(std::chrono::duration<double, std::nano>(t1 - t0).count()) &&
+        capture_timed();
     std::unique_lock lock(mu_);
     if (error) {
       error_ = error;
@@ -65,7 +81,9 @@ void AsyncLaneBase::produce_loop() {
     } else {
       publish_staged();
       buffered_ += n;
+      if (captured) publish_capture();
     }
+    capture_fresh_ = captured;
     publishes_.fetch_add(1, std::memory_order_release);
     // Wake a waiting consumer when half the lane is ready (fewer wake-ups) or nothing more will come;
     // short of that, it looks again after kLongestHold by itself.
@@ -85,6 +103,18 @@ void AsyncLaneBase::produce_loop() {
     }
     room = capacity_ - buffered_;  // one lock per chunk
   }
+}
+
+bool AsyncLaneBase::worth_capturing(double chunk_ns) const {
+  return chunk_ns >= kCaptureFloorNs && capture_ns_ <= kCaptureShare * chunk_ns;
+}
+
+bool AsyncLaneBase::capture_timed() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ok = capture_chain();
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  capture_ns_ = capture_ns_ == 0 ? ns : 0.75 * capture_ns_ + 0.25 * ns;
+  return ok;
 }
 
 void AsyncLaneBase::adapt_chunk(std::chrono::steady_clock::duration took, std::size_t elements) {
@@ -217,7 +247,22 @@ void AsyncLaneBase::wait_idle() {
   idle_cv_.wait(lock, [this] { return !running_; });
 }
 
+bool AsyncLaneBase::request_snapshot() {
+  std::lock_guard lock(mu_);
+  if (!inline_ && running_ && capture_fresh_ && !paused_ && !cancelled_) {
+    lend_locked();
+    lent_ = true;
+    return true;
+  }
+  paused_ = true;
+  return false;
+}
+
 void AsyncLaneBase::resume() {
+  if (lent_) {
+    end_loan();
+    lent_ = false;
+  }
   std::lock_guard lock(mu_);
   paused_ = false;
   schedule_locked();
@@ -270,6 +315,7 @@ void AsyncLaneBase::settled_pull(std::size_t n, std::exception_ptr error) {
     publish_staged();
     buffered_ += n;  // may exceed capacity_: production resumes once the consumer has taken it back below
   }
+  capture_fresh_ = false;  // the chain moved on without one
   publishes_.fetch_add(1, std::memory_order_release);
 }
 
@@ -277,6 +323,7 @@ void AsyncLaneBase::set_producer_done(bool done, std::exception_ptr error) {
   std::lock_guard lock(mu_);
   done_ = done || error;
   error_ = std::move(error);
+  capture_fresh_ = false;
 }
 
 }  // namespace dpipe::detail

@@ -224,9 +224,10 @@ class Run {
   iterator begin() { return iterator(*this); }
   std::default_sentinel_t end() const { return {}; }
 
-  /// The complete state at the consumer's position: production pauses (each busy worker finishes the
-  /// chunk it is on), every node on every worker is saved together with the elements produced but not
-  /// yet delivered, and production goes on.
+  /// The complete state at the consumer's position: production pauses, every node on every worker is
+  /// saved together with the elements produced but not yet delivered, and production goes on. A worker
+  /// busy with a slow chunk does not make it wait: it lends its chain's records as of its last published
+  /// chunk and goes on (AsyncLane), and a resume produces that chunk again; a fast chunk is waited for.
   /// `step` (the trainer's step, say) is recorded in the file's identity: a set whose ranks' snapshots
   /// name different steps is refused.
   Snapshot snapshot(std::map<std::string, std::string> user_metadata = {}, std::optional<std::uint64_t> step = {})
@@ -292,7 +293,11 @@ class Run {
   }
 
   struct Paused {
-    explicit Paused(IterBase& r) : root(r) { root.pause(); }
+    /// `for_snapshot`: an exact snapshot's pause (IterBase::pause_for_snapshot).
+    explicit Paused(IterBase& r, bool for_snapshot = false) : root(r) {
+      if (for_snapshot) root.pause_for_snapshot();
+      else root.pause();
+    }
     ~Paused() { root.resume(); }
     IterBase& root;
   };
@@ -369,7 +374,7 @@ Snapshot Run<T>::take_snapshot(std::map<std::string, std::string> user_metadata,
   requires Snapshottable<T>
 {
   if (failed_) throw SnapshotError("cannot snapshot a run that failed; use a snapshot taken before the failure");
-  Paused paused(*root_);
+  Paused paused(*root_, /*for_snapshot=*/!settle);
   if (settle) root_->settle();
   Snapshot s;
   s.meta = detail::make_meta(*graph_, options_, layout_, delivered_);

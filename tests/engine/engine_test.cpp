@@ -3,6 +3,7 @@
 // This suite is also built under ThreadSanitizer, so it depends on the library only.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -282,10 +283,17 @@ TEST(ParallelMap, AWorkerLanePullsAWholeWindowOfSlowElements) {
 
 // ---- snapshots with data in flight -------------------------------------------------------------
 
-/// A random pipeline of int64 elements over the node kinds, with a random segment structure.
-Pipeline<I64> random_pipeline(std::mt19937_64& g, bool& sharded) {
+/// Sleeps 300 µs: worker chunks slow enough that the lanes capture their chains after each (AsyncLane).
+auto sleepy = [](I64 x) {
+  std::this_thread::sleep_for(std::chrono::microseconds(300));
+  return x;
+};
+
+/// A random pipeline of int64 elements over the node kinds, with a random segment structure. `slow`: a
+/// shorter one whose worker segment sleeps per element (snapshots then take the lanes' lent captures).
+Pipeline<I64> random_pipeline(std::mt19937_64& g, bool& sharded, bool slow = false) {
   auto pick = [&](int n) { return testing::draw(g, n); };
-  Pipeline<I64> p = range(0, 300 + pick(1500));
+  Pipeline<I64> p = range(0, slow ? 100 + pick(300) : 300 + pick(1500));
   const bool dispatched = pick(2) == 0;
   if (dispatched) {
     if (pick(2)) p = p | shuffle({.buffer = 1 + pick(64)});
@@ -311,6 +319,7 @@ Pipeline<I64> random_pipeline(std::mt19937_64& g, bool& sharded) {
       default: p = p | take(50 + pick(800)); break;
     }
   }
+  if (slow) p = p | map(sleepy);
   if (pick(2)) p = p | prefetch({.depth = 1 + pick(600)});
   if (dispatched || pick(2)) {
     p = p | merge();
@@ -320,10 +329,10 @@ Pipeline<I64> random_pipeline(std::mt19937_64& g, bool& sharded) {
   return p;
 }
 
-TEST(SnapshotProperty, ResumeMidStreamWithBusyWorkersContinuesExactly) {
-  testing::property_trials(60, [&](std::mt19937_64& g) {
+void resume_mid_stream_continues_exactly(int trials, bool slow) {
+  testing::property_trials(trials, [&](std::mt19937_64& g) {
     bool sharded = false;
-    const auto p = random_pipeline(g, sharded);
+    const auto p = random_pipeline(g, sharded, slow);
     const int workers = 1 + static_cast<int>(g() % 4);
     const int world = 1 + static_cast<int>(g() % 2);
     const int rank = static_cast<int>(g() % static_cast<std::uint64_t>(world));
@@ -344,6 +353,72 @@ TEST(SnapshotProperty, ResumeMidStreamWithBusyWorkersContinuesExactly) {
     got.insert(got.end(), rest.begin(), rest.end());
     ASSERT_EQ(got, reference) << "workers " << workers << ", world " << world << ", at " << at;
   });
+}
+
+TEST(SnapshotProperty, ResumeMidStreamWithBusyWorkersContinuesExactly) { resume_mid_stream_continues_exactly(60, false); }
+
+// Workers busy with slow chunks lend their chains as of their last chunk: the rest is still exact.
+TEST(SnapshotProperty, ResumeMidStreamFromLentWorkerStatesContinuesExactly) { resume_mid_stream_continues_exactly(25, true); }
+
+/// A map that blocks at one element until the test opens its gate (a worker caught inside a chunk), and
+/// sleeps 1 ms per element before it (slow chunks, which the lanes capture).
+struct Gate {
+  I64 at = -1;
+  std::atomic<bool> open{false}, reached{false};
+};
+auto gated(std::shared_ptr<Gate> gate) {
+  return [gate](I64 x) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (x == gate->at) {
+      gate->reached = true;
+      while (!gate->open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return x;
+  };
+}
+
+TEST(Snapshot, AnExactSnapshotDoesNotWaitForAWorkerInsideAChunk) {
+  auto open = std::make_shared<Gate>();
+  open->open = true;
+  auto gate = std::make_shared<Gate>();
+  gate->at = 41;  // worker 1's 21st element, in its sixth batch
+  auto make = [](std::shared_ptr<Gate> g) { return range(0, 400) | sharding_filter() | map(gated(g)) | batch({.size = 4}); };
+  const auto o = layout(2);
+  const auto reference = collect_with(make(open), layout(2, true), 1);
+
+  Engine e({.threads = 2});
+  auto run = e.start(make(gate), o);
+  auto got = drain(run, 3);
+  for (int i = 0; i < 30'000 && !gate->reached; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(gate->reached) << "worker 1 never reached element 41";
+  // The gate stays shut until the snapshot returns (or for 20 s, so that a waiting snapshot fails the
+  // test instead of hanging it).
+  std::atomic<bool> snapshot_returned{false}, opened_by_watchdog{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 20'000 && !snapshot_returned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!snapshot_returned) opened_by_watchdog = true;
+    gate->open = true;
+  });
+  const Snapshot snap = Snapshot::from_bytes(run.snapshot().to_bytes());
+  snapshot_returned = true;
+  watchdog.join();
+  EXPECT_FALSE(opened_by_watchdog) << "the snapshot waited for the worker inside its chunk";
+  // Met full: both workers had batches queued (worker 1 five before its gate, worker 0 more).
+  const NodeState* merge = nullptr;
+  for (const auto& st : snap.states)
+    if (st.kind == "merge") merge = &st;
+  ASSERT_NE(merge, nullptr);
+  for (const char* field : {"pending_0", "pending_1"}) {
+    const auto f = std::find_if(merge->fields.begin(), merge->fields.end(), [&](const Field& x) { return x.name == field; });
+    ASSERT_NE(f, merge->fields.end());
+    EXPECT_GT(f->elements.size(), 0u) << field;
+  }
+  const auto continued = drain(run);
+  auto resumed = e.resume(make(open), snap, o);
+  const auto rest = drain(resumed);
+  EXPECT_EQ(rest, continued);
+  got.insert(got.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got, reference);
 }
 
 TEST(Snapshot, RestoringIntoAnotherThreadCountOrInlineGivesTheSameRest) {

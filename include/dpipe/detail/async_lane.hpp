@@ -11,6 +11,13 @@
 /// Snapshots: `pause()` stops production and waits until the running task (if any) has finished its
 /// chunk, so the chain is idle and the queue holds everything produced but not yet delivered. How much
 /// that is depends on timing; `settle_paused()` then brings the lane to a point that does not (see there).
+///
+/// An exact snapshot need not wait for the chunk under way. When chunks are slow (a batch of elements
+/// that take milliseconds) and saving the chain is cheap beside one (at most 1/20 of it), the producer
+/// saves the chain's records after each chunk and publishes them with it, under the lock: the records and
+/// the queue then describe one point, the chain as of its last published chunk. `request_snapshot()` lends
+/// a copy of both while the producer works on; the chunk under way is not in the snapshot, and a resume
+/// produces it again. Fast chunks are not captured: waiting for one costs less than saving after each.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -45,8 +52,16 @@ class AsyncLaneBase {
   /// wait is for the chunks already under way, not for chunks other lanes start meanwhile.
   void request_pause();
   void wait_idle();
-  /// Lets production go on after pause().
+  /// Lets production go on after pause(), and ends a snapshot's loan (request_snapshot).
   void resume();
+  /// For an exact snapshot, consumer: if the producer is busy and holds its chain's records as of the last
+  /// published chunk, copies them and the queue (the lane's lent view, see `lent()`) and lets it go on;
+  /// true. Otherwise asks it to pause, as request_pause(), and returns false: wait_idle() next.
+  bool request_snapshot();
+  /// Whether the lane lent its view to the snapshot under way.
+  bool lent() const { return lent_; }
+  /// For chains that share state with other workers' (a dispatch): never capture (pauses wait).
+  void disable_captures() { captures_ = false; }
   /// Cancels and joins; called by the typed lane's destructor before its chain goes away.
   void stop();
   /// Consumer: waits up to `limit` until a chunk, the end or a failure is queued (true; nothing is
@@ -78,6 +93,15 @@ class AsyncLaneBase {
   virtual std::size_t take_front(std::size_t max) = 0;
   /// Inline mode: the staging chunk becomes the consumer's side directly.
   virtual void take_staged() = 0;
+  /// Producer, without the lock, between pulls: saves the chain's records into the capture being made;
+  /// false if saving failed (the snapshot then waits and raises the failure itself).
+  virtual bool capture_chain() noexcept = 0;
+  /// Under the lock: the capture just made becomes the one lent to snapshots.
+  virtual void publish_capture() = 0;
+  /// Under the lock, consumer: copies the published capture and the queue for the snapshot under way.
+  virtual void lend_locked() = 0;
+  /// Consumer: drops the lent copies (their storage is kept for the next loan).
+  virtual void end_loan() = 0;
 
   /// Consumer: brings the next chunk to the consumer's side; false once the lane has ended. A failure
   /// of the chain is rethrown here, after every element produced before it.
@@ -106,6 +130,10 @@ class AsyncLaneBase {
   /// Consumer, without the lock: spins while the lane's recent waits were short, until something is
   /// published (true) or the spin gives up (false); the caller looks at the lane again either way.
   bool spin_for_publish(std::uint64_t seen);
+  /// Producer: whether to save the chain after a chunk that took (or is expected to take) `chunk_ns`.
+  bool worth_capturing(double chunk_ns) const;
+  /// Producer: captures the chain and times it; true if it did.
+  bool capture_timed();
 
   Executor* executor_;  // borrowed from the engine
   // chunk_: the inline chunk; threaded chunks adapt within [smallest_, max(chunk_, capacity_ / 2)].
@@ -123,6 +151,12 @@ class AsyncLaneBase {
   std::exception_ptr error_;
   std::atomic<std::uint64_t> publishes_{0};  // bumped under the lock on every publish, the end or a failure
   double wait_ns_ = 0;                       // consumer: moving average of how long its waits took
+  // Captures: whether this lane makes them, what the last one cost (producer), whether the published one
+  // is as of the last published chunk (under the lock), and whether a snapshot holds a loan (consumer).
+  bool captures_ = true;
+  double capture_ns_ = 0;
+  bool capture_fresh_ = false;
+  bool lent_ = false;
 };
 
 /// The typed lane of one worker chain.
@@ -194,11 +228,21 @@ class AsyncLane final : public AsyncLaneBase {
   }
 
   Iter<T>& chain() { return *chain_; }
-  /// Paused or not started: the elements produced but not delivered, in order.
+  /// Paused, not started, or lent: the elements produced but not delivered, in order.
   std::vector<T> pending() const {
     std::vector<T> out(current_.begin() + std::ptrdiff_t(head_), current_.end());
-    out.insert(out.end(), queue_.begin(), queue_.end());
+    if (lent()) out.insert(out.end(), lent_queue_.begin(), lent_queue_.end());
+    else out.insert(out.end(), queue_.begin(), queue_.end());
     return out;
+  }
+  /// Paused or lent: whether the chain had ended, and its failure, as of the snapshot's point (a lent
+  /// lane was busy producing: neither).
+  bool snapshot_done() const { return !lent() && producer_done(); }
+  std::exception_ptr snapshot_error() const { return lent() ? nullptr : producer_error(); }
+  /// Paused or lent: appends the chain's records, the lent copy or the chain's own.
+  void save_chain(StateSink& out) const {
+    if (!lent()) return chain_->save(out);
+    for (const NodeState& st : lent_states_) out.add() = st;
   }
 
   /// Paused, on the caller's thread: pulls the chain one element at a time until settled_pending()
@@ -253,9 +297,35 @@ class AsyncLane final : public AsyncLaneBase {
     head_ = 0;
     return queue_.take_into(current_, max);
   }
+  bool capture_chain() noexcept override {
+    try {
+      capture_.clear();
+      StateSink sink(capture_, &capture_spare_);  // the records of two captures ago, overwritten in place
+      chain_->save(sink);
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+  void publish_capture() override {
+    published_.swap(capture_);
+    capture_spare_.swap(capture_);  // the records just replaced: storage for the next capture
+  }
+  void lend_locked() override {
+    lent_states_ = published_;
+    lent_queue_.assign(queue_.begin(), queue_.end());
+  }
+  void end_loan() override {
+    lent_states_.clear();
+    lent_queue_.clear();
+  }
 
  private:
   std::unique_ptr<Iter<T>> chain_;
+  // Captures (see the file's comment): made by the producer, published and lent under the lock.
+  std::vector<NodeState> capture_, capture_spare_, published_;
+  std::vector<NodeState> lent_states_;  // consumer: the snapshot's copy
+  std::vector<T> lent_queue_;
   std::vector<T> staged_;    // producer side
   Fifo<T> queue_;            // under the lock
   std::vector<T> current_;   // consumer side

@@ -272,14 +272,22 @@ class IterBase {
         w("deferred_worker", f.worker);
       }
     }
-    if (mode_ != StateMode::replay)
-      for (IterBase* in : inputs()) in->save(out);
+    if (mode_ != StateMode::replay) save_inputs(out);
   }
 
   /// Stops background production below this node and waits until it is idle (snapshots, statistics).
   virtual void pause() {
     for (IterBase* in : inputs()) in->pause();
   }
+  /// As pause(), for an exact snapshot (Run::snapshot): a worker lane busy with a chunk that holds its
+  /// chain's state as of its last published chunk lends that state and goes on producing, so the pause
+  /// does not wait for the chunk (merge). resume() ends it either way.
+  virtual void pause_for_snapshot() {
+    for (IterBase* in : inputs()) in->pause_for_snapshot();
+  }
+  /// Whether this node's state changes when another worker's chain pulls (dispatch, whose dispatcher the
+  /// workers share): a chain holding one cannot be saved apart from the others' (AsyncLane's captures).
+  virtual bool shared_between_workers() const { return false; }
   /// Lets background production go on after pause().
   virtual void resume() {
     for (IterBase* in : inputs()) in->resume();
@@ -377,6 +385,10 @@ class IterBase {
 
   virtual void save_state(StateWriter&) const = 0;
   virtual void restore_state(StateReader&) = 0;
+  /// Appends the records of this node's inputs, after its own (merge saves a lane's lent state instead).
+  virtual void save_inputs(StateSink& out) const {
+    for (IterBase* in : inputs()) in->save(out);
+  }
 
   bool started_ = false;
   std::uint64_t produced_ = 0;

@@ -223,6 +223,7 @@ class DispatchIter final : public Hooked<Out> {
     if (owner_) return {&dispatcher_->prefix()};
     return {};
   }
+  bool shared_between_workers() const override { return dispatcher_->workers() > 1; }
 
  private:
   std::shared_ptr<detail::Dispatcher<T, Out>> dispatcher_;

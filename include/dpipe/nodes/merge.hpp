@@ -91,12 +91,22 @@ class MergeIter final : public Hooked<T> {
     }
     ctx.cursor = end_key;
     finished_.assign(lanes_.size(), false);
+    for (auto& l : lanes_)
+      if (shares_between_workers(l->chain())) l->disable_captures();
   }
   ~MergeIter() override { stop(); }
 
   void pause() override {
     for (auto& l : lanes_) l->request_pause();
     for (auto& l : lanes_) l->wait_idle();
+  }
+  /// Lanes that can lend their chain's records as of their last published chunk go on producing; the
+  /// others pause, and the wait is for their chunks under way only.
+  void pause_for_snapshot() override {
+    std::vector<bool> lent(lanes_.size());
+    for (std::size_t i = 0; i < lanes_.size(); ++i) lent[i] = lanes_[i]->request_snapshot();
+    for (std::size_t i = 0; i < lanes_.size(); ++i)
+      if (!lent[i]) lanes_[i]->wait_idle();
   }
   void resume() override {
     for (auto& l : lanes_) l->resume();
@@ -172,10 +182,13 @@ class MergeIter final : public Hooked<T> {
     st.lanes.resize(lanes_.size());
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
       st.lanes[i].pending = lanes_[i]->pending();
-      st.lanes[i].done = finished_[i] || lanes_[i]->producer_done();
-      st.lanes[i].failure = FailureRecord::of(lanes_[i]->producer_error());
+      st.lanes[i].done = finished_[i] || lanes_[i]->snapshot_done();
+      st.lanes[i].failure = FailureRecord::of(lanes_[i]->snapshot_error());
     }
     w.write(st);
+  }
+  void save_inputs(StateSink& out) const override {
+    for (const auto& l : lanes_) l->save_chain(out);
   }
   void restore_state(StateReader& r) override {
     MergeState<std::vector<T>> st;
@@ -207,6 +220,12 @@ class MergeIter final : public Hooked<T> {
   detail::Executor* executor_ = nullptr;
   bool inline_ = false;
   bool started_lanes_ = false;
+  static bool shares_between_workers(const IterBase& node) {
+    if (node.shared_between_workers()) return true;
+    for (const IterBase* in : node.inputs())
+      if (shares_between_workers(*in)) return true;
+    return false;
+  }
   void start_lanes() {  // every worker starts at once, not when the round-robin first reaches it
     if (started_lanes_) return;
     started_lanes_ = true;
