@@ -18,6 +18,9 @@ Params mix_params(const MixOptions& o, std::size_t inputs) {
     weights += (weights.empty() ? "" : ", ") + param_text(w);
   }
   if (total <= 0) throw ConfigError(node + ": the weights must not all be 0");
+  if (!std::isfinite(total))  // every draw would land on the last input
+    throw ConfigError(node + ": the weights add up beyond the largest number (" + weights +
+                      "); only their ratios matter, so give them on a smaller scale");
   const char* stop = o.stop == MixStop::first_exhausted ? "first_exhausted" : o.stop == MixStop::never ? "never" : "all_exhausted";
   return {{"weights", weights}, {"stop", stop}};
 }

@@ -115,6 +115,7 @@ CLI::Validator decimal(T lo, T hi) {
         const bool digits = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
         if (!digits || ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi)
           return "must be a decimal integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + s + "'";
+        s = std::to_string(v);  // CLI11 would read a leading 0 as octal ("010" as 8)
         return "";
       },
       "");
@@ -133,13 +134,13 @@ void add_common(CLI::App& cmd, CommonArgs& a) {
   cmd.add_option("SPEC", a.spec, kSpecHelp)->type_name("")->required();
   a.seed_opt = cmd.add_option("--seed", a.seed, "the pipeline seed (default: the spec's \"seed\", else 0)")
                    ->type_name("N")
-                   ->check(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
-  a.rank_opt = cmd.add_option("--rank", a.rank, "this process's rank (with --world-size)")->type_name("R")->check(decimal(0, 1'000'000));
-  auto* world = cmd.add_option("--world-size", a.world_size, "the number of ranks (with --rank)")->type_name("W")->check(decimal(1, 1'000'000));
+                   ->transform(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
+  a.rank_opt = cmd.add_option("--rank", a.rank, "this process's rank (with --world-size)")->type_name("R")->transform(decimal(0, 1'000'000));
+  auto* world = cmd.add_option("--world-size", a.world_size, "the number of ranks (with --rank)")->type_name("W")->transform(decimal(1, 1'000'000));
   a.rank_opt->needs(world);
   world->needs(a.rank_opt);
-  cmd.add_option("--workers", a.workers, "worker instances on this rank, 1 to 4096 (default 1)")->type_name("K")->check(decimal(1, 4096));
-  cmd.add_option("--threads", a.threads, "threads of the engine, up to 1024 (default 0: one per core)")->type_name("T")->check(decimal(0, 1024));
+  cmd.add_option("--workers", a.workers, "worker instances on this rank, 1 to 4096 (default 1)")->type_name("K")->transform(decimal(1, 4096));
+  cmd.add_option("--threads", a.threads, "threads of the engine, up to 1024 (default 0: one per core)")->type_name("T")->transform(decimal(0, 1024));
   cmd.add_flag("--stats", a.stats, "report elements, seconds and per-node statistics as one JSON line")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   cmd.add_option("--data-root", a.data_root,
@@ -165,7 +166,7 @@ void build_cli(Cli& c) {
   auto& r = c.run_args;
   add_common(*c.run, r.common);
   c.run->add_option("--take", r.take, "stop after N elements, 0 for none (default: all)")->type_name("N")
-      ->check(decimal<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
+      ->transform(decimal<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
   c.run->add_option("--output", r.output,
                     "write the elements to PATH instead of standard output; '{rank}' is replaced by the rank")
       ->type_name("PATH");
@@ -180,11 +181,11 @@ void build_cli(Cli& c) {
   resume->excludes(resume_dir);
   c.run->add_option("--step", r.step, "record N as the snapshot's step (a set of mixed steps is refused; with --snapshot-dir and --take it defaults to the resumed step + the --take count)")
       ->type_name("N")
-      ->check(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
+      ->transform(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
   c.run->add_option("--max-replay", r.max_replay,
                     "refuse a snapshot that asks a generator to replay more than N elements (default 2^30)")
       ->type_name("N")
-      ->check(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
+      ->transform(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
   c.run->add_option("--override", r.overrides,
                     "let this resume change the semantic parameter PARAM (KEY.PARAM: of one node), which the spec "
                     "gives anew: mix's weights; recorded in the snapshots as dpipe.overrides")
@@ -230,8 +231,8 @@ void build_cli(Cli& c) {
   c.rescale = snapshot->add_subcommand("rescale", "Redistributes a snapshot set onto another layout, offline.");
   auto& s = c.rescale_args;
   c.rescale->add_option("DIR", s.dir, "the snapshot set to read")->type_name("")->required();
-  c.rescale->add_option("--world-size", s.world_size, "the new number of ranks")->type_name("W")->required()->check(decimal(1, 1'000'000));
-  c.rescale->add_option("--workers", s.workers, "the new number of workers per rank")->type_name("K")->required()->check(decimal(1, 4096));
+  c.rescale->add_option("--world-size", s.world_size, "the new number of ranks")->type_name("W")->required()->transform(decimal(1, 1'000'000));
+  c.rescale->add_option("--workers", s.workers, "the new number of workers per rank")->type_name("K")->required()->transform(decimal(1, 4096));
   c.rescale->add_option("--out", s.out, "the directory to write the new set into (absent or empty)")
       ->type_name("DIR")
       ->required()

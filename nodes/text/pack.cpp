@@ -9,7 +9,8 @@ namespace dpipe {
 Params PackKind::checked_params(const PackOptions& o) {
   const std::string node = node_label("pack", o.name);
   if (o.seq_len <= 0) throw ConfigError(node + ": seq_len must be positive, got " + param_text(o.seq_len));
-  if (o.seq_len > (std::int64_t{1} << 32)) throw ConfigError(node + ": seq_len must be at most 2^32, got " + param_text(o.seq_len));
+  // Each row holds three int64 arrays of seq_len, made before a document fills them.
+  if (o.seq_len > (std::int64_t{1} << 24)) throw ConfigError(node + ": seq_len must be at most 2^24, got " + param_text(o.seq_len));
   if (o.buffer <= 0) throw ConfigError(node + ": buffer must be positive, got " + param_text(o.buffer));
   if (o.field.empty()) throw ConfigError(node + ": field must name a field");
   Params p{{"seq_len", param_text(o.seq_len)}, {"field", o.field},

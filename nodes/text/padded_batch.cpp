@@ -10,6 +10,11 @@ Params PaddedBatchKind::checked_params(const PaddedBatchOptions& o) {
   if (o.size <= 0) throw ConfigError(node + ": size must be positive, got " + param_text(o.size));
   if (o.length < 0) throw ConfigError(node + ": length must not be negative, got " + param_text(o.length));
   if (o.multiple <= 0) throw ConfigError(node + ": multiple must be positive, got " + param_text(o.multiple));
+  // Each row of a batch is padded to these: memory follows them, not the input.
+  if (o.length > PaddedBatchKind::kMostItems)
+    throw ConfigError(node + ": length must be at most 2^24 items per row, got " + param_text(o.length));
+  if (o.multiple > PaddedBatchKind::kMostItems)
+    throw ConfigError(node + ": multiple must be at most 2^24 items per row, got " + param_text(o.multiple));
   if (o.length > 0 && o.length % o.multiple != 0)
     throw ConfigError(node + ": length " + param_text(o.length) + " is not a multiple of " + param_text(o.multiple));
   return {{"size", param_text(o.size)}, {"length", param_text(o.length)}, {"multiple", param_text(o.multiple)},

@@ -80,6 +80,39 @@ class Pipeline:
     def __hash__(self):
         return hash(self.to_json())
 
+    def __bool__(self):  # not len(): a pipeline is true whether or not its length is known
+        return True
+
+    def __len__(self):
+        """Elements the pipeline yields in a fresh epoch on one rank of one worker, when every node can say
+        (as torch's len(datapipe)); else TypeError naming the node that cannot. len(Loader(...)) counts
+        one rank of a layout."""
+        from ._loader import LoaderBase  # the Loader builds on this module
+        return len(LoaderBase(self, rank=0, world_size=1, workers=1))
+
+    def set_shuffle(self, enabled=True):
+        """This pipeline with every shuffle on or off (torch's set_shuffle, applied to each shuffle as torch's
+        graph_settings.apply_shuffle_settings does). Off, a shuffle passes its elements on in order and buffers
+        nothing. A Pipeline does not change, so use what this returns: `p = p.set_shuffle(False)`."""
+        if not isinstance(enabled, bool):
+            raise TypeError(f"set_shuffle() takes True or False, got {enabled!r}")
+
+        def toggled(node):
+            if isinstance(node, Pipeline):  # an input given in a parameter ("with")
+                return node.set_shuffle(enabled)
+            if isinstance(node, dict):
+                out = {k: toggled(v) for k, v in node.items()}
+                if out.get("op") == "shuffle":
+                    out.pop("enabled", None)
+                    if not enabled:
+                        out["enabled"] = False
+                return out
+            if isinstance(node, (list, tuple)):
+                return type(node)(toggled(v) for v in node)
+            return node
+
+        return Pipeline([toggled(n) for n in self._nodes], self._callables)
+
     # fork, demux and unzip (methods, made from their schemas below): `a, b = p.fork(2)`.
 
 
@@ -111,11 +144,18 @@ def _branch_method(op):
     make = _node_function(op)
     sig = make.__signature__
     P = inspect.Parameter
-    params = [P("self", P.POSITIONAL_ONLY), P("count", P.POSITIONAL_OR_KEYWORD)]  # torch's order: count first
-    params += [q for q in sig.parameters.values() if q.name != "count"]
+    # torch's order: count first (or torch's num_instances=, so count has a default, and so have the
+    # positional parameters after it: make() names a missing one).
+    params = [P("self", P.POSITIONAL_ONLY), P("count", P.POSITIONAL_OR_KEYWORD, default=None)]
+    params += [q.replace(default=None) if q.kind is P.POSITIONAL_OR_KEYWORD and q.default is P.empty else q
+               for q in sig.parameters.values() if q.name != "count"]
 
-    def method(self, count, *args, **kwargs):
-        one = make(*args, count=count, **kwargs)
+    def method(self, *args, **kwargs):
+        if args:  # the first positional argument is the count
+            if "count" in kwargs or "num_instances" in kwargs:
+                raise TypeError(f"{op}() got count twice")
+            kwargs["count"], args = args[0], args[1:]
+        one = make(*args, **kwargs)
         node = dict(one._nodes[0])
         count = node.get("count")
         if not isinstance(count, int) or isinstance(count, bool):

@@ -100,6 +100,20 @@ def _():
             assert head + rest == full, (workers, take)
 
 
+@case("run/numbers_with_leading_zeros_are_decimal")
+def _():
+    spec = json.dumps({"pipeline": [{"op": "range", "stop": 100}, {"op": "sharding_filter"}]})
+    # "010" is ten, not octal eight, for every integer option.
+    assert lines(dpipe("run", spec, "--take", "010").stdout) == list(range(10))
+    assert lines(dpipe("run", spec, "--take", "007", "--seed", "010", "--workers", "02").stdout) == \
+        lines(dpipe("run", spec, "--take", "7", "--seed", "10", "--workers", "2").stdout)
+    assert lines(dpipe("run", spec, "--rank", "01", "--world-size", "02", "--take", "3").stdout) == [1, 3, 5]
+    snap = os.path.join(TMP, "octal_step.bin")
+    dpipe("run", spec, "--take", "2", "--step", "010", "--snapshot-out", snap)
+    shown = dpipe("snapshot", "show", snap).stdout
+    assert re.search(r"step\D+10\b", shown), shown
+
+
 @case("run/take_zero_takes_nothing_and_no_take_takes_all")
 def _():
     full = lines(dpipe("run", SPEC).stdout)

@@ -94,6 +94,12 @@ def test_fork():  # test_fork_iterdatapipe
     a, b, c = dpipe.range(10).fork(3)
     expected = [[i, i, i] for i in range(10)]
     assert run(a | dpipe.zip(b, c)) == expected
+    x, y, z = dpipe.range(10).fork(num_instances=3, buffer_size=256)  # torch's names
+    assert run(x | dpipe.zip(y, z)) == expected
+    with pytest.raises(TypeError, match="count twice"):
+        dpipe.range(10).fork(3, num_instances=3)
+    with pytest.raises(TypeError, match="buffer twice"):
+        dpipe.range(10).fork(2, buffer=4, buffer_size=4)
 
     def torch_fork(W):
         x, y, z = W(range(10)).fork(num_instances=3)
@@ -129,6 +135,10 @@ def test_fork_reading_one_output_to_its_end_needs_the_buffer_for_the_other():
 def test_demux():  # test_demux_iterdatapipe
     evens, odds = dpipe.range(10).demux(2, lambda x: x % 2)
     assert run(evens | dpipe.concat(odds)) == [0, 2, 4, 6, 8, 1, 3, 5, 7, 9]
+    x, y = dpipe.range(10).demux(num_instances=2, classifier_fn=lambda v: v % 2, buffer_size=10)  # torch's names
+    assert run(x | dpipe.concat(y)) == [0, 2, 4, 6, 8, 1, 3, 5, 7, 9]
+    with pytest.raises(TypeError, match="fn twice"):
+        dpipe.range(10).demux(2, lambda v: 0, classifier_fn=lambda v: 0)
 
     def torch_demux(W):
         x, y = W(range(10)).demux(num_instances=2, classifier_fn=lambda v: v % 2)
@@ -302,6 +312,43 @@ def test_shuffle_properties():  # test_shuffle_iterdatapipe
     assert once == run(dpipe.range(100) | dpipe.shuffle(buffer=8), seed=9)
     assert all(i - pos <= 7 for pos, i in enumerate(once))  # it enters the buffer after an output
     assert len(dpipe.Loader(dpipe.range(100) | dpipe.shuffle(buffer=20))) == 100
+
+
+def test_shuffle_turned_off():  # test_shuffle_iterdatapipe: set_shuffle(False) keeps the order
+    shuffled = dpipe.range(50) | dpipe.shuffle(buffer=20) | dpipe.batch(5) | dpipe.unbatch()
+    assert run(shuffled, seed=4) != list(range(50))
+    off = shuffled.set_shuffle(False)
+    assert run(off, seed=4) == list(range(50))
+    assert run(off.set_shuffle(True), seed=4) == run(shuffled, seed=4)  # on again: the same pipeline
+    assert off.set_shuffle(True) == shuffled
+    assert run(dpipe.range(50) | dpipe.shuffle(buffer_size=20, enabled=False)) == list(range(50))
+    same_as_torch(list(range(10)), lambda W: W(range(10)).shuffle().set_shuffle(False))
+    # Inside another node's inputs too (torch's apply_shuffle_settings reaches the whole graph).
+    mixed = dpipe.range(10) | dpipe.concat(dpipe.range(10, 20) | dpipe.shuffle())
+    assert run(mixed.set_shuffle(False)) == list(range(20))
+    # Off, it buffers nothing: a state taken mid-stream holds no shuffle buffer.
+    loader = dpipe.Loader(dpipe.range(100) | dpipe.shuffle(buffer=30, enabled=False))
+    it = iter(loader)
+    assert [next(it) for _ in range(10)] == list(range(10))
+    state = loader.state_dict()
+    rest = list(it)
+    loader.load_state_dict(state)
+    assert list(loader) == rest == list(range(10, 100))
+    with pytest.raises(TypeError, match="True or False"):
+        shuffled.set_shuffle("no")
+
+
+def test_len_of_a_pipeline():  # len(datapipe): known from the sources and nodes, TypeError otherwise
+    assert len(dpipe.range(10) | dpipe.batch(3)) == 4
+    assert len(dpipe.range(10) | dpipe.zip(dpipe.range(4))) == 4
+    assert len(dpipe.range(5) | dpipe.mux_longest(dpipe.range(7))) == 12
+    assert len(dpipe.range(20) | dpipe.take(6) | dpipe.repeat(2)) == 12
+    assert len(dpipe.range(5) | dpipe.cycle(3)) == 15
+    with pytest.raises(TypeError, match="filter"):
+        len(dpipe.range(10) | dpipe.filter(lambda x: x > 3))
+    assert bool(dpipe.range(10) | dpipe.filter(lambda x: x > 3))  # truth is not len()
+    if IterableWrapper is not None:
+        assert len(IterableWrapper(range(10)).batch(3)) == 4
 
 
 # ---- deliberate differences (docs/python.md, "Differences from torch") ----------------------------------

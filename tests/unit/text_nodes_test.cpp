@@ -332,6 +332,19 @@ TEST(Pack, RefusesWhatIsNotADocumentNamingTheField) {
   testing::expect_throw_with<DataError>([&] { run.next(); }, "an element is not a record");
   testing::expect_throw_with<ConfigError>([] { range(0, 1) | map([](I64) { return Value(); }) | pack({.seq_len = 0}); },
                                           "seq_len must be positive");
+  // Sizes that memory follows are bounded where they are given, not found out in bad_alloc.
+  for (const std::int64_t huge : {(std::int64_t{1} << 24) + 1, std::int64_t{1} << 31, std::int64_t{1} << 62})
+    testing::expect_throw_with<ConfigError>(
+        [&] { range(0, 1) | map([](I64) { return Value(); }) | pack({.seq_len = huge}); }, "seq_len must be at most 2^24");
+  for (const std::int64_t huge : {(std::int64_t{1} << 24) * 2, std::int64_t{1} << 61}) {
+    testing::expect_throw_with<ConfigError>(
+        [&] { range(0, 1) | map([](I64) { return Value(); }) | padded_batch({.size = 2, .multiple = huge}); },
+        "multiple must be at most 2^24");
+    testing::expect_throw_with<ConfigError>(
+        [&] { range(0, 1) | map([](I64) { return Value(); }) | padded_batch({.size = 2, .length = huge * 2}); },
+        "length must be at most 2^24");
+  }
+  (void)(range(0, 1) | map([](I64) { return Value(); }) | pack({.seq_len = std::int64_t{1} << 24}));  // the bound itself
 }
 
 TEST(PackRescale, EveryTokenExactlyOnceWithItsPositionAcrossRandomLayouts) {
@@ -483,6 +496,18 @@ TEST(Mix, FirstExhaustedEndsAtTheFirstEndedDrawAndNeverRestartsInputsAsNewEpochs
                                           "1 weights for 2 inputs");
   testing::expect_throw_with<ConfigError>([] { mix(std::vector<Pipeline<I64>>{range(0, 1)}, {.weights = {0}}); },
                                           "must not all be 0");
+  // Finite weights whose sum is not: refused, not every draw from the last input.
+  testing::expect_throw_with<ConfigError>(
+      [] { mix(std::vector<Pipeline<I64>>{range(0, 1), range(0, 1)}, {.weights = {1e308, 1e308}}); },
+      "add up beyond the largest number");
+  // Large but summable weights draw by their ratio (here 1 : 3).
+  auto large = e.start(mix(std::vector<Pipeline<I64>>{range(0, 4000), range(10'000, 14'000)}, {.weights = {4e307, 1.2e308}}) |
+                           take(2000),
+                       {.seed = 3});
+  std::size_t second = 0;
+  while (auto x = large.next()) second += *x >= 10'000;
+  EXPECT_GT(second, 1350u);
+  EXPECT_LT(second, 1650u);
 }
 
 TEST(Mix, WeightsChangeAtResumeOnlyWhenOverriddenKeepingEveryBufferedElement) {

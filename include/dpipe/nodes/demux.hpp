@@ -87,12 +87,14 @@ struct DemuxKind {
       "Each element to the one of `count` outputs its function picks (torch's demux); output 0 continues the "
       "chain, output i is read with {\"op\": \"from\", \"name\": NAME, \"output\": i}.";
   static constexpr ParamSchema params[] = {
-      {.name = "fn", .type = ParamType::function, .doc = "the function: element → output (0 to count − 1)", .positional = true},
+      {.name = "fn", .type = ParamType::function, .doc = "the function: element → output (0 to count − 1)", .positional = true,
+       .torch = "classifier_fn"},
       {.name = "count", .type = ParamType::integer,
-       .doc = "how many outputs, 1 to 1024 (absent: output 0 and every output a `from` reads)", .fallback = "null"},
+       .doc = "how many outputs, 1 to 1024 (absent: output 0 and every output a `from` reads)", .fallback = "null",
+       .torch = "num_instances"},
       {.name = "buffer", .type = ParamType::integer,
-       .doc = "elements held for outputs that have not taken them yet, all outputs together (torch's buffer_size)",
-       .fallback = "1000"},
+       .doc = "elements held for outputs that have not taken them yet, all outputs together",
+       .fallback = "1000", .torch = "buffer_size"},
   };
   using State = SplitState<ElementBlobs>;
   static RescaleRule rescale() { return RescaleRule::refused(kSplitNotDealt); }

@@ -77,10 +77,10 @@ struct ForkKind {
   static constexpr ParamSchema params[] = {
       {.name = "count", .type = ParamType::integer,
        .doc = "how many outputs, 1 to 1024 (absent: output 0 and every output a `from` reads)", .fallback = "null",
-       .positional = true},
+       .positional = true, .torch = "num_instances"},
       {.name = "buffer", .type = ParamType::integer,
-       .doc = "elements the output furthest ahead may be ahead of the one furthest behind (torch's buffer_size)",
-       .fallback = "1000"},
+       .doc = "elements the output furthest ahead may be ahead of the one furthest behind",
+       .fallback = "1000", .torch = "buffer_size"},
   };
   using State = SplitState<ElementBlobs>;
   static RescaleRule rescale() { return RescaleRule::refused(kSplitNotDealt); }

@@ -151,7 +151,7 @@ struct PackKind {
   static constexpr std::string_view doc =
       "Packs token arrays into rows of seq_len tokens with segment ids and positions (greedy or first_fit).";
   static constexpr ParamSchema params[] = {
-      {.name = "seq_len", .type = ParamType::integer, .doc = "tokens per row (positive)", .positional = true},
+      {.name = "seq_len", .type = ParamType::integer, .doc = "tokens per row, 1 to 2^24", .positional = true},
       {.name = "field", .type = ParamType::text, .doc = "the field holding each document's tokens", .fallback = "\"tokens\""},
       {.name = "mode", .type = ParamType::choice, .doc = "greedy: end to end, cut every seq_len; first_fit: into the first open row with room",
        .fallback = "\"greedy\"", .choices = "greedy|first_fit"},

@@ -100,14 +100,16 @@ struct PaddedBatchKind {
       "Groups records into one record of [B, L] arrays padded to the longest (or a fixed length), plus lengths.";
   static constexpr ParamSchema params[] = {
       {.name = "size", .type = ParamType::integer, .doc = "elements per batch (positive)", .positional = true},
-      {.name = "length", .type = ParamType::integer, .doc = "pad every array to this length (0: the longest in the batch)", .fallback = "0"},
-      {.name = "multiple", .type = ParamType::integer, .doc = "round the padded length up to a multiple of this", .fallback = "1"},
+      {.name = "length", .type = ParamType::integer, .doc = "pad every array to this length, at most 2^24 (0: the longest in the batch)", .fallback = "0"},
+      {.name = "multiple", .type = ParamType::integer, .doc = "round the padded length up to a multiple of this, 1 to 2^24", .fallback = "1"},
       {.name = "pad", .type = ParamType::integer, .doc = "the padding value", .fallback = "0"},
       {.name = "drop_last", .type = ParamType::boolean, .doc = "drop the last batch when it is short", .fallback = "false"},
   };
   using Options = PaddedBatchOptions;
   using State = BatchState<ElementBlobs>;
   static Params checked_params(const PaddedBatchOptions& o);
+  /// The most a row may be padded to, `length` and `multiple` included.
+  static constexpr std::int64_t kMostItems = std::int64_t{1} << 24;
   /// Rescale: batch's rule (the partial batches are pooled and dealt).
   static RescaleRule rescale() { return BatchKind::rescale(); }
   static std::string summary(const NodeState& record, const GraphNodeRecord& node) { return BatchKind::summary(record, node); }

@@ -1,6 +1,7 @@
 #pragma once
 /// Buffered shuffle, as torch's: fill the buffer; then for each new input emit a random slot and put
-/// the input there; at the end drain the buffer in random order. In: T → Out: T.
+/// the input there; at the end drain the buffer in random order. `enabled = false` (torch's
+/// `set_shuffle(False)`) passes the elements on in order and buffers nothing. In: T → Out: T.
 /// State: the buffer, the generator, whether the input ended. Reshuffles every epoch. Rescale: the
 /// buffered elements of all instances are dealt to the new ones.
 #include <string>
@@ -30,6 +31,7 @@ struct ShuffleState {
 struct ShuffleOptions {
   std::int64_t buffer = 10'000;
   std::string name{};
+  bool enabled = true;
 };
 
 /// The options' parameters as the fingerprint writes them; throws ConfigError on invalid options (compiled
@@ -37,7 +39,9 @@ struct ShuffleOptions {
 inline Params checked_params(const ShuffleOptions& o) {
   if (o.buffer <= 0)
     throw ConfigError(node_label("shuffle", o.name) + ": buffer must be positive, got " + param_text(o.buffer));
-  return {{"buffer", param_text(o.buffer)}};
+  Params params{{"buffer", param_text(o.buffer)}};
+  if (!o.enabled) params.emplace_back("enabled", "false");  // absent when on: earlier snapshots' fingerprints hold
+  return params;
 }
 
 template <Snapshottable T>
@@ -45,26 +49,29 @@ class ShuffleDef final : public NodeDef<T> {
  public:
   ShuffleDef(std::shared_ptr<const NodeDef<T>> in, ShuffleOptions o)
       : NodeDef<T>("shuffle", o.name, checked_params(o), {in}), input_(std::move(in)),
-        buffer_(static_cast<std::size_t>(o.buffer)) {}
+        buffer_(static_cast<std::size_t>(o.buffer)), enabled_(o.enabled) {}
   std::unique_ptr<Iter<T>> instantiate(BuildContext& ctx) const override;
   const NodeDef<T>& input() const { return *input_; }
   std::size_t buffer() const { return buffer_; }
+  bool enabled() const { return enabled_; }
 
  private:
   std::shared_ptr<const NodeDef<T>> input_;
   std::size_t buffer_ = 0;
+  bool enabled_ = true;
 };
 
 template <Snapshottable T>
 class ShuffleIter final : public Hooked<T> {
  public:
   ShuffleIter(BuildContext& ctx, const ShuffleDef<T>& def)
-      : Hooked<T>(ctx, "shuffle"), input_(def.input().instantiate(ctx)), size_(def.buffer()) {
+      : Hooked<T>(ctx, "shuffle"), input_(def.input().instantiate(ctx)), size_(def.buffer()), enabled_(def.enabled()) {
     st_.rng = ctx.rng(this->key());
   }
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    if (!enabled_) return input_->pull(out, max);
     auto& buf = st_.buffer;
     const std::size_t before = out.size();
     while (out.size() - before < max) {
@@ -118,6 +125,7 @@ class ShuffleIter final : public Hooked<T> {
  private:
   std::unique_ptr<Iter<T>> input_;
   std::size_t size_;
+  bool enabled_;
   ShuffleState<std::vector<T>> st_;
   std::vector<T> scratch_;
 };
@@ -142,6 +150,8 @@ struct ShuffleKind {
   static constexpr ParamSchema params[] = {
       {.name = "buffer", .type = ParamType::integer, .doc = "elements held (positive)", .fallback = "10000", .positional = true,
        .torch = "buffer_size"},
+      {.name = "enabled", .type = ParamType::boolean,
+       .doc = "false: the elements pass in order, nothing buffered (torch's set_shuffle(False))", .fallback = "true"},
   };
   using State = ShuffleState<ElementBlobs>;
   /// `snapshot show`: how full the buffer is.
@@ -178,11 +188,12 @@ struct ShuffleKind {
     });
   }
 
-  /// `{"op": "shuffle", "buffer": N}`
+  /// `{"op": "shuffle", "buffer": N, "enabled": true}`
   template <class Spec>
   static SpecPipeline from_spec(Spec& s) {
     ShuffleOptions o{.name = s.name()};
     s.param("buffer", o.buffer);
+    s.param("enabled", o.enabled);
     return s.input().apply([&](const auto& p) { return p | shuffle(o); });
   }
 };
