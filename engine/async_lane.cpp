@@ -247,6 +247,25 @@ void AsyncLaneBase::wait_idle() {
   idle_cv_.wait(lock, [this] { return !running_; });
 }
 
+void AsyncLaneBase::set_inline(bool on) {
+  if (executor_ == nullptr) return;
+  std::unique_lock lock(mu_);
+  if (on == inline_) return;
+  if (!on) {
+    inline_ = false;
+    schedule_locked();
+    return;
+  }
+  const bool was_paused = paused_;
+  paused_ = true;  // no task starts; the one under way finishes its chunk
+  idle_cv_.wait(lock, [this] { return !running_; });
+  paused_ = was_paused;
+  absorb_queue_locked();
+  buffered_ = 0;
+  inline_ = true;
+  capture_fresh_ = false;  // the consumer moves the chain on without captures
+}
+
 bool AsyncLaneBase::request_snapshot() {
   std::lock_guard lock(mu_);
   if (!inline_ && running_ && capture_fresh_ && !paused_ && !cancelled_) {

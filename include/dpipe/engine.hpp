@@ -249,6 +249,10 @@ class Run {
   {
     return take_snapshot(std::move(user_metadata), step, /*settle=*/true);
   }
+  /// Runs the workers in the consumer's thread from now on (true, as RunOptions::inline_workers) or on
+  /// the engine's threads (false); the stream is the same. Going inline waits for the chunks under way.
+  /// For a consumer that knows which pays: the Python Loader switches as its loop's steps change.
+  void set_inline_workers(bool on) { root_->set_inline_production(on); }
   /// Hands back a snapshot of this run the caller is done with (written, sent): the next snapshot
   /// overwrites its records in place instead of allocating its buffers again. A loop that snapshots
   /// often (a Python state_dict per step) then neither allocates nor page-faults its state anew.

@@ -101,10 +101,11 @@ class LoaderBase:
     `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
     rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
     variables. `workers`: the pipeline's worker instances on this rank; `threads`: engine threads (0: one
-    per core); `inline_workers`: run the workers in the consumer's thread, inside next() (no hand-off
-    between threads: the fastest for a pipeline of Python callables with one worker, but nothing
-    overlaps with the training step; None, the default: so when the pipeline has Python callables and
-    one worker and no parallel_map); `fuse`: run adjacent Python stages (map, filter, flat_map) as one node, objects passing
+    per core); `inline_workers`: True runs the workers in the consumer's thread, inside next() (no hand-off
+    between threads, but nothing overlaps with the training step); False on the engine's threads; None,
+    the default: for Python callables on one worker without parallel_map, inline while the loop's steps
+    are short or busy on the CPU and on an engine thread while they sleep or wait (a GPU step), else on
+    the engine's threads; `fuse`: run adjacent Python stages (map, filter, flat_map) as one node, objects passing
     between them unconverted (False: one node each, as in specs and pipelines of earlier versions);
     `data_root`: the directory the file sources' relative names are resolved against; files under it
     are recorded in states by their names relative to it, so a state resumes under another root (the
@@ -144,9 +145,12 @@ class LoaderBase:
         options.epoch = int(epoch)
         options.rank, options.world_size, options.workers = int(rank), int(world_size), int(workers)
         options.threads = int(threads)
-        if inline_workers is None:  # Python callables with one worker: the consumer's thread is the fastest,
-            # unless a parallel_map is to overlap its calls on the engine's threads
-            inline_workers = int(workers) == 1 and bool(callables) and not _has_op(nodes, "parallel_map")
+        if inline_workers is None:  # Python callables with one worker: inline while the loop's steps are short
+            # or hold the GIL, on an engine thread while they sleep or wait (a training step), so the next
+            # batch is made meanwhile; a parallel_map overlaps its calls on the engine's threads anyway
+            options.adaptive_workers = (int(workers) == 1 and bool(callables)
+                                        and not _has_op(nodes, "parallel_map"))
+            inline_workers = False
         options.inline_workers = bool(inline_workers)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <future>
 #include <map>
 #include <memory>
@@ -1083,8 +1084,13 @@ class Loop {
 template <class T>
 class TypedLoop final : public Loop {
  public:
-  TypedLoop(Run<T> run, Convert convert, bool inline_workers)
-      : run_(std::move(run)), convert_(convert), inline_(inline_workers) {}
+  /// `adaptive`: the workers run inline while the loop's steps are short or hold the GIL, and on the
+  /// engine's threads while they are long and release it (a training step), so the next batch is made
+  /// during the step (see adapt()).
+  TypedLoop(Run<T> run, Convert convert, bool inline_workers, bool adaptive = false)
+      : run_(std::move(run)), convert_(convert), inline_(inline_workers || adaptive), adaptive_(adaptive) {
+    if (adaptive_) run_->set_inline_workers(true);  // until the loop's steps are known
+  }
   /// Stopping the run joins its workers, which may be waiting for the GIL in a Python callable.
   ~TypedLoop() override {
     if (handler_installed_ && PyGILState_Check()) interrupts::uninstall();
@@ -1101,6 +1107,7 @@ class TypedLoop final : public Loop {
     if (run_->at_hand()) {  // taken as it is: releasing the GIL would hand it to a worker for a switch interval
       x = run_->next();
     } else {
+      const bool go_inline = adapt();
       if (inline_ && !handler_checked_) {
         handler_checked_ = true;
         handler_installed_ = interrupts::install();
@@ -1108,18 +1115,29 @@ class TypedLoop final : public Loop {
       std::optional<interrupts::Computing> deferred;
       if (handler_installed_ && interrupts::on_main_thread()) deferred.emplace();
       bool more = false;
-      {
+      // Inline, Ctrl-C ends the pull at the next element: one element's delay, not a whole pull's.
+      auto pull = [&] { return deferred ? run_->fill_until(1, [] { return interrupts::recorded.load(); }) : run_->fill(); };
+      const bool switching = adaptive_ && go_inline != running_inline_;
+      if (inline_ && go_inline && !switching) {
+        // Every node runs on this thread and no other thread of the run waits for the GIL, so the pull
+        // keeps it: each Python stage then takes it back for nothing instead of from the lock.
+        more = pull();
+      } else {
         py::gil_scoped_release nogil;
+        if (switching) {
+          run_->set_inline_workers(go_inline);  // going inline waits for the chunk under way: without the GIL
+          running_inline_ = go_inline;
+        }
         while (!run_->wait_ready(kSignalCheck)) {
           py::gil_scoped_acquire gil;
           if (PyErr_CheckSignals() != 0) throw py::error_already_set();
           check_live();  // a signal handler may have invalidated this loop
         }
-        // Inline, Ctrl-C ends the pull at the next element: one element's delay, not a whole pull's.
-        more = deferred ? run_->fill_until(1, [] { return interrupts::recorded.load(); }) : run_->fill();
+        more = pull();
       }
       if (deferred) deferred->finish();  // before the element is taken: state_dict() stays exact
       if (more) x = run_->next();
+      if (adaptive_) left_at_ = Clocks::now();
     }
     if (!x) {
       // An empty or mistyped data file would otherwise be a silent empty epoch (a resumed run that had
@@ -1190,7 +1208,35 @@ class TypedLoop final : public Loop {
  private:
   std::optional<Run<T>> run_;
   Convert convert_;
-  bool inline_;        // the workers compute inside next(), on this thread
+  /// Adaptive: what the caller did since the last pull (its loop's step, averaged over the last few),
+  /// and so where the workers run next: inline (true) unless the step takes a millisecond or more of
+  /// which this thread spent less than half on the CPU (it slept or waited: a GPU step, I/O).
+  /// Computing ahead on the engine's threads then overlaps the step; with short steps, or steps that
+  /// hold the GIL, the hand-off between threads costs more than it saves.
+  bool adapt() {
+    if (!adaptive_) return inline_;  // (always inline, or never)
+    if (left_at_.wall != 0) {
+      const Clocks now = Clocks::now();
+      step_wall_ = 0.5 * step_wall_ + 0.5 * (now.wall - left_at_.wall);
+      step_cpu_ = 0.5 * step_cpu_ + 0.5 * (now.cpu - left_at_.cpu);
+    }
+    return !(step_wall_ >= 1e-3 && step_cpu_ < 0.5 * step_wall_);
+  }
+  struct Clocks {
+    double wall = 0, cpu = 0;  // seconds: monotonic, and this thread's CPU time
+    static Clocks now() {
+      timespec w{}, c{};
+      clock_gettime(CLOCK_MONOTONIC, &w);
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c);
+      return {double(w.tv_sec) + double(w.tv_nsec) * 1e-9, double(c.tv_sec) + double(c.tv_nsec) * 1e-9};
+    }
+  };
+
+  bool inline_;        // the workers may compute inside next(), on this thread
+  bool adaptive_;      // ... when adapt() says so
+  bool running_inline_ = true;
+  Clocks left_at_{};   // when next() last returned an element it pulled
+  double step_wall_ = 0, step_cpu_ = 0;
   bool handler_checked_ = false, handler_installed_ = false;  // dpipe's Ctrl-C handler (inline only)
   bool warned_empty_ = false;
   std::string bytes_;  // the last snapshot's bytes: its capacity is reused by the next
@@ -1253,6 +1299,7 @@ struct LoopOptions {
   std::uint64_t epoch = 0;
   int rank = 0, world_size = 1, workers = 1, threads = 0;
   bool inline_workers = false;
+  bool adaptive_workers = false;  // see TypedLoop: inline or on the engine's threads, as the loop's steps say
 };
 
 RunOptions run_options(const LoopOptions& o) {
@@ -1271,8 +1318,10 @@ std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optio
   py::gil_scoped_release nogil;  // a restore may replay for a while; the engine's threads never need the GIL here
   return b.spec.pipeline.visit([&]<class T>(const Pipeline<T>& p) -> std::unique_ptr<Loop> {
     // The engine outlives the Run: it is kept by the loop through the run's shared executor.
-    if (snap) return std::make_unique<TypedLoop<T>>(engine->resume(p, *snap, ro, rz), convert, o.inline_workers);
-    return std::make_unique<TypedLoop<T>>(engine->start(p, ro), convert, o.inline_workers);
+    if (snap)
+      return std::make_unique<TypedLoop<T>>(engine->resume(p, *snap, ro, rz), convert, o.inline_workers,
+                                            o.adaptive_workers);
+    return std::make_unique<TypedLoop<T>>(engine->start(p, ro), convert, o.inline_workers, o.adaptive_workers);
   });
 }
 
@@ -1367,7 +1416,8 @@ PYBIND11_MODULE(_dpipe, m) {
       .def_readwrite("world_size", &LoopOptions::world_size)
       .def_readwrite("workers", &LoopOptions::workers)
       .def_readwrite("threads", &LoopOptions::threads)
-      .def_readwrite("inline_workers", &LoopOptions::inline_workers);
+      .def_readwrite("inline_workers", &LoopOptions::inline_workers)
+      .def_readwrite("adaptive_workers", &LoopOptions::adaptive_workers);
 
   py::class_<Loop>(m, "Loop")
       .def("next", &Loop::next, "The next element, or None at the end of the stream.")

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -359,6 +360,40 @@ TEST(SnapshotProperty, ResumeMidStreamWithBusyWorkersContinuesExactly) { resume_
 
 // Workers busy with slow chunks lend their chains as of their last chunk: the rest is still exact.
 TEST(SnapshotProperty, ResumeMidStreamFromLentWorkerStatesContinuesExactly) { resume_mid_stream_continues_exactly(25, true); }
+
+// Production moved between the consumer's thread and the engine's mid-stream (the Python Loader's
+// adaptive mode): the same stream, and snapshots taken in either mode resume to the same rest.
+TEST(SnapshotProperty, SwitchingBetweenInlineAndThreadedWorkersKeepsTheStreamAndItsSnapshots) {
+  testing::property_trials(30, [&](std::mt19937_64& g) {
+    bool sharded = false;
+    const auto p = random_pipeline(g, sharded, g() % 3 == 0);
+    const int workers = 1 + static_cast<int>(g() % 3);
+    const auto o = layout(workers, false, 0, 1, g());
+    const auto reference = collect_with(p, layout(workers, true, 0, 1, o.seed), 1);
+    Engine e({.threads = 2});
+    auto run = e.start(p, o);
+    bool on = g() % 2 == 0;
+    run.set_inline_workers(on);
+    std::vector<I64> got;
+    const std::size_t snap_at = reference.empty() ? 0 : static_cast<std::size_t>(g() % (reference.size() + 1));
+    std::optional<Snapshot> snap;
+    const bool reproducible = g() % 2 == 0;
+    for (;;) {
+      if (got.size() == snap_at && !snap)
+        snap = Snapshot::from_bytes((reproducible ? run.reproducible_snapshot() : run.snapshot()).to_bytes());
+      if (g() % 7 == 0) run.set_inline_workers(on = !on);
+      auto x = run.next();
+      if (!x) break;
+      got.push_back(*x);
+    }
+    ASSERT_EQ(got, reference) << "workers " << workers;
+    ASSERT_TRUE(snap.has_value());
+    auto resumed = e.resume(p, *snap, o);
+    if (g() % 2) resumed.set_inline_workers(true);
+    const auto rest = drain(resumed);
+    ASSERT_EQ(rest, std::vector<I64>(reference.begin() + std::ptrdiff_t(snap_at), reference.end()));
+  });
+}
 
 /// A map that blocks at one element until the test opens its gate (a worker caught inside a chunk), and
 /// sleeps 1 ms per element before it (slow chunks, which the lanes capture).

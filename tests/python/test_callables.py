@@ -398,3 +398,40 @@ def test_ctrl_c_during_an_inline_run_raises_at_an_element_and_the_state_is_the_l
     assert out["resumed"] is True
     assert out["latency"] < 0.2, out  # the pull under way: a few elements of 30 ms
     assert out["threads"] == 1 and out["handler_restored"], out
+
+
+def test_one_worker_computes_ahead_during_a_step_that_sleeps_and_inline_in_a_loop_that_only_reads():
+    # The default for Python callables on one worker: inline while the loop's steps are short (the calls
+    # run in next(), on the loop's thread), on an engine thread while they sleep (a GPU step), so that
+    # the next batches are made during the step. The stream is the same either way.
+    main = threading.get_ident()
+    calls = []
+
+    def f(x):
+        calls.append((x, threading.get_ident()))
+        time.sleep(0.001)  # a batch takes 4 ms: a step of 20 ms does not fill the worker's queue
+        return x * 3
+
+    p = dpipe.range(0, 400) | dpipe.map(f) | dpipe.batch(size=4)
+    expected = [[3 * i for i in range(k, k + 4)] for k in range(0, 400, 4)]
+    loader = dpipe.Loader(p)
+    got = [plain(b) for b in loader]  # a loop that only reads
+    assert got == expected
+    assert {t for _, t in calls} == {main}, "a loop that only reads ran the calls off its thread"
+
+    calls.clear()
+    it = iter(loader)
+    got = []
+    for step in range(12):  # steps of 20 ms that release the GIL
+        got.append(plain(next(it)))
+        made = len(calls)
+        time.sleep(0.02)
+        if step >= 4:
+            # During the step, the batches after it were made, on another thread.
+            assert len(calls) > made, f"nothing was computed during step {step}"
+    assert any(t != main for _, t in calls)
+    state = loader.state_dict()
+    got += [plain(b) for b in it]  # and back to reading only
+    assert got == expected
+    loader.load_state_dict(state)
+    assert [plain(b) for b in loader] == expected[12:]

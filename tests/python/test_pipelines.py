@@ -57,7 +57,7 @@ def test_node_functions_have_the_schemas_signatures():
 
 
 def test_an_unknown_keyword_is_a_type_error_at_the_call_naming_it():
-    with pytest.raises(TypeError, match="'buffers'.*takes buffer, name, buffer_size"):
+    with pytest.raises(TypeError, match="'buffers'.*takes buffer, enabled, name, buffer_size"):
         dpipe.shuffle(buffers=10)
     with pytest.raises(TypeError, match="size"):
         dpipe.batch()  # a required parameter missing

@@ -62,6 +62,11 @@ class AsyncLaneBase {
   bool lent() const { return lent_; }
   /// For chains that share state with other workers' (a dispatch): never capture (pauses wait).
   void disable_captures() { captures_ = false; }
+  /// Consumer: moves production to the consumer's thread (true: inside its pulls, as `inline_mode`) or
+  /// to the engine's (false), at a point between chunks. Going inline waits for a chunk under way and
+  /// moves what the queue holds to the consumer's side. The stream is the same either way. A lane with
+  /// no executor stays inline.
+  void set_inline(bool on);
   /// Cancels and joins; called by the typed lane's destructor before its chain goes away.
   void stop();
   /// Consumer: waits up to `limit` until a chunk, the end or a failure is queued (true; nothing is
@@ -93,6 +98,8 @@ class AsyncLaneBase {
   virtual std::size_t take_front(std::size_t max) = 0;
   /// Inline mode: the staging chunk becomes the consumer's side directly.
   virtual void take_staged() = 0;
+  /// Under the lock, the producer idle: appends the whole queue to the consumer's side.
+  virtual void absorb_queue_locked() = 0;
   /// Producer, without the lock, between pulls: saves the chain's records into the capture being made;
   /// false if saving failed (the snapshot then waits and raises the failure itself).
   virtual bool capture_chain() noexcept = 0;
@@ -138,7 +145,7 @@ class AsyncLaneBase {
   Executor* executor_;  // borrowed from the engine
   // chunk_: the inline chunk; threaded chunks adapt within [smallest_, max(chunk_, capacity_ / 2)].
   const std::size_t capacity_, chunk_;
-  const bool inline_;
+  bool inline_;  // changed by the consumer only (set_inline), under the lock
   // Producer side (one task at a time): elements per pull, adapted to how long elements take, from
   // `smallest_` at first, so a slow element is not multiplied by a chunk before anything is known.
   std::size_t smallest_ = 1;
@@ -291,6 +298,7 @@ class AsyncLane final : public AsyncLaneBase {
     current_.swap(staged_);
     head_ = 0;
   }
+  void absorb_queue_locked() override { queue_.take_into(current_, queue_.size()); }
   // Many elements move to the consumer's side at once: one lock per refill, not per element.
   std::size_t take_front(std::size_t max) override {
     current_.clear();

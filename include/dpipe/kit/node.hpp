@@ -285,6 +285,11 @@ class IterBase {
   virtual void pause_for_snapshot() {
     for (IterBase* in : inputs()) in->pause_for_snapshot();
   }
+  /// Moves the workers' production below this node to the consumer's thread or to the engine's
+  /// (merge's lanes, AsyncLane::set_inline); the stream does not change. Run::set_inline_workers.
+  virtual void set_inline_production(bool on) {
+    for (IterBase* in : inputs()) in->set_inline_production(on);
+  }
   /// Whether this node's state changes when another worker's chain pulls (dispatch, whose dispatcher the
   /// workers share): a chain holding one cannot be saved apart from the others' (AsyncLane's captures).
   virtual bool shared_between_workers() const { return false; }

@@ -111,6 +111,10 @@ class MergeIter final : public Hooked<T> {
   void resume() override {
     for (auto& l : lanes_) l->resume();
   }
+  void set_inline_production(bool on) override {
+    for (auto& l : lanes_) l->set_inline(on);
+    inline_ = on;
+  }
   void stop() override {
     for (auto& l : lanes_) l->stop();
   }
