@@ -384,9 +384,41 @@ auto in_python(F&& f) -> decltype(f()) {
   return run();
 }
 
+/// Which Loader's pipeline the Python code running on this thread belongs to (one token per built spec,
+/// which each Loader makes for itself), and its label: a callable that calls back into its own Loader is
+/// refused (CallingBack), since a snapshot would wait for the very worker that asks for it, and a pull
+/// would take elements out of order.
+struct CallOwner {};
+struct Calling {
+  const CallOwner* owner = nullptr;
+  const std::string* label = nullptr;
+};
+thread_local Calling tls_calling;
+/// Marks this thread as running Python code of `owner` for its lifetime (nested calls restore the outer).
+class CallingScope {
+ public:
+  CallingScope(const CallOwner* owner, const std::string& label) : outer_(tls_calling) { tls_calling = {owner, &label}; }
+  ~CallingScope() { tls_calling = outer_; }
+  CallingScope(const CallingScope&) = delete;
+  CallingScope& operator=(const CallingScope&) = delete;
+
+ private:
+  Calling outer_;
+};
+/// Raises if the Python code running on this thread is one of `owner`'s callables: it called `what` of its
+/// own Loader.
+void refuse_calling_back(const CallOwner* owner, const std::string& what) {
+  if (tls_calling.owner == nullptr || tls_calling.owner != owner) return;
+  throw std::runtime_error("dpipe: " + *tls_calling.label + " called " + what +
+                           " of its own Loader from inside the pipeline: refused (a state would wait for the worker "
+                           "that asks for it, a pull would take elements out of their order); call it from the loop "
+                           "that iterates the Loader");
+}
+
 struct PyCallable {
   PyHandle fn;
   std::string label;
+  std::shared_ptr<const CallOwner> owner;  // shared by the callables of one built spec
   bool input_bytes = false;
   bool input_tuple = false;  // its input is zip's rows
   bool fused = false;        // adjacent stages fused by the Python package: returns an iterable of outputs
@@ -405,6 +437,7 @@ struct PyCallable {
   py::object call(In&& x, std::optional<std::uint64_t> at = std::nullopt) const {
     const std::uint64_t index = at ? *at : calls++;  // counted before converting, which may throw
     const py::object arg = Convert{.bytes = input_bytes, .tuple_row = input_tuple}.element(std::forward<In>(x));
+    const CallingScope calling(owner.get(), label);
     PyObject* r = PyObject_CallOneArg(fn->p, arg.ptr());
     if (!r) {
       py::error_already_set e;
@@ -786,10 +819,15 @@ template <class T>
 struct PyGeneratorStep {
   PyHandle iterator;
   std::string label;
+  std::shared_ptr<const CallOwner> owner;
   GilHeld chunk_scope() const { return GilHeld(); }
   std::optional<T> operator()() const {
     return in_python([&]() -> std::optional<T> {
-      PyObject* x = PyIter_Next(iterator->p);
+      PyObject* x = nullptr;
+      {
+        const CallingScope calling(owner.get(), label);
+        x = PyIter_Next(iterator->p);
+      }
       if (!x) {
         if (PyErr_Occurred()) throw py::error_already_set();
         return std::nullopt;
@@ -815,11 +853,12 @@ struct PyGeneratorFactory {
       info["workers"] = ctx.layout.num_workers;
       info["instance"] = ctx.instance;
       info["epoch"] = ctx.epoch;
+      const CallingScope calling(f.owner.get(), f.label);
       const py::object iterable = py::reinterpret_borrow<py::object>(f.fn->p)(info);
       PyObject* it = PyObject_GetIter(iterable.ptr());
       if (!it) throw py::error_already_set();
       const auto iterator = py::reinterpret_steal<py::object>(it);
-      return PyGeneratorStep<T>{std::make_shared<const PyRef>(iterator), f.label};
+      return PyGeneratorStep<T>{std::make_shared<const PyRef>(iterator), f.label, f.owner};
     });
   }
 };
@@ -841,7 +880,9 @@ SpecPipeline with_element_type(const std::string& name, F&& f, TypeList<Ts...>) 
 class PythonFunctions final : public ExternalFunctions {
  public:
   /// `tuple_inputs`: the ids of the callables whose input is zip's rows.
-  PythonFunctions(const py::dict& callables, const std::set<std::int64_t>& tuple_inputs) {
+  PythonFunctions(const py::dict& callables, const std::set<std::int64_t>& tuple_inputs,
+                  std::shared_ptr<const CallOwner> owner)
+      : owner_(std::move(owner)) {
     for (const auto& [k, f] : callables) {
       if (!PyCallable_Check(f.ptr())) throw ConfigError("callable " + std::string(py::str(k)) + " is not callable");
       const auto id = k.cast<std::int64_t>();
@@ -849,6 +890,7 @@ class PythonFunctions final : public ExternalFunctions {
       const bool fused = py::hasattr(f, "_dpipe_fused_stages");
       by_id_.emplace(id, PyCallable{.fn = std::make_shared<const PyRef>(f),
                                     .label = fused ? std::string(py::str(f.attr("_dpipe_fused_stages"))) : callable_label(f),
+                                    .owner = owner_,
                                     .input_tuple = tuple_inputs.count(id) > 0, .fused = fused});
     }
   }
@@ -899,6 +941,7 @@ class PythonFunctions final : public ExternalFunctions {
     f.input_bytes = input_bytes;
     return f;
   }
+  std::shared_ptr<const CallOwner> owner_;
   std::map<std::int64_t, PyCallable> by_id_;
 };
 
@@ -1057,7 +1100,9 @@ class Loop {
   /// the run at the end of the last call when the loop was invalidated meanwhile.
   class Call {
    public:
-    explicit Call(Loop& l) : l_(l) {
+    /// `what` names the call in the refusal of a callable of this loop's pipeline calling back into it.
+    explicit Call(Loop& l, const char* what) : l_(l) {
+      refuse_calling_back(l_.owner_.get(), what);
       l_.check_live();
       ++l_.calls_;
     }
@@ -1079,6 +1124,10 @@ class Loop {
  private:
   std::string invalid_;
   int calls_ = 0;  // calls in progress (counted under the GIL)
+  std::shared_ptr<const CallOwner> owner_;  // its pipeline's callables' (set_owner)
+
+ public:
+  void set_owner(std::shared_ptr<const CallOwner> owner) { owner_ = std::move(owner); }
 };
 
 template <class T>
@@ -1102,7 +1151,7 @@ class TypedLoop final : public Loop {
   /// Waits for the workers in slices, looking for signals between them: Ctrl-C raises KeyboardInterrupt
   /// before anything is taken, so the run goes on (and its state stays exact) if the caller continues.
   std::optional<py::object> next() override {
-    const Call call(*this);
+    const Call call(*this, "next()");
     std::optional<T> x;
     if (run_->at_hand()) {  // taken as it is: releasing the GIL would hand it to a worker for a switch interval
       x = run_->next();
@@ -1156,7 +1205,7 @@ class TypedLoop final : public Loop {
   }
   py::tuple snapshot(bool reproducible, std::optional<std::uint64_t> step,
                      std::map<std::string, std::string> metadata) override {
-    const Call call(*this);
+    const Call call(*this, "state_dict()");
     std::optional<Snapshot> s;
     {
       py::gil_scoped_release nogil;
@@ -1169,7 +1218,7 @@ class TypedLoop final : public Loop {
   }
   std::shared_future<void> save(const std::string& dir, std::optional<std::uint64_t> step,
                                 std::map<std::string, std::string> metadata) override {
-    const Call call(*this);
+    const Call call(*this, "save()");
     py::gil_scoped_release nogil;
     return SnapshotSet::write_rank_async(dir, run_->snapshot(std::move(metadata), step)).share();
   }
@@ -1186,7 +1235,7 @@ class TypedLoop final : public Loop {
     return run_->layout();
   }
   std::map<std::string, std::uint64_t> skipped() override {
-    const Call call(*this);
+    const Call call(*this, "skipped()");
     std::map<std::string, std::uint64_t> out;
     std::vector<NodeStats> stats;
     {
@@ -1268,14 +1317,18 @@ class PendingSave {
 struct BuiltSpec {
   Spec spec;
   bool tuple_rows = false;  // the elements are zip's rows
+  std::shared_ptr<const CallOwner> owner;  // its callables' (CallingScope)
+
   std::string type_name() const { return spec.pipeline.type_name(); }
 };
 
 BuiltSpec build(const std::string& json_text, const py::dict& callables, const std::set<std::int64_t>& tuple_inputs,
                 bool tuple_rows, const std::string& data_root, bool file_digest, bool places) {
-  const PythonFunctions functions(callables, tuple_inputs);
+  auto owner = std::make_shared<const CallOwner>();
+  const PythonFunctions functions(callables, tuple_inputs, owner);
   const DataFiles data{.root = data_root, .identity = file_digest ? FileIdentity::digest : FileIdentity::mtime};
-  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions, .data = data, .places = places}), tuple_rows};
+  return BuiltSpec{parse_spec(json_text, SpecOptions{.external = &functions, .data = data, .places = places}), tuple_rows,
+                   std::move(owner)};
 }
 
 /// A NodeError reaches Python as dpipe.NodeError (with `node`: its key, `label`: its place and kind, `worker`), and the exception a Python
@@ -1309,6 +1362,7 @@ RunOptions run_options(const LoopOptions& o) {
 
 std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optional<std::string> state,
                             bool allow_changed_data, std::vector<std::string> overrides) {
+  refuse_calling_back(b.owner.get(), "iter() or load_state_dict()");
   auto engine = std::make_shared<Engine>(EngineOptions{.threads = o.threads});
   const RunOptions ro = run_options(o);
   ResumeOptions rz{.allow_changed_data = allow_changed_data, .overrides = std::move(overrides)};
@@ -1316,13 +1370,15 @@ std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optio
   std::optional<Snapshot> snap;
   if (state) snap = Snapshot::from_bytes(*state);
   py::gil_scoped_release nogil;  // a restore may replay for a while; the engine's threads never need the GIL here
-  return b.spec.pipeline.visit([&]<class T>(const Pipeline<T>& p) -> std::unique_ptr<Loop> {
+  auto loop = b.spec.pipeline.visit([&]<class T>(const Pipeline<T>& p) -> std::unique_ptr<Loop> {
     // The engine outlives the Run: it is kept by the loop through the run's shared executor.
     if (snap)
       return std::make_unique<TypedLoop<T>>(engine->resume(p, *snap, ro, rz), convert, o.inline_workers,
                                             o.adaptive_workers);
     return std::make_unique<TypedLoop<T>>(engine->start(p, ro), convert, o.inline_workers, o.adaptive_workers);
   });
+  loop->set_owner(b.owner);
+  return loop;
 }
 
 /// Runs the pipeline to its end in C++ without handing elements to Python (the benchmarks' baseline):
