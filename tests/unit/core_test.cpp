@@ -262,7 +262,7 @@ TEST(Spec, RefusalsNameWhatIsKnown) {
             std::string::npos);
   // shuffle's buffer has a default (10,000): a misspelt one is an unknown parameter, not the default.
   EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "shuffle", "buffer_size": 2}]})")
-                .find("unknown parameter 'buffer_size' (shuffle takes buffer, name)"),
+                .find("unknown parameter 'buffer_size' (shuffle takes buffer, enabled, name)"),
             std::string::npos);
   EXPECT_NE(message(R"({"pipeline": [{"op": "range", "stop": 3}, {"op": "batch", "size": 2, "drop": true}]})")
                 .find("unknown parameter 'drop' (batch takes size, drop_last, name)"),
