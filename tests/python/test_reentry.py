@@ -12,14 +12,16 @@ import pytest
 import dpipe
 
 CHILD = r"""
-import json, sys, tempfile
+import json, sys, tempfile, threading
 import dpipe
 
 CALL, WORKERS, INLINE = sys.argv[1], int(sys.argv[2]), {"default": None, "inline": True, "threads": False}[sys.argv[3]]
 box = {}
+handed_over = threading.Event()  # a worker may reach 7 before iter() has returned and `it` is stored
 
 def calls_back(x):
     if x == 7 and CALL != "none":
+        handed_over.wait(30)
         loader, it = box["loader"], box["it"]
         if CALL == "state_dict":
             loader.state_dict()
@@ -42,6 +44,7 @@ CALL = asked
 loader = box["loader"] = dpipe.Loader(p, workers=WORKERS, inline_workers=INLINE)
 box["state"] = loader.state_dict()
 it = box["it"] = iter(loader)
+handed_over.set()
 got = []
 try:
     for b in it:
