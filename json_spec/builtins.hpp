@@ -22,6 +22,17 @@ struct Affine {
   Params describe() const { return {{"fn", "affine"}, {"mul", std::to_string(mul)}, {"add", std::to_string(add)}}; }
 };
 
+/// map with "rng": x → x + a draw from [0, below) of the element's own generator (map_with_rng): a stand-in
+/// for a random augmentation, whose draw depends on the sample only.
+struct AddRandom {
+  std::int64_t below = 1;
+  std::int64_t operator()(std::int64_t x, std::uint64_t seed) const {
+    Rng rng(seed);
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(x) + rng.below(static_cast<std::uint64_t>(below)));
+  }
+  Params describe() const { return {{"fn", "add_random"}, {"below", std::to_string(below)}}; }
+};
+
 /// filter: keeps x with x mod `mod` == `eq`, floor modulo as in Python ((-11) mod 4 == 1).
 /// demux: x → output x mod `count` (floor modulo).
 struct Mod {

@@ -55,6 +55,8 @@ struct ExternalNode {
   OnDataError on_error = OnDataError::fail;
   /// A parallel_map's max_in_flight (elements mapped at once, checked by the node); none: a map.
   std::optional<std::int64_t> max_in_flight{};
+  /// A map's "rng": the callable takes each element's own generator as a second argument.
+  bool rng = false;
 };
 
 /// Functions a front end provides besides the builtins (the Python package's callables), named in a spec

@@ -117,6 +117,9 @@ constexpr ParamSchema kAffineParams[] = {
     {.name = "mul", .type = ParamType::integer, .doc = "the factor", .fallback = "1"},
     {.name = "add", .type = ParamType::integer, .doc = "the term added", .fallback = "0"},
 };
+constexpr ParamSchema kAddRandomParams[] = {
+    {.name = "below", .type = ParamType::integer, .doc = "the bound above every draw (positive)"},
+};
 constexpr ParamSchema kStackParams[] = {
     {.name = "dtype", .type = ParamType::choice, .doc = "the array's type", .fallback = "\"int64\"",
      .choices = "int64|int32|uint32|int16|uint16|uint8"},
@@ -152,6 +155,7 @@ constexpr ParamSchema kExternalParams[] = {
 };
 constexpr FunctionSchema kFunctions[] = {
     {"affine", "map parallel_map", "x → x·mul + add (integers, wrapping)", kAffineParams},
+    {"add_random", "map", "x → x + a draw from [0, below) of the element's own generator (with \"rng\": true)", kAddRandomParams},
     {"identity", "map parallel_map", "each element unchanged"},
     {"spin", "map parallel_map", "each element unchanged, after `ns` nanoseconds of work (benchmarks)", kSpinParams},
     {"stack", "map parallel_map", "a batch of equal rows of integers → one 2-D array value", kStackParams},
@@ -337,17 +341,35 @@ class JsonNode {
   /// Whether this node's input carries bytes (records) as strings.
   void set_input_bytes(bool b) { input_bytes_ = b; }
 
-  /// `max_in_flight`: parallel_map's window, which a front end's function needs to be told.
-  template <class Apply>
+  /// `max_in_flight`: parallel_map's window, which a front end's function needs to be told. `kMap`: the op
+  /// is map, whose functions may draw per sample ("rng").
+  template <bool kMap = false, class Apply>
   SpecPipeline map_function(Apply apply, OnDataError on_error = OnDataError::fail,
                             std::optional<std::int64_t> max_in_flight = std::nullopt) {
     const std::string fn = function();
     const std::optional<FieldInto> on = field_into();
+    if constexpr (kMap) if (fn == "add_random") {  // the function draws from the element's generator
+      bool rng = false;
+      param("rng", rng);
+      if (!rng) fail("add_random draws from each element's own generator: give \"rng\": true");
+      if (on) fail("add_random maps integers; field= is not for it");
+      builtins::AddRandom f;
+      required("below", f.below);
+      if (f.below <= 0) fail("below must be positive, got " + std::to_string(f.below));
+      return apply(integers("add_random"), SeededFn<builtins::AddRandom>{f});
+    }
+    bool rng = false;
+    if (kMap) {
+      param("rng", rng);
+      if (rng && fn != "external")
+        fail("\"rng\": true is for a function that draws per sample (add_random, a Python callable); '" + fn +
+             "' takes no generator");
+    }
     if (fn == "external") {
       if (on) fail(kPythonField);
       std::string out;
       param("out", out);
-      return external().map(input(), external_id(), out, {name(), input_bytes_, on_error, max_in_flight});
+      return external().map(input(), external_id(), out, {name(), input_bytes_, on_error, max_in_flight, rng});
     }
     if (fn == "affine") {
       builtins::Affine f;

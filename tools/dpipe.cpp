@@ -68,6 +68,7 @@ struct RunArgs {
   std::optional<std::uint64_t> step;
   std::uint64_t max_replay = dpipe::ResumeOptions{}.max_replay;
   std::vector<std::string> overrides;
+  bool provenance = false;
 };
 
 struct BenchArgs {
@@ -192,6 +193,10 @@ void build_cli(Cli& c) {
       ->type_name("PARAM")
       ->take_all()
       ->allow_extra_args(false);
+  c.run->add_flag("--provenance", r.provenance,
+                  "write each element as {\"element\": E, \"sources\": [[SOURCE, POSITION], ...]}: the source "
+                  "positions it was made from (docs/design.md, \"Provenance\")")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   c.run->add_flag("--allow-changed-data", r.allow_changed_data,
                   "accept data files whose modification time changed since the snapshot (same path and size)");
   c.run->add_flag("--rescale", r.rescale, "allow resuming a set taken on another layout (redistributes its state)")
@@ -453,11 +458,47 @@ class TypedSpecRun final : public SpecRun {
     for (std::uint64_t n = 0; n < max && out.size() < until_bytes; ++n) {
       auto x = run_.next();
       if (!x) return false;
+      const dpipe::Provenance* sources = run_.provenance();
+      if (sources) out += "{\"element\": ";
       dpipe::append_spec_element_json(out, *x, bytes_);
+      if (sources) append_sources(out, *sources);
       out += '\n';
       ++written;
     }
     return true;
+  }
+  /// `, "sources": [[SOURCE, POSITION], ...]}`; an entry of a later epoch or within an expansion adds
+  /// `{"epoch": E, "offsets": [...]}`. Unknown (a snapshot held it): `null` for the whole element, a
+  /// `null` entry for one of its base elements (an element of a batch).
+  void append_sources(std::string& out, const dpipe::Provenance& sources) const {
+    out += ", \"sources\": ";
+    if (dpipe::is_unknown_element(sources)) {
+      out += "null}";
+      return;
+    }
+    const auto& keys = run_.graph().keys();
+    out += '[';
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      const dpipe::SourcePos& s = sources[i];
+      if (i) out += ", ";
+      if (s.source == dpipe::SourcePos::kUnknown) {
+        out += "null";
+        continue;
+      }
+      out += '[';
+      out += Json(s.source < keys.size() ? keys[s.source] : std::string("?")).dump();
+      out += ", ";
+      out += std::to_string(s.position);
+      if (s.epoch != 0 || !s.offsets.empty()) {
+        Json extra = Json::object();
+        if (s.epoch != 0) extra["epoch"] = s.epoch;
+        if (!s.offsets.empty()) extra["offsets"] = s.offsets;
+        out += ", ";
+        out += extra.dump();
+      }
+      out += ']';
+    }
+    out += "]}";
   }
   std::uint64_t take(std::uint64_t max, std::size_t& items) override {
     std::uint64_t n = 0;
@@ -526,7 +567,8 @@ std::optional<std::uint64_t> set_step(const RunArgs& a, const SpecRun& run, std:
 
 int cmd_run(const RunArgs& a) {
   const auto spec = read_spec(a.common);
-  const auto options = run_options(a.common, spec.seed);
+  auto options = run_options(a.common, spec.seed);
+  options.trace = a.provenance;
   std::optional<std::string> output = a.output;
   if (output) {
     const std::string rank = std::to_string(options.layout->rank);

@@ -39,6 +39,9 @@ struct RunOptions {
   bool inline_workers = false;
   /// Time every node's pulls, for node_stats() (costs two clock reads per pull).
   bool collect_stats = false;
+  /// Carry every element's provenance (provenance.hpp) for Run::provenance(); every node must carry it.
+  /// The stream is the same either way.
+  bool trace = false;
 };
 
 struct ResumeOptions {
@@ -111,6 +114,8 @@ class Run {
       graph_ = std::move(o.graph_);
       root_ = std::move(o.root_);
       buf_ = std::move(o.buf_);
+      buf_traces_ = std::move(o.buf_traces_);
+      last_trace_ = std::move(o.last_trace_);
       head_ = o.head_;
       delivered_ = o.delivered_;
       failed_ = std::move(o.failed_);
@@ -128,8 +133,14 @@ class Run {
   std::optional<T> next() {
     if (!fill()) return std::nullopt;
     ++delivered_;
+    if (options_.trace) last_trace_ = head_ < buf_traces_.size() ? std::move(buf_traces_[head_]) : unknown_provenance();
     return std::move(buf_[head_++]);
   }
+
+  /// A traced run (RunOptions::trace): the provenance of the element next() returned last, its sources
+  /// named by graph().keys(); a base element a snapshot held is SourcePos::kUnknown (snapshots carry no
+  /// provenance yet). nullptr when the run is not traced.
+  const Provenance* provenance() const { return options_.trace ? &last_trace_ : nullptr; }
 
   /// Brings the next element at hand (computing it if need be) without taking it: false at the end of the
   /// stream. Nothing is delivered, so a snapshot taken now still counts the element as to come. (The
@@ -138,9 +149,12 @@ class Run {
     if (head_ < buf_.size()) return true;
     if (failed_) std::rethrow_exception(failed_);
     buf_.clear();
+    buf_traces_.clear();
     head_ = 0;
     try {
-      return root_->pull(buf_, pull_size()) != 0;
+      const bool got = root_->pull(buf_, pull_size()) != 0;
+      if (options_.trace) buf_traces_.swap(root_->traces());
+      return got;
     } catch (...) {
       failed_ = std::current_exception();
       root_->stop();
@@ -157,13 +171,20 @@ class Run {
     if (head_ < buf_.size()) return true;
     if (failed_) std::rethrow_exception(failed_);
     buf_.clear();
+    buf_traces_.clear();
     head_ = 0;
     const std::size_t want = pull_size();
     step = std::max<std::size_t>(step, 1);
     try {
       while (buf_.size() < want) {
         const std::size_t ask = std::min(step, want - buf_.size());
-        if (root_->pull(buf_, ask) < ask || stop()) break;  // short: the stream ended
+        const std::size_t got = root_->pull(buf_, ask);
+        if (options_.trace) {
+          std::vector<Provenance>& t = root_->traces();
+          buf_traces_.insert(buf_traces_.end(), std::make_move_iterator(t.begin()), std::make_move_iterator(t.end()));
+          t.clear();
+        }
+        if (got < ask || stop()) break;  // short: the stream ended
       }
     } catch (...) {
       failed_ = std::current_exception();
@@ -319,6 +340,8 @@ class Run {
   std::unique_ptr<Graph> graph_;  // on the heap: iterators keep pointers to its keys across moves
   std::unique_ptr<Iter<T>> root_;
   std::vector<T> buf_;
+  std::vector<Provenance> buf_traces_;  // traced: beside buf_ (shorter after a restore: unknown)
+  Provenance last_trace_;
   std::size_t head_ = 0;
   std::uint64_t delivered_ = 0;
   std::vector<NodeState> spare_states_;  // a recycled snapshot's records (recycle())
@@ -345,6 +368,7 @@ Run<T>::Run(Pipeline<T> p, RunOptions o, std::shared_ptr<detail::Executor> execu
   ctx.shared = shared_.get();
   ctx.inline_workers = options_.inline_workers;
   ctx.collect_stats = options_.collect_stats;
+  ctx.trace = options_.trace;
   if (graph_->has_merge()) {
     ctx.segment = Segment::suffix;
     root_ = pipeline_.def()->instantiate(ctx);

@@ -96,7 +96,7 @@ class LoaderBase:
 
     Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
            allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True,
-           data_root=None, file_digest=False, same_function=False)
+           data_root=None, file_digest=False, same_function=False, provenance=False)
 
     `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
     rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
@@ -113,6 +113,8 @@ class LoaderBase:
     once when the Loader is made) instead of their modification time, so copies resume too.
     `same_function`: a loaded state was taken with other Python callables (a lambda whose code changed,
     a function renamed) that compute the same: True for every node, or the keys or names of the nodes.
+    `provenance`: carry each element's source positions, for `provenance()` (every node must carry them:
+    docs/design.md, "Provenance"); the stream is the same.
     `override`: semantic parameters a loaded state may differ in, the
     pipeline giving the new values (mix's "weights", or "KEY.weights" for one node; recorded in later
     states' metadata as dpipe.overrides). iter(loader) continues from a state loaded since the last iteration, else starts the
@@ -120,7 +122,7 @@ class LoaderBase:
 
     def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
                  allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True,
-                 data_root=None, file_digest=False, same_function=False):
+                 data_root=None, file_digest=False, same_function=False, provenance=False):
         spec_seed = None
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
@@ -152,6 +154,7 @@ class LoaderBase:
                                         and not _has_op(nodes, "parallel_map"))
             inline_workers = False
         options.inline_workers = bool(inline_workers)
+        options.trace = bool(provenance)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)
         self._overrides = [override] if isinstance(override, str) else [str(o) for o in override]
@@ -162,6 +165,9 @@ class LoaderBase:
             names = [same_function] if isinstance(same_function, str) else list(same_function)
             self._overrides += [f"{n}.callable" for n in names]
         self._equal_steps = bool(equal_steps)
+        if self._equal_steps and options.trace:
+            raise _dpipe.ConfigError("provenance with equal_steps is not available yet (the elements carried "
+                                     "between passes keep none)")
         if self._equal_steps:
             dist = sys.modules.get("torch.distributed")
             if dist is None or not dist.is_initialized():
@@ -215,6 +221,15 @@ class LoaderBase:
         """What the run delivers that may not be meant (a source every worker reads in full, ...)."""
         loop = self._restored or self._loop or self._start(None)
         return list(loop.warnings)
+
+    def provenance(self):
+        """The source positions the last element delivered was made from, as `dpipe run --provenance`
+        writes them: [[source, position], ...] (source: the node's name, or its key), an entry with
+        {"epoch": E, "offsets": [...]} when it has them, None in place of a base element a loaded state held
+        (states keep no provenance yet). None before the first element. Needs Loader(provenance=True)."""
+        if not self._options.trace:
+            raise _dpipe.ConfigError("provenance() needs Loader(..., provenance=True)")
+        return self._loop.provenance() if self._loop is not None else None
 
     def skipped(self):
         """Elements dropped as bad by nodes with on_error="skip" (parse_json, tokenize, records, map, filter,

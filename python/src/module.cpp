@@ -433,12 +433,13 @@ struct PyCallable {
   /// Under the GIL: fn(x), x converted as the consumer would see it. An exception it raises is a
   /// PythonCallError naming the callable and the element's index in the node's input (`at`, or the
   /// count of calls).
+  /// `extra`: a second argument (a map's per-sample generator), borrowed.
   template <class In>
-  py::object call(In&& x, std::optional<std::uint64_t> at = std::nullopt) const {
+  py::object call(In&& x, std::optional<std::uint64_t> at = std::nullopt, PyObject* extra = nullptr) const {
     const std::uint64_t index = at ? *at : calls++;  // counted before converting, which may throw
     const py::object arg = Convert{.bytes = input_bytes, .tuple_row = input_tuple}.element(std::forward<In>(x));
     const CallingScope calling(owner.get(), label);
-    PyObject* r = PyObject_CallOneArg(fn->p, arg.ptr());
+    PyObject* r = extra ? PyObject_CallFunctionObjArgs(fn->p, arg.ptr(), extra, nullptr) : PyObject_CallOneArg(fn->p, arg.ptr());
     if (!r) {
       py::error_already_set e;
       rethrow_python(e, " (raised by " + label + " on element " + std::to_string(index) + " of its input on this instance, " +
@@ -470,8 +471,9 @@ class PyMapInput {
   virtual ~PyMapInput() = default;
   /// Pulls up to `max` elements of the input (the GIL not held); returns how many.
   virtual std::size_t pull(std::size_t max) = 0;
-  /// Under the GIL: the callable's result for pulled element `i` (each element once).
-  virtual py::object call(std::size_t i) = 0;
+  /// Under the GIL: the callable's result for pulled element `i` (each element once); `extra`, borrowed:
+  /// a second argument.
+  virtual py::object call(std::size_t i, PyObject* extra = nullptr) = 0;
   /// Elements pulled since the node was first built (every one called on when the node is between pulls);
   /// nullopt when the count started at a resume that did not give it back.
   virtual std::optional<std::uint64_t> taken() const = 0;
@@ -492,7 +494,9 @@ class TypedMapInput final : public PyMapInput {
     pulled_ += n;
     return n;
   }
-  py::object call(std::size_t i) override { return fn_.call(std::move(chunk_[i]), base_ + i); }
+  py::object call(std::size_t i, PyObject* extra = nullptr) override {
+    return fn_.call(std::move(chunk_[i]), base_ + i, extra);
+  }
   std::optional<std::uint64_t> taken() const override {
     if (fn_.counted_from_resume) return std::nullopt;
     return pulled_;
@@ -527,7 +531,10 @@ class PyMapIter final : public HookedIf<Out> {
   // The input is instantiated after this node, as dpipe::map's is, so both number their nodes alike.
   PyMapIter(BuildContext& ctx, const PyMapDef<Out>& def)
       : HookedIf<Out>(def.on_error() == OnDataError::skip, ctx, "map"), input_(def.make_input(ctx)),
-        callable_(def.callable()), skips_(def.on_error() == OnDataError::skip) {}
+        callable_(def.callable()), skips_(def.on_error() == OnDataError::skip), rng_(def.rng()),
+        seed_key_(detail::sample_seed_key(ctx.seed, this->key())), keys_(ctx.keys) {
+    if (rng_) detail::refuse_elements_held_upstream(this->label(), *input_->iter());
+  }
 
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
@@ -536,17 +543,30 @@ class PyMapIter final : public HookedIf<Out> {
       if (n == 0) return 0;
       std::size_t kept = 0;
       const GilHeld gil;  // once per chunk, never while pulling the input
+      std::vector<Provenance>& traces = input_->iter()->traces();  // compacted with the elements, traced
+      const bool traced = this->traced();
       for (std::size_t i = 0; i < n; ++i) {
         try {
-          out.push_back(in_python([&] { return FromPython<Out>::get(input_->call(i), callable_.label); }));
+          out.push_back(in_python([&] {
+            if (!rng_) return FromPython<Out>::get(input_->call(i), callable_.label);
+            const py::object generator = sample_generator(traces[i]);
+            return FromPython<Out>::get(input_->call(i, generator.ptr()), callable_.label);
+          }));
+          if (traced && kept != i) traces[kept] = std::move(traces[i]);
           ++kept;
         } catch (...) {
-          if (!skip_current_exception(callable_, skips_, skipped_)) return this->fail_after(kept);
+          if (!skip_current_exception(callable_, skips_, skipped_)) {
+            keep_first_traces(kept);
+            return this->fail_after(kept);
+          }
         }
       }
+      keep_first_traces(kept);
       if (kept > 0) return kept;  // with skip, a chunk of skipped elements only pulls again
     }
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override {
     if (skips_) w.write(skipped_);
   }
@@ -561,30 +581,65 @@ class PyMapIter final : public HookedIf<Out> {
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
+  /// Traced: the first `kept` of the input's provenances are this pull's.
+  void keep_first_traces(std::size_t kept) {
+    if (!this->traced()) return;
+    input_->iter()->traces().resize(kept);
+    this->pass_traces(*input_->iter());
+  }
+  /// Under the GIL: rng=True's numpy.random.Generator for an element, seeded by its provenance.
+  py::object sample_generator(const Provenance& p) {
+    if (!generator_type_) {
+      const py::module_ random = py::module_::import("numpy.random");
+      generator_type_ = random.attr("Generator");
+      bit_generator_type_ = random.attr("PCG64");
+    }
+    const std::uint64_t seed = detail::sample_seed(seed_key_, p, keys_, this->label());
+    return generator_type_(bit_generator_type_(py::int_(seed)));
+  }
+
   std::unique_ptr<PyMapInput> input_;
   PyCallable callable_;
   bool skips_;
   SkipCountState skipped_;
+  bool rng_;                                // fn(x, generator): the input is traced
+  std::uint64_t seed_key_;
+  const std::vector<std::string>* keys_;
+  py::object generator_type_, bit_generator_type_;  // numpy's, imported at the first call
 };
 
 template <class Out>
 class PyMapDef final : public NodeDef<Out> {
  public:
   PyMapDef(std::shared_ptr<const NodeDefBase> input, MakeMapInput make, PyCallable fn, const ExternalNode& node)
-      : NodeDef<Out>("map", node.name, describe_fn(fn, node.on_error), {input}), input_(std::move(input)), make_(make),
-        fn_(std::move(fn)), on_error_(node.on_error) {}
+      : NodeDef<Out>("map", node.name, map_params(fn, node), {input}), input_(std::move(input)), make_(make),
+        fn_(std::move(fn)), on_error_(node.on_error), rng_(node.rng) {}
   std::unique_ptr<Iter<Out>> instantiate(BuildContext& ctx) const override {
     return std::make_unique<PyMapIter<Out>>(ctx, *this);
   }
-  std::unique_ptr<PyMapInput> make_input(BuildContext& ctx) const { return make_(*input_, ctx, fn_); }
+  /// With rng, the input is traced: each element's provenance seeds its generator.
+  std::unique_ptr<PyMapInput> make_input(BuildContext& ctx) const {
+    const bool was = ctx.trace;
+    ctx.trace = was || rng_;
+    auto in = make_(*input_, ctx, fn_);
+    ctx.trace = was;
+    return in;
+  }
   const PyCallable& callable() const { return fn_; }
   OnDataError on_error() const { return on_error_; }
+  bool rng() const { return rng_; }
 
  private:
+  static Params map_params(const PyCallable& fn, const ExternalNode& node) {
+    Params p = describe_fn(fn, node.on_error);
+    if (node.rng) p.push_back({"rng", "true"});  // as map_with_rng's
+    return p;
+  }
   std::shared_ptr<const NodeDefBase> input_;
   MakeMapInput make_;
   PyCallable fn_;
   OnDataError on_error_;
+  bool rng_;
 };
 
 /// parallel_map over a Python callable: up to `max_in_flight` elements of a pulled chunk are mapped at once
@@ -620,8 +675,16 @@ class PyParallelMapIter final : public Stateless<Out> {
       const GilHeld gil;
       for (std::size_t i = 0; i < n; ++i) apply(i);
     }
-    return detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
+    const std::size_t delivered =
+        detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
+    if (this->traced()) {
+      input_->iter()->traces().resize(delivered);
+      this->pass_traces(*input_->iter());
+    }
+    return delivered;
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   std::optional<std::uint64_t> input_taken() const override { return input_->taken(); }
   bool counts_input() const override { return true; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { input_->restore_taken(taken); }
@@ -680,12 +743,18 @@ class PyFlatChainIter final : public Hooked<Out> {
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
     std::size_t n = 0;
+    const bool traced = this->traced();
+    if (traced && pending_traces_.size() < pending_.size()) pending_traces_.resize(pending_.size(), unknown_provenance());
     while (n < max) {
       if (next_ < pending_.size()) {
+        const std::size_t from = next_;
         n += detail::take_pending(pending_, next_, out, max - n);
+        if (traced)
+          for (std::size_t j = from; j < next_; ++j) this->traces().push_back(std::move(pending_traces_[j]));
         continue;
       }
       pending_.clear();
+      pending_traces_.clear();
       next_ = 0;
       if (failure_) break;
       const std::size_t got = input_->pull(inputs_per_pull_ == 0 ? max - n : inputs_per_pull_);
@@ -700,6 +769,7 @@ class PyFlatChainIter final : public Hooked<Out> {
           failure_ = std::current_exception();
           break;
         }
+        if (traced) trace_outputs(input_->iter()->traces()[i], pending_.size() - before);
       }
     }
     if (failure_ && next_ >= pending_.size()) {  // raised once every output before the failing input is out
@@ -730,8 +800,20 @@ class PyFlatChainIter final : public Hooked<Out> {
   void restore_input_taken(std::optional<std::uint64_t> taken) override { input_->restore_taken(taken); }
   std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
+  bool carries_provenance() const override { return true; }
 
  private:
+  /// Traced: the `count` outputs of an input have its provenance; several have their offsets among them
+  /// (one output, of fused maps and filters, is the input itself).
+  void trace_outputs(const Provenance& input, std::size_t count) {
+    for (std::size_t j = 0; j < count; ++j) {
+      Provenance p = input;
+      if (count > 1 && is_known(p))
+        for (SourcePos& s : p) s.offsets.push_back(j);
+      pending_traces_.push_back(std::move(p));
+    }
+  }
+
   /// Under the GIL: the outputs of one input (an iterable, not a string) appended to `pending_`, each converted.
   void expand(const py::object& result) {
     PyObject* r = result.ptr();
@@ -759,6 +841,7 @@ class PyFlatChainIter final : public Hooked<Out> {
   PyCallable callable_;
   std::size_t inputs_per_pull_;  // 1 on the engine's threads; 0: what the pull asks for (inline)
   std::vector<Out> pending_;
+  std::vector<Provenance> pending_traces_;  // traced: beside pending_ (a restored pending's are unknown)
   std::size_t next_ = 0;
   std::exception_ptr failure_;  // a stage's failure, held until the outputs before it are delivered
 };
@@ -1082,6 +1165,10 @@ class Loop {
   virtual Layout layout() const = 0;
   /// Elements each node dropped as bad (on_error = skip), by node key, summed over this rank's instances.
   virtual std::map<std::string, std::uint64_t> skipped() = 0;
+  /// A traced run: the provenance of the last element next() returned, as `dpipe run --provenance`
+  /// writes it ([[source, position], ...], an entry with {"epoch", "offsets"} when it has them, None for
+  /// what a snapshot held); None before the first element. Not traced: None.
+  virtual py::object provenance() const = 0;
   /// Ends this loop for good (a later iter(loader) took its place): every later call raises
   /// RuntimeError(`why`), and the run stops (its threads joined) now, or, when calls are in progress (on
   /// another thread, or a signal handler run inside next()), as the last of them returns.
@@ -1230,6 +1317,30 @@ class TypedLoop final : public Loop {
     check_live();
     return run_->warnings();
   }
+  py::object provenance() const override {
+    const Provenance* p = run_->provenance();
+    if (!p || run_->delivered() == 0) return py::none();
+    if (is_unknown_element(*p)) return py::none();
+    const auto& keys = run_->graph().keys();
+    py::list out;
+    for (const SourcePos& s : *p) {
+      if (s.source == SourcePos::kUnknown) {
+        out.append(py::none());
+        continue;
+      }
+      py::list entry;
+      entry.append(py::str(s.source < keys.size() ? keys[s.source] : std::string("?")));
+      entry.append(py::int_(s.position));
+      if (s.epoch != 0 || !s.offsets.empty()) {
+        py::dict extra;
+        if (s.epoch != 0) extra["epoch"] = py::int_(s.epoch);
+        if (!s.offsets.empty()) extra["offsets"] = py::cast(s.offsets);
+        entry.append(extra);
+      }
+      out.append(entry);
+    }
+    return out;
+  }
   Layout layout() const override {
     check_live();
     return run_->layout();
@@ -1353,11 +1464,12 @@ struct LoopOptions {
   int rank = 0, world_size = 1, workers = 1, threads = 0;
   bool inline_workers = false;
   bool adaptive_workers = false;  // see TypedLoop: inline or on the engine's threads, as the loop's steps say
+  bool trace = false;             // carry each element's provenance (Loop::provenance)
 };
 
 RunOptions run_options(const LoopOptions& o) {
   return RunOptions{.seed = o.seed, .epoch = o.epoch, .layout = Layout{o.rank, o.world_size, o.workers},
-                    .inline_workers = o.inline_workers};
+                    .inline_workers = o.inline_workers, .trace = o.trace};
 }
 
 std::unique_ptr<Loop> start(const BuiltSpec& b, const LoopOptions& o, std::optional<std::string> state,
@@ -1473,6 +1585,7 @@ PYBIND11_MODULE(_dpipe, m) {
       .def_readwrite("workers", &LoopOptions::workers)
       .def_readwrite("threads", &LoopOptions::threads)
       .def_readwrite("inline_workers", &LoopOptions::inline_workers)
+      .def_readwrite("trace", &LoopOptions::trace)
       .def_readwrite("adaptive_workers", &LoopOptions::adaptive_workers);
 
   py::class_<Loop>(m, "Loop")
@@ -1491,6 +1604,7 @@ PYBIND11_MODULE(_dpipe, m) {
       .def_property_readonly("delivered", &Loop::delivered)
       .def_property_readonly("warnings", &Loop::warnings)
       .def("skipped", &Loop::skipped)
+      .def("provenance", &Loop::provenance)
       .def("invalidate", &Loop::invalidate, py::arg("why"),
            "Stops the run; every later call raises RuntimeError(why).")
       .def_property_readonly("layout", [](const Loop& l) {

@@ -65,7 +65,7 @@ def test_an_unknown_keyword_is_a_type_error_at_the_call_naming_it():
         dpipe.map("affine", mull=2)
     with pytest.raises(TypeError, match="too many positional"):
         dpipe.take(3, 4)
-    with pytest.raises(TypeError, match="'nmae' .map takes fn, field, into, on_error, name; the function 'affine' takes mul, add"):
+    with pytest.raises(TypeError, match="'nmae' .map takes fn, field, into, on_error, rng, name; the function 'affine' takes mul, add"):
         dpipe.map("affine", nmae="x")
     with pytest.raises(TypeError, match="concat.. takes one or more other pipelines"):
         dpipe.concat()

@@ -172,7 +172,7 @@ class AsyncLane final : public AsyncLaneBase {
  public:
   AsyncLane(std::unique_ptr<Iter<T>> chain, Executor* executor, std::size_t capacity, std::size_t chunk,
             bool inline_mode)
-      : AsyncLaneBase(executor, capacity, chunk, inline_mode), chain_(std::move(chain)) {
+      : AsyncLaneBase(executor, capacity, chunk, inline_mode), chain_(std::move(chain)), traced_(chain_->traced()) {
     set_smallest_chunk(chain_->min_useful_pull());
   }
   ~AsyncLane() override { stop(); }
@@ -181,6 +181,7 @@ class AsyncLane final : public AsyncLaneBase {
   bool ready() {
     if (head_ < current_.size()) return true;
     current_.clear();
+    current_traces_.clear();
     head_ = 0;
     return fetch();
   }
@@ -198,16 +199,20 @@ class AsyncLane final : public AsyncLaneBase {
       std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(deadline - at, std::chrono::milliseconds(1)));
     }
   }
-  /// Consumer: the next element; only after ready() returned true.
-  T take() {
+  /// Consumer: the next element; only after ready() returned true. A traced lane appends its provenance
+  /// to `traces` (a restored element's is unknown: empty).
+  T take(std::vector<Provenance>* traces = nullptr) {
     ++taken_;
+    if (traced_ && traces) traces->push_back(std::move(current_traces_[head_]));
     return std::move(current_[head_++]);
   }
   /// Consumer: appends up to `max` next elements to `out` (at least one unless the lane is exhausted)
-  /// and returns how many. Inline, a chain with nothing pending pulls straight into `out`.
-  std::size_t take_into(std::vector<T>& out, std::size_t max) {
+  /// and returns how many, their provenance to `traces` when traced. Inline, a chain with nothing
+  /// pending pulls straight into `out`.
+  std::size_t take_into(std::vector<T>& out, std::size_t max, std::vector<Provenance>* traces = nullptr) {
     if (head_ == current_.size()) {
       current_.clear();
+      current_traces_.clear();
       head_ = 0;
       if (inline_mode()) {
         if (inline_ended()) return 0;
@@ -222,6 +227,7 @@ class AsyncLane final : public AsyncLaneBase {
         }
         inline_result(n);
         taken_ += n;
+        if (traced_ && traces) move_all(chain_->traces(), *traces);
         return n;
       }
       if (!fetch()) return 0;
@@ -230,6 +236,10 @@ class AsyncLane final : public AsyncLaneBase {
     taken_ += n;
     const auto from = current_.begin() + std::ptrdiff_t(head_);
     out.insert(out.end(), std::make_move_iterator(from), std::make_move_iterator(from + std::ptrdiff_t(n)));
+    if (traced_ && traces) {
+      const auto t = current_traces_.begin() + std::ptrdiff_t(head_);
+      traces->insert(traces->end(), std::make_move_iterator(t), std::make_move_iterator(t + std::ptrdiff_t(n)));
+    }
     head_ += n;
     return n;
   }
@@ -269,11 +279,14 @@ class AsyncLane final : public AsyncLaneBase {
       std::exception_ptr error;
       try {
         n = chain_->pull(staged_, 1);
+        stage_traces();
       } catch (...) {
         error = std::current_exception();
       }
-      if (!error && inline_mode()) current_.insert(current_.end(), std::make_move_iterator(staged_.begin()),
-                                                   std::make_move_iterator(staged_.end()));
+      if (!error && inline_mode()) {
+        current_.insert(current_.end(), std::make_move_iterator(staged_.begin()), std::make_move_iterator(staged_.end()));
+        move_all(staged_traces_, current_traces_);
+      }
       settled_pull(error ? 0 : n, error);
       if (error || n == 0) break;
       have += n;
@@ -282,6 +295,7 @@ class AsyncLane final : public AsyncLaneBase {
   /// Before the lane starts: elements to deliver before anything the chain produces.
   void set_pending(std::vector<T> elements, bool chain_done, std::exception_ptr error = nullptr) {
     current_ = std::move(elements);
+    current_traces_.assign(traced_ ? current_.size() : 0, unknown_provenance());  // unknown: snapshots hold no provenance
     head_ = 0;
     restored_ = current_.size();
     taken_ = 0;
@@ -291,18 +305,32 @@ class AsyncLane final : public AsyncLaneBase {
  protected:
   std::size_t produce_staged(std::size_t max) override {
     staged_.clear();  // keeps its capacity: no allocation per chunk
-    return chain_->pull(staged_, max);
+    const std::size_t n = chain_->pull(staged_, max);
+    stage_traces();
+    return n;
   }
-  void publish_staged() override { queue_.append_moved(staged_); }
+  void publish_staged() override {
+    queue_.append_moved(staged_);
+    if (traced_) {
+      queue_traces_.append_moved(staged_traces_);
+      staged_traces_.clear();
+    }
+  }
   void take_staged() override {
     current_.swap(staged_);
+    current_traces_.swap(staged_traces_);
     head_ = 0;
   }
-  void absorb_queue_locked() override { queue_.take_into(current_, queue_.size()); }
+  void absorb_queue_locked() override {
+    queue_.take_into(current_, queue_.size());
+    if (traced_) queue_traces_.take_into(current_traces_, queue_traces_.size());
+  }
   // Many elements move to the consumer's side at once: one lock per refill, not per element.
   std::size_t take_front(std::size_t max) override {
     current_.clear();
+    current_traces_.clear();
     head_ = 0;
+    if (traced_) queue_traces_.take_into(current_traces_, max);
     return queue_.take_into(current_, max);
   }
   bool capture_chain() noexcept override {
@@ -329,7 +357,22 @@ class AsyncLane final : public AsyncLaneBase {
   }
 
  private:
+  /// Traced, producer: the staging chunk's provenance, from the chain's last pull.
+  void stage_traces() {
+    if (!traced_) return;
+    staged_traces_.clear();
+    staged_traces_.swap(chain_->traces());
+  }
+  static void move_all(std::vector<Provenance>& from, std::vector<Provenance>& to) {
+    to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+    from.clear();
+  }
+
   std::unique_ptr<Iter<T>> chain_;
+  // Traced (the chain carries provenance): the elements' provenances beside staged_, queue_ and current_.
+  const bool traced_;
+  std::vector<Provenance> staged_traces_, current_traces_;
+  Fifo<Provenance> queue_traces_;
   // Captures (see the file's comment): made by the producer, published and lent under the lock.
   std::vector<NodeState> capture_, capture_spare_, published_;
   std::vector<NodeState> lent_states_;  // consumer: the snapshot's copy

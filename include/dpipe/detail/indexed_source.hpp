@@ -33,10 +33,13 @@ class IndexedSourceIter final : public Hooked<T> {
     const std::uint64_t size = source_.size();
     for (; n < max && next_ < size; ++n) {
       if (prefetch_ && next_ + 1 < size) source_.prefetch(next_ + 1);
+      this->trace_source(next_);
       out.push_back(source_.at(next_++));
     }
     return n;
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(IndexedSourceState{next_}); }
   void restore_state(StateReader& r) override {
     IndexedSourceState st;

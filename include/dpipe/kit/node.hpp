@@ -19,6 +19,7 @@
 #include "dpipe/data_files.hpp"
 #include "dpipe/error.hpp"
 #include "dpipe/layout.hpp"
+#include "dpipe/provenance.hpp"
 #include "dpipe/rng.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/kit/state.hpp"
@@ -78,6 +79,7 @@ struct BuildContext {
   detail::RunShared* shared = nullptr;   // objects the workers of one Run share (dispatchers)
   bool inline_workers = false;           // workers run one after another in the consumer's thread
   bool collect_stats = false;            // iterators time their pulls
+  bool trace = false;                    // iterators carry their elements' provenance (provenance.hpp)
 
   std::string next_key() {
     if (!keys || cursor >= keys->size()) throw ConfigError("internal: node keys exhausted while building a run");
@@ -248,6 +250,18 @@ class IterBase {
   StateMode mode() const { return mode_; }
   /// Elements this iterator has yielded since it was built.
   std::uint64_t produced() const { return produced_; }
+  /// This node's index among the graph's keys (how provenance names a source).
+  std::uint32_t node_index() const { return node_index_; }
+
+  /// Provenance (provenance.hpp). A traced iterator leaves beside the elements of each pull their
+  /// provenance, one per element in order, in `traces()` until its next pull; its consumer moves them
+  /// out. A kind that carries provenance says so here; a traced run of one that does not is refused.
+  bool traced() const { return traced_; }
+  virtual bool carries_provenance() const { return false; }
+  /// Whether this node's state holds no elements, so that a resume loses no provenance here (snapshots
+  /// keep none yet): true for sources and the kinds that pass elements on within a pull.
+  virtual bool holds_no_elements() const { return false; }
+  std::vector<Provenance>& traces() { return traces_; }
 
   /// Appends this node's record, then its inputs' (a replay node's inputs are rebuilt by replay and
   /// are not saved).
@@ -381,11 +395,13 @@ class IterBase {
   /// the engine's own (the implicit merge of a pipeline without one).
   IterBase(StateMode mode, BuildContext& ctx, std::string kind, std::string key = {})
       : key_(key.empty() ? ctx.next_key() : std::move(key)), kind_(std::move(kind)), worker_(ctx.worker),
-        instance_(static_cast<std::uint32_t>(ctx.instance())), mode_(mode), timed_(ctx.collect_stats) {
+        instance_(static_cast<std::uint32_t>(ctx.instance())), mode_(mode), timed_(ctx.collect_stats),
+        traced_(ctx.trace), build_epoch_(ctx.epoch) {
     keys_ = ctx.keys;
     labels_ = ctx.labels;
     const bool graph_key = key.empty() && ctx.labels && ctx.cursor >= 1 && ctx.cursor <= ctx.labels->size();
     label_ = graph_key ? (*ctx.labels)[ctx.cursor - 1] : "node '" + key_ + "'";
+    if (graph_key) node_index_ = static_cast<std::uint32_t>(ctx.cursor - 1);
   }
 
   virtual void save_state(StateWriter&) const = 0;
@@ -400,6 +416,33 @@ class IterBase {
   std::uint64_t replayed_ = 0;
   std::uint64_t busy_ns_ = 0;
   std::exception_ptr deferred_;  // a failure raised on the next pull (Iter::fail_after)
+  std::vector<Provenance> traces_;  // traced: the provenance of the last pull's elements
+
+  /// Traced: appends the provenance of `in`'s last pull (all of it, or `count` from `from`).
+  void pass_traces(IterBase& in) {
+    if (!traced_) return;
+    if (traces_.empty()) traces_.swap(in.traces_);
+    else traces_.insert(traces_.end(), std::make_move_iterator(in.traces_.begin()), std::make_move_iterator(in.traces_.end()));
+    in.traces_.clear();
+  }
+  /// Traced: the element this source yields next was base element `position` of its `epoch` (by default
+  /// the run's epoch the source was built in).
+  void trace_source(std::uint64_t epoch, std::uint64_t position) {
+    if (traced_) traces_.push_back(Provenance{SourcePos{node_index_, epoch, position, {}}});
+  }
+  void trace_source(std::uint64_t position) { trace_source(build_epoch_, position); }
+  /// Traced: keeps the provenance of the elements `keep` selects of the last pull (filters), in order.
+  template <class Keep>
+  void keep_traces(std::size_t from, Keep&& keep) {
+    if (!traced_) return;
+    std::size_t kept = from;
+    for (std::size_t i = from; i < traces_.size(); ++i)
+      if (keep(i - from)) {
+        if (kept != i) traces_[kept] = std::move(traces_[i]);
+        ++kept;
+      }
+    traces_.resize(kept);
+  }
 
  private:
   std::string key_;
@@ -410,9 +453,12 @@ class IterBase {
   int worker_;
   std::uint32_t instance_;
   StateMode mode_;
+  std::uint32_t node_index_ = 0;
 
  protected:
   const bool timed_;
+  const bool traced_;
+  const std::uint64_t build_epoch_;
 };
 
 /// A typed iterator. Derive from Stateless<T>, Hooked<T> or Replayed<T>: the constructor is only
@@ -429,6 +475,12 @@ class Iter : public IterBase {
     if (deferred_) std::rethrow_exception(deferred_);  // kept: a failed node stays failed
     const std::size_t before = out.size();
     const auto t0 = timed_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    if (traced_) {
+      if (!carries_provenance())
+        throw ConfigError(label() + " does not carry provenance yet, so this pipeline cannot be traced "
+                          "(dpipe run --provenance, Loader.provenance(), map with rng): see docs/design.md, \"Provenance\"");
+      traces_.clear();
+    }
     std::size_t n;
     try {
       n = pull_chunk(out, max);
@@ -443,6 +495,9 @@ class Iter : public IterBase {
       busy_ns_ += static_cast<std::uint64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     produced_ += n;
+    if (traced_ && traces_.size() != n)
+      throw Error("internal: " + label() + " yielded " + std::to_string(n) + " elements with " +
+                  std::to_string(traces_.size()) + " provenances");
     if (mode() == StateMode::replay) on_replay_elements(out, before);
     return n;
   }

@@ -63,10 +63,13 @@ class BatchIter final : public Hooked<std::vector<T>> {
   std::size_t pull_chunk(std::vector<std::vector<T>>& out, std::size_t max) override {
     const std::size_t size = def_.size();
     std::size_t n = 0;
+    const bool traced = this->traced();
+    if (traced) partial_traces_.resize(st_.partial.size(), unknown_provenance());  // a restored batch's are unknown
     while (n < max && st_.partial.size() >= size) {  // more than a batch, dealt here by a rescale
       out.emplace_back(std::make_move_iterator(st_.partial.begin()),
                        std::make_move_iterator(st_.partial.begin() + std::ptrdiff_t(size)));
       st_.partial.erase(st_.partial.begin(), st_.partial.begin() + std::ptrdiff_t(size));
+      if (traced) trace_batch(size);
       ++n;
     }
     while (n < max && !st_.input_done) {
@@ -78,13 +81,18 @@ class BatchIter final : public Hooked<std::vector<T>> {
       if (input_->pull(st_.partial, size - st_.partial.size()) == 0) {
         st_.input_done = true;
         if (!st_.partial.empty() && !def_.drop_last()) {
+          if (traced) trace_batch(st_.partial.size());
           out.push_back(std::move(st_.partial));
           ++n;
         }
         st_.partial = {};
+        partial_traces_.clear();
         break;
       }
+      if (traced)
+        for (Provenance& p : input_->traces()) partial_traces_.push_back(std::move(p));
       if (st_.partial.size() == size) {
+        if (traced) trace_batch(size);
         out.push_back(std::move(st_.partial));
         st_.partial = {};
         ++n;
@@ -95,11 +103,22 @@ class BatchIter final : public Hooked<std::vector<T>> {
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override { r.read(st_); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+  bool carries_provenance() const override { return true; }
 
  private:
+  /// Traced: the batch of the first `count` partial elements has their provenances, concatenated.
+  void trace_batch(std::size_t count) {
+    Provenance p;
+    for (std::size_t i = 0; i < count; ++i)
+      p.insert(p.end(), std::make_move_iterator(partial_traces_[i].begin()), std::make_move_iterator(partial_traces_[i].end()));
+    partial_traces_.erase(partial_traces_.begin(), partial_traces_.begin() + std::ptrdiff_t(count));
+    this->traces().push_back(std::move(p));
+  }
+
   std::unique_ptr<Iter<T>> input_;
   const BatchDef<T>& def_;
   BatchState<std::vector<T>> st_;
+  std::vector<Provenance> partial_traces_;  // traced: beside st_.partial
 };
 
 template <Snapshottable T>

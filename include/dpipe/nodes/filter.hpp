@@ -48,19 +48,25 @@ class FilterIter final : public HookedIf<T> {
       const std::size_t n = input_->pull(out, max);
       if (n == 0) return 0;
       T* p = out.data() + before;
+      Provenance* traces = this->traced() ? input_->traces().data() : nullptr;  // compacted alike
       std::size_t kept = 0, i = 0;
       [[maybe_unused]] const auto scope = chunk_scope(pred_);
       try {
         for (; i < n; ++i)
           if (holds(p[i])) {
-            if (kept != i) p[kept] = std::move(p[i]);
+            if (kept != i) {
+              p[kept] = std::move(p[i]);
+              if (traces) traces[kept] = std::move(traces[i]);
+            }
             ++kept;
           }
       } catch (...) {
         out.resize(before + kept);
+        keep_first_traces(kept);
         return this->fail_after(kept);
       }
       out.resize(before + kept);
+      keep_first_traces(kept);
     }
     return out.size() - before;
   }
@@ -76,8 +82,17 @@ class FilterIter final : public HookedIf<T> {
   void restore_input_taken(std::optional<std::uint64_t> taken) override { restore_call_count(pred_, taken); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
 
  private:
+  /// Traced: the first `kept` of the input's provenances, compacted with the elements, are this pull's.
+  void keep_first_traces(std::size_t kept) {
+    if (!this->traced()) return;
+    input_->traces().resize(kept);
+    this->pass_traces(*input_);
+  }
+
   /// Whether the predicate holds; with on_error = skip, an element it throws on is counted and dropped.
   bool holds(const T& x) {
     if (!skips_) return static_cast<bool>(pred_(x));

@@ -138,6 +138,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       r.read(st);
       pending_ = std::move(st.pending);
       next_ = 0;
+      parent_trace_ = unknown_provenance();
     }
     if (skips_) r.read(skipped_);
   }
@@ -146,8 +147,16 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
   bool counts_input() const override { return CountsCalls<Fn>; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { restore_call_count(fn_, taken); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+  bool carries_provenance() const override { return true; }
 
  private:
+  /// Output `j` of an input's expansion: the input's provenance at offset `j`.
+  static Provenance expansion_trace(const Provenance& parent, std::uint64_t j) {
+    if (!is_known(parent)) return parent;
+    Provenance p = parent;
+    for (SourcePos& s : p) s.offsets.push_back(j);
+    return p;
+  }
   using Result = map_result_t<In, Fn>;
   static constexpr bool kStreams = Expansion<Result>;
   struct NoRests {};
@@ -157,11 +166,15 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
     std::size_t n = 0;
     while (n < max) {
       if (next_ < pending_.size()) {
+        const std::size_t from = next_;
         n += detail::take_pending(pending_, next_, out, max - n);
+        if (this->traced())
+          for (std::size_t j = from; j < next_; ++j) this->traces().push_back(expansion_trace(parent_trace_, j));
         continue;
       }
       scratch_.clear();
       if (input_->pull(scratch_, 1) == 0) break;
+      if (this->traced()) parent_trace_ = std::move(input_->traces()[0]);
       pending_.clear();
       next_ = 0;
       try {
@@ -179,14 +192,21 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
   std::size_t pull_streaming(std::vector<Out>& out, std::size_t max) {
     std::size_t n = 0;
     while (n < max) {
+      if (this->traced() && rest_traces_.size() < rests_.size())
+        rest_traces_.resize(rests_.size(), {unknown_provenance(), 0});  // restored expansions: unknown
       if (!rests_.empty()) {
         auto& r = rests_.front();
         if (r.empty()) {
           rests_.pop_front();
+          if (this->traced()) rest_traces_.pop_front();
           continue;
         }
         out.push_back(r.front());
         r.pop_front();
+        if (this->traced()) {
+          auto& [parent, offset] = rest_traces_.front();
+          this->traces().push_back(expansion_trace(parent, offset++));
+        }
         ++n;
         continue;
       }
@@ -194,6 +214,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       if (input_->pull(scratch_, 1) == 0) break;
       try {
         rests_.push_back(fn_(std::move(scratch_[0])));
+        if (this->traced()) rest_traces_.emplace_back(std::move(input_->traces()[0]), 0);
       } catch (...) {
         if (skip_current_exception(fn_, skips_, skipped_)) continue;
         return this->fail_after(n);
@@ -210,6 +231,10 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
   std::size_t next_ = 0;
   std::vector<In> scratch_;
   [[no_unique_address]] std::conditional_t<kStreams, std::deque<Result>, NoRests> rests_;
+  // Traced: the provenance of the expansion under way (collected), or of each rest with the offset of
+  // its next output (streaming). A restored expansion's is unknown.
+  Provenance parent_trace_;
+  std::deque<std::pair<Provenance, std::uint64_t>> rest_traces_;
 };
 
 template <class In, class Fn>

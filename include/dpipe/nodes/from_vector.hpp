@@ -65,9 +65,13 @@ class FromVectorIter final : public Hooked<T> {
     const std::size_t n = std::min<std::size_t>(v.size() - st_.index, max);
     out.insert(out.end(), v.begin() + static_cast<std::ptrdiff_t>(st_.index),
                v.begin() + static_cast<std::ptrdiff_t>(st_.index + n));
+    if (this->traced())
+      for (std::size_t i = 0; i < n; ++i) this->trace_source(st_.index + i);
     st_.index += n;
     return n;
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
     r.read(st_);

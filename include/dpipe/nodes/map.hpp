@@ -20,10 +20,26 @@ struct MapOptions {
   std::string name{};
 };
 
+/// map_with_rng's function: `fn(x, seed)`, called with a seed derived from (the run's seed, the map's
+/// key, the element's provenance), so that a random augmentation gives the same result for a sample
+/// whatever the layout, the worker, a rescale or a resume. The map traces its input (provenance.hpp).
+template <class Fn>
+struct SeededFn {
+  Fn fn;
+};
+template <class Fn>
+inline constexpr bool is_seeded_fn_v = false;
+template <class Fn>
+inline constexpr bool is_seeded_fn_v<SeededFn<Fn>> = true;
+
 /// A function object may describe itself for the fingerprint with `Params describe() const`.
 template <class Fn>
 Params describe_fn(const Fn& fn) {
-  if constexpr (requires { { fn.describe() } -> std::convertible_to<Params>; }) return fn.describe();
+  if constexpr (is_seeded_fn_v<Fn>) {
+    Params p = describe_fn(fn.fn);
+    p.push_back({"rng", "true"});
+    return p;
+  } else if constexpr (requires { { fn.describe() } -> std::convertible_to<Params>; }) return fn.describe();
   else return {};
 }
 
@@ -41,12 +57,56 @@ Params describe_fn(const Fn& fn, OnDataError policy) {
 /// pulled chunk, never while it pulls from its input (which may wait for other threads).
 template <class Fn>
 auto chunk_scope(const Fn& fn) {
-  if constexpr (requires { fn.chunk_scope(); }) return fn.chunk_scope();
+  if constexpr (is_seeded_fn_v<Fn>) return chunk_scope(fn.fn);
+  else if constexpr (requires { fn.chunk_scope(); }) return fn.chunk_scope();
   else return 0;
 }
 
+namespace detail {
 template <class In, class Fn>
-using map_result_t = std::decay_t<std::invoke_result_t<const Fn&, In&&>>;
+struct map_result {
+  using type = std::decay_t<std::invoke_result_t<const Fn&, In&&>>;
+};
+template <class In, class Fn>
+struct map_result<In, SeededFn<Fn>> {
+  using type = std::decay_t<std::invoke_result_t<const Fn&, In&&, std::uint64_t>>;
+};
+}  // namespace detail
+template <class In, class Fn>
+using map_result_t = typename detail::map_result<In, Fn>::type;
+
+namespace detail {
+/// A map with a per-sample generator: the seed of its node, from the run's seed and its key.
+inline std::uint64_t sample_seed_key(std::uint64_t run_seed, const std::string& key) {
+  return derive_seed(run_seed, key, 0, 0x3a9d);
+}
+/// The seed of one element's generator: the node's and the element's provenance (sources named by `keys`).
+inline std::uint64_t sample_seed(std::uint64_t node_key, const Provenance& p, const std::vector<std::string>* keys,
+                                 const std::string& label) {
+  static const std::vector<std::string> kNoKeys;
+  if (!is_known(p)) throw Error("internal: " + label + " was given an element of unknown provenance");
+  return mix64(node_key ^ provenance_digest(p, keys ? *keys : kNoKeys));
+}
+/// A map with a per-sample generator refuses a node upstream whose snapshots hold elements: it would
+/// resume them with no provenance, and their draws would differ from the uninterrupted run's.
+inline void refuse_elements_held_upstream(const std::string& label, const IterBase& node) {
+  if (!node.holds_no_elements())
+    throw ConfigError(label + ": a map with a per-sample generator (rng) must come before " + node.label() +
+                      ", whose snapshots hold elements without their provenance (not yet kept): their draws would "
+                      "change on a resume. Place it right after the source, sampler, filters and maps");
+  for (const IterBase* in : node.inputs()) refuse_elements_held_upstream(label, *in);
+}
+}  // namespace detail
+
+/// Builds `def`'s iterator with provenance traced when `traced` (a node that needs its input's).
+template <class Def>
+auto instantiate_traced(const Def& def, BuildContext& ctx, bool traced) {
+  const bool was = ctx.trace;
+  ctx.trace = was || traced;
+  auto it = def.instantiate(ctx);
+  ctx.trace = was;
+  return it;
+}
 
 template <class In, class Fn>
 class MapDef final : public NodeDef<map_result_t<In, Fn>> {
@@ -71,8 +131,11 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
  public:
   using Out = map_result_t<In, Fn>;
   MapIter(BuildContext& ctx, const MapDef<In, Fn>& def)
-      : HookedIf<Out>(def.on_error() == OnDataError::skip, ctx, "map"), input_(def.input().instantiate(ctx)),
-        fn_(def.fn()), skips_(def.on_error() == OnDataError::skip) {}
+      : HookedIf<Out>(def.on_error() == OnDataError::skip, ctx, "map"),
+        input_(instantiate_traced(def.input(), ctx, kSeeded)), fn_(def.fn()), skips_(def.on_error() == OnDataError::skip),
+        seed_key_(detail::sample_seed_key(ctx.seed, this->key())), keys_(ctx.keys) {
+    if constexpr (kSeeded) detail::refuse_elements_held_upstream(this->label(), *input_);
+  }
 
  protected:
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
@@ -84,11 +147,13 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
       std::size_t i = 0;
       [[maybe_unused]] const auto scope = chunk_scope(fn_);
       try {
-        for (; i < n; ++i) p[i] = fn_(std::move(p[i]));
+        for (; i < n; ++i) p[i] = call(std::move(p[i]), i);
       } catch (...) {
         out.resize(before + i);
+        keep_first_traces(i);
         return this->fail_after(i);
       }
+      keep_first_traces(n);
       return n;
     } else {
       scratch_.clear();
@@ -96,13 +161,17 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
       std::size_t i = 0;
       [[maybe_unused]] const auto scope = chunk_scope(fn_);
       try {
-        for (; i < n; ++i) out.push_back(fn_(std::move(scratch_[i])));
+        for (; i < n; ++i) out.push_back(call(std::move(scratch_[i]), i));
       } catch (...) {
+        keep_first_traces(i);
         return this->fail_after(i);
       }
+      keep_first_traces(n);
       return n;
     }
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override {
     if (skips_) w.write(skipped_);
   }
@@ -115,6 +184,23 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
 
  private:
   static constexpr bool kInPlace = std::is_same_v<In, Out>;
+  static constexpr bool kSeeded = is_seeded_fn_v<Fn>;
+
+  /// The function on the `i`-th element of the input's last pull (map_with_rng: with its seed).
+  Out call(In&& x, std::size_t i) {
+    if constexpr (kSeeded) {
+      return fn_.fn(std::move(x), detail::sample_seed(seed_key_, input_->traces()[i], keys_, this->label()));
+    } else {
+      (void)i;
+      return fn_(std::move(x));
+    }
+  }
+  /// Traced: the first `kept` of the input's provenances (compacted with the elements) are this pull's.
+  void keep_first_traces(std::size_t kept) {
+    if (!this->traced()) return;
+    input_->traces().resize(kept);
+    this->pass_traces(*input_);
+  }
 
   /// on_error = skip: an element the function throws on is dropped and counted; a chunk of such elements
   /// only is dropped whole and the input pulled again (0 stays the end of the stream).
@@ -133,20 +219,24 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
       }
       if (n == 0) return 0;
       std::size_t kept = 0;
+      Provenance* traces = this->traced() ? input_->traces().data() : nullptr;  // compacted alike
       [[maybe_unused]] const auto scope = chunk_scope(fn_);
       for (std::size_t i = 0; i < n; ++i) {
         try {
-          if constexpr (kInPlace) p[kept] = fn_(std::move(p[i]));  // slot `kept` is done with
-          else out.push_back(fn_(std::move(p[i])));
+          if constexpr (kInPlace) p[kept] = call(std::move(p[i]), i);  // slot `kept` is done with
+          else out.push_back(call(std::move(p[i]), i));
+          if (traces && kept != i) traces[kept] = std::move(traces[i]);
           ++kept;
         } catch (...) {
           if (!skip_current_exception(fn_, true, skipped_)) {
             out.resize(before + kept);  // the results before the failing element are delivered first
+            keep_first_traces(kept);
             return this->fail_after(kept);
           }
         }
       }
       if constexpr (kInPlace) out.resize(before + kept);
+      keep_first_traces(kept);
       if (kept > 0) return kept;
     }
   }
@@ -156,6 +246,8 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
   bool skips_;
   SkipCountState skipped_;
   std::vector<In> scratch_;
+  std::uint64_t seed_key_;                   // map_with_rng: (run seed, this node's key)
+  const std::vector<std::string>* keys_;     // the graph's: how provenance names sources
 };
 
 template <class In, class Fn>
@@ -171,6 +263,18 @@ auto map(Fn fn, MapOptions o = {}) {
   });
 }
 
+/// `map_with_rng(fn)`: `fn(x, rng)` with an Rng seeded by (the run's seed, this node's key, the
+/// element's provenance): a sample's draw does not depend on the layout, the worker, a rescale or a
+/// resume. Every node upstream must carry provenance (docs/design.md, "Provenance").
+template <class Fn>
+auto map_with_rng(Fn fn, MapOptions o = {}) {
+  auto seeded = [fn = std::move(fn)](auto&& x, std::uint64_t seed) {
+    Rng rng(seed);
+    return fn(std::forward<decltype(x)>(x), rng);
+  };
+  return map(SeededFn<decltype(seeded)>{std::move(seeded)}, std::move(o));
+}
+
 struct MapKind {
   static constexpr std::string_view name = "map";
   static constexpr LengthFn length = &same_length_unless_skipping;
@@ -181,6 +285,9 @@ struct MapKind {
       kFieldParam,
       kIntoParam,
       kOnErrorFunctionParam,
+      {.name = "rng", .type = ParamType::boolean,
+       .doc = "call the function with each element's own generator, seeded by its provenance (map_with_rng; the builtin add_random)",
+       .fallback = "false"},
   };
   /// Only with on_error = skip (otherwise the node is stateless).
   using State = SkipCountState;
@@ -194,7 +301,7 @@ struct MapKind {
   static SpecPipeline from_spec(Spec& s) {
     MapOptions o{.name = s.name()};
     s.choice("on_error", o.on_error, {{"fail", OnDataError::fail}, {"skip", OnDataError::skip}});
-    return s.map_function([&](const auto& p, auto fn) { return p | map(std::move(fn), o); }, o.on_error);
+    return s.template map_function<true>([&](const auto& p, auto fn) { return p | map(std::move(fn), o); }, o.on_error);
   }
 };
 

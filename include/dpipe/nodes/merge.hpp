@@ -143,6 +143,7 @@ class MergeIter final : public Hooked<T> {
   }
 
  protected:
+  bool carries_provenance() const override { return true; }
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
     start_lanes();
     const std::size_t k = lanes_.size();
@@ -153,7 +154,7 @@ class MergeIter final : public Hooked<T> {
       while (n < max && !finished_[0]) {
         std::size_t got = 0;
         try {
-          got = lanes_[0]->take_into(out, max - n);
+          got = lanes_[0]->take_into(out, max - n, this->traced() ? &this->traces() : nullptr);
         } catch (...) {
           return this->fail_after(n);  // the worker failed: what came before it is delivered first
         }
@@ -173,7 +174,7 @@ class MergeIter final : public Hooked<T> {
       if (finished_[st_.cursor]) {
         ++skipped;
       } else {
-        out.push_back(lane.take());
+        out.push_back(lane.take(this->traced() ? &this->traces() : nullptr));
         ++n;
         skipped = 0;
       }

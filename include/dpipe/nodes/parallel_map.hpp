@@ -79,10 +79,18 @@ class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
     };
     if (executor_) executor_->parallel_for(n, apply);
     else for (std::size_t i = 0; i < n; ++i) apply(i);
-    return detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
+    const std::size_t delivered =
+        detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
+    if (this->traced()) {
+      input_->traces().resize(delivered);
+      this->pass_traces(*input_);
+    }
+    return delivered;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return window_; }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
 
  private:
   std::unique_ptr<Iter<In>> input_;

@@ -24,7 +24,13 @@ class PrefetchIter final : public Stateless<T> {
   PrefetchIter(BuildContext& ctx, const NodeDef<T>& input) : Stateless<T>(ctx, kPrefetchKind), input_(input.instantiate(ctx)) {}
 
  protected:
-  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override { return input_->pull(out, max); }
+  std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
+    const std::size_t n = input_->pull(out, max);
+    this->pass_traces(*input_);
+    return n;
+  }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 

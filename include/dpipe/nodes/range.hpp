@@ -63,6 +63,8 @@ class RangeIter final : public Hooked<std::int64_t> {
     // Unsigned arithmetic wraps like the spec's 64-bit integers.
     std::uint64_t v = static_cast<std::uint64_t>(def_.start()) + st_.index * static_cast<std::uint64_t>(def_.step());
     for (std::size_t i = 0; i < n; ++i, v += static_cast<std::uint64_t>(def_.step())) p[i] = static_cast<std::int64_t>(v);
+    if (this->traced())
+      for (std::size_t i = 0; i < n; ++i) this->trace_source(st_.index + i);
     st_.index += n;
     return n;
   }
@@ -72,6 +74,8 @@ class RangeIter final : public Hooked<std::int64_t> {
     if (st_.index > def_.count()) r.fail("index " + std::to_string(st_.index) + " is past the range's end");
   }
   std::vector<IterBase*> inputs() const override { return {}; }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
 
  private:
   const RangeDef& def_;

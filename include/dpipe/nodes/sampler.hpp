@@ -91,12 +91,15 @@ class SamplerIter final : public Hooked<T> {
       if (lookahead_)
         if (const auto ahead = deal_.peek(total_)) source.prefetch(index_of(*ahead));
       out.push_back(source.at(i));
+      this->trace_source(*q / n_, i);  // the dataset index it drew, in the epoch it drew it
     }
     return n;
   }
   void save_state(StateWriter& w) const override { deal_.save(w); }
   void restore_state(StateReader& r) override { deal_.restore(r, "positions", total_); }
   std::vector<IterBase*> inputs() const override { return {}; }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
 
  private:
   std::uint64_t index_of(std::uint64_t q) {

@@ -86,6 +86,7 @@ class ShardingFilterIter final : public Hooked<T> {
     if (shards_ == 1) {
       const std::size_t n = input_->pull(out, max);
       st_.position += n;
+      this->pass_traces(*input_);
       return n;
     }
     // Pull about enough to yield `max` (never more than a few chunks at once), keep our positions.
@@ -99,6 +100,7 @@ class ShardingFilterIter final : public Hooked<T> {
       std::size_t i = phase <= id_ ? id_ - phase : shards_ - phase + id_;
       for (; i < n; i += shards_) {
         out.push_back(std::move(scratch_[i]));
+        if (this->traced()) this->traces().push_back(std::move(input_->traces()[i]));
         ++kept;
       }
       st_.position += n;
@@ -108,6 +110,8 @@ class ShardingFilterIter final : public Hooked<T> {
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override { r.read(st_); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
 
  private:
   std::unique_ptr<Iter<T>> input_;

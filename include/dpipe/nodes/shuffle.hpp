@@ -71,19 +71,25 @@ class ShuffleIter final : public Hooked<T> {
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
-    if (!enabled_) return input_->pull(out, max);
+    if (!enabled_) {
+      const std::size_t n = input_->pull(out, max);
+      this->pass_traces(*input_);
+      return n;
+    }
     auto& buf = st_.buffer;
+    const bool traced = this->traced();
+    // Traced: the buffer's provenances beside it; a restored buffer's are unknown.
+    if (traced) buf_traces_.resize(buf.size(), unknown_provenance());
     const std::size_t before = out.size();
     while (out.size() - before < max) {
       if (buf.size() > size_) {  // overfull after a rescale dealt it more: drain down to its size first
-        T& slot = buf[st_.rng.below(buf.size())];
-        out.push_back(std::move(slot));
-        if (&slot != &buf.back()) slot = std::move(buf.back());
-        buf.pop_back();
+        take_slot(out, st_.rng.below(buf.size()));
         continue;
       }
       if (!st_.input_done && buf.size() < size_) {  // filling
         if (input_->pull(buf, size_ - buf.size()) == 0) st_.input_done = true;
+        if (traced)
+          for (Provenance& p : input_->traces()) buf_traces_.push_back(std::move(p));
         continue;
       }
       if (!st_.input_done) {  // steady state: one output per input
@@ -99,24 +105,31 @@ class ShuffleIter final : public Hooked<T> {
         T* slots = buf.data();
         const std::size_t size = size_;
         out.reserve(out.size() + n);
-        for (auto& x : scratch_) {
-          T& slot = slots[rng.below(size)];
-          out.push_back(std::move(slot));
-          slot = std::move(x);
+        if (traced) {
+          std::vector<Provenance>& in = input_->traces();
+          for (std::size_t j = 0; j < n; ++j) {
+            const std::size_t k = rng.below(size);
+            out.push_back(std::move(slots[k]));
+            slots[k] = std::move(scratch_[j]);
+            this->traces().push_back(std::move(buf_traces_[k]));
+            buf_traces_[k] = std::move(in[j]);
+          }
+        } else {
+          for (auto& x : scratch_) {
+            T& slot = slots[rng.below(size)];
+            out.push_back(std::move(slot));
+            slot = std::move(x);
+          }
         }
         st_.rng = rng;
         continue;
       }
       if (buf.empty()) break;  // drained
-      while (out.size() - before < max && !buf.empty()) {
-        T& slot = buf[st_.rng.below(buf.size())];
-        out.push_back(std::move(slot));
-        if (&slot != &buf.back()) slot = std::move(buf.back());
-        buf.pop_back();
-      }
+      while (out.size() - before < max && !buf.empty()) take_slot(out, st_.rng.below(buf.size()));
     }
     return out.size() - before;
   }
+  bool carries_provenance() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   // No reserve to the buffer size: a restore holds what the snapshot holds, never a declared capacity.
   void restore_state(StateReader& r) override { r.read(st_); }
@@ -126,8 +139,22 @@ class ShuffleIter final : public Hooked<T> {
   std::unique_ptr<Iter<T>> input_;
   std::size_t size_;
   bool enabled_;
+  /// Moves buffer slot `k` to `out` and the last slot into its place (with its provenance, traced).
+  void take_slot(std::vector<T>& out, std::size_t k) {
+    auto& buf = st_.buffer;
+    out.push_back(std::move(buf[k]));
+    if (k + 1 != buf.size()) buf[k] = std::move(buf.back());
+    buf.pop_back();
+    if (this->traced()) {
+      this->traces().push_back(std::move(buf_traces_[k]));
+      if (k + 1 != buf_traces_.size()) buf_traces_[k] = std::move(buf_traces_.back());
+      buf_traces_.pop_back();
+    }
+  }
+
   ShuffleState<std::vector<T>> st_;
   std::vector<T> scratch_;
+  std::vector<Provenance> buf_traces_;  // traced: beside st_.buffer
 };
 
 template <Snapshottable T>

@@ -44,8 +44,12 @@ class SkipIter final : public UnaryIter<T> {
       if (n == 0) return 0;
       st_.skipped += n;
     }
-    return this->input().pull(out, max);
+    const std::size_t n = this->input().pull(out, max);
+    this->pass_traces(this->input());
+    return n;
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
     r.read(st_);

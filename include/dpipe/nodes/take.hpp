@@ -62,8 +62,11 @@ class TakeIter final : public Hooked<T> {
     if (st_.taken >= count_) return 0;
     const std::size_t n = input_->pull(out, static_cast<std::size_t>(std::min<std::uint64_t>(max, count_ - st_.taken)));
     st_.taken += n;
+    this->pass_traces(*input_);
     return n;
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {
     r.read(st_);

@@ -49,6 +49,8 @@ class UnbatchIter final : public Hooked<T> {
         const std::size_t k = std::min(max - n, current_.size() - next_);
         std::move(current_.begin() + std::ptrdiff_t(next_), current_.begin() + std::ptrdiff_t(next_ + k),
                   std::back_inserter(out));
+        if (this->traced())
+          for (std::size_t j = next_; j < next_ + k; ++j) this->traces().push_back(trace_of(j));
         next_ += k;
         n += k;
         continue;
@@ -57,9 +59,11 @@ class UnbatchIter final : public Hooked<T> {
       if (input_->pull(batches_, 1) == 0) break;
       current_ = std::move(batches_[0]);
       next_ = 0;
+      if (this->traced()) current_trace_ = std::move(input_->traces()[0]);
     }
     return n;
   }
+  bool carries_provenance() const override { return true; }
   void save_state(StateWriter& w) const override {
     w.write(UnbatchState<std::vector<T>>{{current_.begin() + std::ptrdiff_t(next_), current_.end()}});
   }
@@ -68,6 +72,7 @@ class UnbatchIter final : public Hooked<T> {
     r.read(st);
     current_ = std::move(st.rest);
     next_ = 0;
+    current_trace_ = unknown_provenance();  // a restored batch's
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
@@ -76,6 +81,17 @@ class UnbatchIter final : public Hooked<T> {
   std::vector<T> current_;
   std::size_t next_ = 0;
   std::vector<std::vector<T>> batches_;
+  Provenance current_trace_;  // traced: the batch's
+
+  /// Element `j` of the current batch: its base element when the batch has one per element (a batch's
+  /// batch), else the batch's provenance at offset `j`.
+  Provenance trace_of(std::size_t j) const {
+    if (current_trace_.size() == current_.size()) return {current_trace_[j]};
+    if (!is_known(current_trace_)) return unknown_provenance();
+    Provenance p = current_trace_;
+    for (SourcePos& s : p) s.offsets.push_back(j);
+    return p;
+  }
 };
 
 template <Snapshottable T>

@@ -1,0 +1,57 @@
+#pragma once
+/// Sample provenance: which source positions an element was made from. A traced run (RunOptions::trace,
+/// or a node that needs it, such as map_with_rng) carries beside every element the list of base elements
+/// it came from, in order: (source node, epoch, position, offsets). A source names its elements by
+/// positions that do not depend on the layout (a sampler by the dataset index it drew, a range by its
+/// index); flat_map and unbatch add the element's offset within its parent's expansion. map, filter,
+/// shuffle, batch, … carry them through (docs/design.md, "Provenance").
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dpipe/rng.hpp"
+
+namespace dpipe {
+
+/// One base element of an element's provenance.
+struct SourcePos {
+  /// `source` of a base element whose provenance is unknown: one a snapshot held (snapshots keep no
+  /// provenance yet).
+  static constexpr std::uint32_t kUnknown = 0xffffffffu;
+  std::uint32_t source = 0;            // the source node's index among the graph's keys
+  std::uint64_t epoch = 0;             // the source's epoch (a cycle's pass, a sampler's epoch)
+  std::uint64_t position = 0;          // the source's own position: layout-independent
+  std::vector<std::uint64_t> offsets{};  // within expansions (flat_map, unbatch), outermost first
+
+  bool operator==(const SourcePos&) const = default;
+};
+
+/// The provenance of one element: its base elements in order (one for an element of a source; a
+/// batch's are its elements', concatenated).
+using Provenance = std::vector<SourcePos>;
+
+/// The provenance of an element a snapshot held: unknown as a whole (however many base elements it has),
+/// written as one base element of source kUnknown. Elements made of it (a batch) keep the mark in its
+/// place among their other base elements.
+inline Provenance unknown_provenance() { return {SourcePos{SourcePos::kUnknown, 0, 0, {}}}; }
+inline bool is_unknown_element(const Provenance& p) { return p.size() == 1 && p[0].source == SourcePos::kUnknown; }
+inline bool is_known(const Provenance& p) {
+  for (const SourcePos& s : p)
+    if (s.source == SourcePos::kUnknown) return false;
+  return true;
+}
+
+/// A 64-bit digest of a provenance whose sources are named by `keys` (the graph's): the same for an
+/// element whatever the layout, the worker that made it, or a resume. Seeds map_with_rng's generator.
+inline std::uint64_t provenance_digest(const Provenance& p, const std::vector<std::string>& keys) {
+  std::uint64_t h = mix64(p.size());
+  for (const SourcePos& s : p) {
+    h = mix64(h ^ fnv1a(s.source < keys.size() ? keys[s.source] : std::string()));
+    h = mix64(h ^ mix64(s.epoch + 0x9e37));
+    h = mix64(h ^ s.position);
+    for (std::uint64_t o : s.offsets) h = mix64(h ^ mix64(o + 0x7f4a));
+  }
+  return h;
+}
+
+}  // namespace dpipe
