@@ -69,10 +69,10 @@ void BM_HandLoop(benchmark::State& state) {
 }
 
 template <class P>
-void consume(benchmark::State& state, const P& pipeline) {
+void consume(benchmark::State& state, const P& pipeline, const RunOptions& options = kOptions) {
   Engine engine;
   for (auto _ : state) {
-    auto run = engine.start(pipeline, kOptions);
+    auto run = engine.start(pipeline, options);
     std::uint64_t sink = 0;
     while (auto b = run.next()) sink += static_cast<std::uint64_t>((*b)[0]);
     benchmark::DoNotOptimize(sink);
@@ -81,6 +81,13 @@ void consume(benchmark::State& state, const P& pipeline) {
 }
 
 void BM_Pipeline(benchmark::State& state) { consume(state, canonical(kElements)); }
+
+// The same run traced: every element's provenance carried to the consumer (RunOptions::trace).
+void BM_TracedPipeline(benchmark::State& state) {
+  RunOptions traced = kOptions;
+  traced.trace = true;
+  consume(state, canonical(kElements), traced);
+}
 
 // The same pipeline built from a JSON spec, as `dpipe bench` builds it.
 void BM_SpecPipeline(benchmark::State& state) {
@@ -151,6 +158,7 @@ void BM_ReplayRestore(benchmark::State& state) {
 BENCHMARK(BM_HandLoop)->Unit(benchmark::kMillisecond)->Repetitions(5)->UseRealTime();
 BENCHMARK(BM_Pipeline)->Unit(benchmark::kMillisecond)->Repetitions(5)->UseRealTime();
 BENCHMARK(BM_SpecPipeline)->Unit(benchmark::kMillisecond)->Repetitions(5)->UseRealTime();
+BENCHMARK(BM_TracedPipeline)->Unit(benchmark::kMillisecond)->Repetitions(3)->UseRealTime();
 BENCHMARK(BM_Restore)->Arg(10'000)->Arg(100'000)->Arg(1'000'000)->Arg(10'000'000)->Unit(benchmark::kMicrosecond)->Repetitions(5);
 BENCHMARK(BM_Capture)->Arg(10'000)->Arg(10'000'000)->Unit(benchmark::kMicrosecond)->Repetitions(3);
 BENCHMARK(BM_ReplayRestore)->Arg(100'000)->Arg(1'000'000)->Unit(benchmark::kMillisecond)->Repetitions(3);

@@ -611,3 +611,33 @@ TEST(Stats, CountElementsPerNodeAndInstance) {
 
 }  // namespace
 }  // namespace dpipe
+
+// Provenance crosses the workers' lanes with the elements: a traced run on threads, with snapshots taken
+// while the workers run (their chunks slow enough to be captured and lent), names every element's source
+// position (range's index i is its element i) and delivers the stream an untraced run delivers.
+TEST(Provenance, TracedLanesOnThreadsNameEveryElement) {
+  const auto slow = [](std::int64_t x) {
+    std::this_thread::sleep_for(std::chrono::microseconds(x % 7 == 0 ? 300 : 0));
+    return x;
+  };
+  const auto p = dpipe::range(0, 3000) | dpipe::sharding_filter() | dpipe::map(slow) | dpipe::shuffle({.buffer = 16}) |
+                 dpipe::batch({.size = 4});
+  for (int workers : {2, 3}) {
+    dpipe::RunOptions o{.seed = 3, .layout = dpipe::Layout{0, 1, workers}};
+    dpipe::Engine e(dpipe::EngineOptions{.threads = 4});
+    auto plain = e.start(p, o);
+    std::vector<std::vector<std::int64_t>> want;
+    while (auto b = plain.next()) want.push_back(*b);
+    o.trace = true;
+    auto run = e.start(p, o);
+    std::vector<std::vector<std::int64_t>> got;
+    while (auto b = run.next()) {
+      const dpipe::Provenance& prov = *run.provenance();
+      ASSERT_EQ(prov.size(), b->size());
+      for (std::size_t i = 0; i < b->size(); ++i) ASSERT_EQ(prov[i].position, static_cast<std::uint64_t>((*b)[i]));
+      got.push_back(*b);
+      if (got.size() % 97 == 0) (void)run.snapshot();
+    }
+    EXPECT_EQ(got, want) << workers;
+  }
+}
