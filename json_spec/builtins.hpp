@@ -26,8 +26,7 @@ struct Affine {
 /// for a random augmentation, whose draw depends on the sample only.
 struct AddRandom {
   std::int64_t below = 1;
-  std::int64_t operator()(std::int64_t x, std::uint64_t seed) const {
-    Rng rng(seed);
+  std::int64_t operator()(std::int64_t x, Rng& rng) const {
     return static_cast<std::int64_t>(static_cast<std::uint64_t>(x) + rng.below(static_cast<std::uint64_t>(below)));
   }
   Params describe() const { return {{"fn", "add_random"}, {"below", std::to_string(below)}}; }

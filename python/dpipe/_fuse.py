@@ -58,6 +58,7 @@ def compose(stages):
     exec(compile(source, "<dpipe fused stages>", "exec"), env)
     fused = env["fused"]
     fused._dpipe_fused_stages = " | ".join(f"{op}({_label(fn)})" for op, fn in stages)
+    fused._dpipe_fused_expands = any(op == "flat_map" for op, _ in stages)  # else one output at most per input
     return fused
 
 

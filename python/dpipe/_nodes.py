@@ -23,9 +23,9 @@ def _on_field(op, fn, field, into):
     the fields, so the fingerprint tells `fn` on another field apart."""
     into = field if into is None else into
     if op == "map":
-        def call(record):
+        def call(record, *rng):  # rng=True: the element's generator after the record
             out = dict(record)
-            out[into] = fn(record[field])
+            out[into] = fn(record[field], *rng)
             return out
     elif op == "filter":
         def call(record):

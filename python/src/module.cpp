@@ -422,6 +422,7 @@ struct PyCallable {
   bool input_bytes = false;
   bool input_tuple = false;  // its input is zip's rows
   bool fused = false;        // adjacent stages fused by the Python package: returns an iterable of outputs
+  bool fused_expands = false;  // fused stages that include a flat_map (else each input gives at most one output)
 
   /// Elements of the node's input this copy was called on (one copy per node instance), counted from the
   /// start of its input (the run's; under `cycle`, the pass's). A node saves the count with its record and
@@ -532,7 +533,7 @@ class PyMapIter final : public HookedIf<Out> {
   PyMapIter(BuildContext& ctx, const PyMapDef<Out>& def)
       : HookedIf<Out>(def.on_error() == OnDataError::skip, ctx, "map"), input_(def.make_input(ctx)),
         callable_(def.callable()), skips_(def.on_error() == OnDataError::skip), rng_(def.rng()),
-        seed_key_(detail::sample_seed_key(ctx.seed, this->key())), keys_(ctx.keys) {
+        seed_key_(detail::sample_seed_key(ctx.seed, this->key(), ctx.epoch)), keys_(ctx.keys) {
     if (rng_) detail::refuse_elements_held_upstream(this->label(), *input_->iter());
   }
 
@@ -588,14 +589,21 @@ class PyMapIter final : public HookedIf<Out> {
     this->pass_traces(*input_->iter());
   }
   /// Under the GIL: rng=True's numpy.random.Generator for an element, seeded by its provenance.
+  /// numpy missing is the run's failure, never an element's that on_error = skip would drop.
   py::object sample_generator(const Provenance& p) {
     if (!generator_type_) {
-      const py::module_ random = py::module_::import("numpy.random");
-      generator_type_ = random.attr("Generator");
-      bit_generator_type_ = random.attr("PCG64");
+      try {
+        const py::module_ random = py::module_::import("numpy.random");
+        generator_type_ = std::make_shared<const PyRef>(random.attr("Generator"));
+        bit_generator_type_ = std::make_shared<const PyRef>(random.attr("PCG64"));
+      } catch (py::error_already_set& e) {
+        throw ResultTypeError(this->label() + ": map(fn, rng=True) gives fn a numpy.random.Generator, and numpy.random "
+                              "did not import: " + std::string(e.what()));
+      }
     }
     const std::uint64_t seed = detail::sample_seed(seed_key_, p, keys_, this->label());
-    return generator_type_(bit_generator_type_(py::int_(seed)));
+    const py::handle generator(generator_type_->p), bit_generator(bit_generator_type_->p);
+    return generator(bit_generator(py::int_(seed)));
   }
 
   std::unique_ptr<PyMapInput> input_;
@@ -605,7 +613,7 @@ class PyMapIter final : public HookedIf<Out> {
   bool rng_;                                // fn(x, generator): the input is traced
   std::uint64_t seed_key_;
   const std::vector<std::string>* keys_;
-  py::object generator_type_, bit_generator_type_;  // numpy's, imported at the first call
+  PyHandle generator_type_, bit_generator_type_;  // numpy's, imported at the first call (released under the GIL)
 };
 
 template <class Out>
@@ -793,6 +801,7 @@ class PyFlatChainIter final : public Hooked<Out> {
     FlatMapState<std::vector<Out>> st;
     r.read(st);
     pending_ = std::move(st.pending);
+    pending_traces_.clear();  // the restored outputs' provenance is unknown
     next_ = 0;
   }
   std::optional<std::uint64_t> input_taken() const override { return input_->taken(); }
@@ -801,14 +810,16 @@ class PyFlatChainIter final : public Hooked<Out> {
   std::vector<IterBase*> inputs() const override { return {input_->iter()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
   bool carries_provenance() const override { return true; }
+  /// Fused maps and filters give each input at most one output, so nothing is pending between pulls.
+  bool holds_no_elements() const override { return !callable_.fused_expands; }
 
  private:
-  /// Traced: the `count` outputs of an input have its provenance; several have their offsets among them
-  /// (one output, of fused maps and filters, is the input itself).
+  /// Traced: the `count` outputs of an input have its provenance, with their offsets when the stages
+  /// include a flat_map (as flat_map's); fused maps and filters give the input's own.
   void trace_outputs(const Provenance& input, std::size_t count) {
     for (std::size_t j = 0; j < count; ++j) {
       Provenance p = input;
-      if (count > 1 && is_known(p))
+      if (callable_.fused_expands && is_known(p))
         for (SourcePos& s : p) s.offsets.push_back(j);
       pending_traces_.push_back(std::move(p));
     }
@@ -971,10 +982,11 @@ class PythonFunctions final : public ExternalFunctions {
       const auto id = k.cast<std::int64_t>();
       // The Python package's fused stages carry their outputs as an iterable and their stages as a label.
       const bool fused = py::hasattr(f, "_dpipe_fused_stages");
+      const bool expands = fused && py::hasattr(f, "_dpipe_fused_expands") && py::bool_(f.attr("_dpipe_fused_expands"));
       by_id_.emplace(id, PyCallable{.fn = std::make_shared<const PyRef>(f),
                                     .label = fused ? std::string(py::str(f.attr("_dpipe_fused_stages"))) : callable_label(f),
                                     .owner = owner_,
-                                    .input_tuple = tuple_inputs.count(id) > 0, .fused = fused});
+                                    .input_tuple = tuple_inputs.count(id) > 0, .fused = fused, .fused_expands = expands});
     }
   }
   SpecPipeline map(const SpecPipeline& input, std::int64_t id, const std::string& out, const ExternalNode& node) const override {
@@ -1318,9 +1330,9 @@ class TypedLoop final : public Loop {
     return run_->warnings();
   }
   py::object provenance() const override {
+    check_live();
     const Provenance* p = run_->provenance();
-    if (!p || run_->delivered() == 0) return py::none();
-    if (is_unknown_element(*p)) return py::none();
+    if (!p || p->empty() || is_unknown_element(*p)) return py::none();  // empty: nothing delivered yet
     const auto& keys = run_->graph().keys();
     py::list out;
     for (const SourcePos& s : *p) {

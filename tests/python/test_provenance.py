@@ -42,10 +42,7 @@ def test_fused_stages_name_an_expansion_by_offsets():
         x = ints(x)
         count = x % 4
         assert len(sources) == 1 and sources[0][:2] == ["s", x - 1], (x, sources)
-        if count > 1:
-            assert sources[0][2]["offsets"][0] in range(count)
-        else:
-            assert len(sources[0]) == 2
+        assert sources[0][2]["offsets"][0] in range(count)  # the stages include a flat_map: as flat_map's
     assert len(got) == sum(x % 4 for x in range(1, 31) if x % 3 != 0)
 
 
@@ -96,6 +93,19 @@ def test_map_with_rng_draws_per_sample_whatever_the_layout_and_resume():
     rest = draws(again)
     assert not set(head) & set(rest) and {**head, **rest} == reference
     assert draws(dpipe.Loader(p, seed=12)) != reference
+
+
+def test_map_with_rng_after_fused_stages_on_a_field_and_per_epoch():
+    def jitter(v, rng):
+        return int(v) + int(rng.integers(0, 1000))
+    p = (dpipe.range(0, 40) | dpipe.sampler() | dpipe.map(lambda x: {"v": x * 1000}, out=object)
+         | dpipe.filter(lambda r: r["v"] % 3000 != 0) | dpipe.map(jitter, field="v", rng=True))
+    loader = dpipe.Loader(p, seed=2)
+    first = sorted(r["v"] for r in loader)
+    assert len(first) == 26 and all(0 <= v % 1000 < 1000 for v in first)
+    assert sorted(r["v"] for r in dpipe.Loader(p, seed=2, workers=3)) == first
+    loader.set_epoch(1)
+    assert sorted(r["v"] for r in loader) != first  # a new epoch draws anew
 
 
 def test_map_with_rng_after_a_buffer_is_refused():

@@ -418,7 +418,7 @@ class IterBase {
   std::exception_ptr deferred_;  // a failure raised on the next pull (Iter::fail_after)
   std::vector<Provenance> traces_;  // traced: the provenance of the last pull's elements
 
-  /// Traced: appends the provenance of `in`'s last pull (all of it, or `count` from `from`).
+  /// Traced: appends the provenance of `in`'s last pull.
   void pass_traces(IterBase& in) {
     if (!traced_) return;
     if (traces_.empty()) traces_.swap(in.traces_);
@@ -431,18 +431,6 @@ class IterBase {
     if (traced_) traces_.push_back(Provenance{SourcePos{node_index_, epoch, position, {}}});
   }
   void trace_source(std::uint64_t position) { trace_source(build_epoch_, position); }
-  /// Traced: keeps the provenance of the elements `keep` selects of the last pull (filters), in order.
-  template <class Keep>
-  void keep_traces(std::size_t from, Keep&& keep) {
-    if (!traced_) return;
-    std::size_t kept = from;
-    for (std::size_t i = from; i < traces_.size(); ++i)
-      if (keep(i - from)) {
-        if (kept != i) traces_[kept] = std::move(traces_[i]);
-        ++kept;
-      }
-    traces_.resize(kept);
-  }
 
  private:
   std::string key_;

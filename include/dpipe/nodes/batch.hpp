@@ -101,7 +101,10 @@ class BatchIter final : public Hooked<std::vector<T>> {
     return n;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
-  void restore_state(StateReader& r) override { r.read(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    partial_traces_.clear();  // the restored elements' provenance is unknown
+  }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   bool carries_provenance() const override { return true; }
 

@@ -133,6 +133,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       FlatMapRestState<std::vector<Result>> st;
       r.read(st);
       rests_.assign(st.rests.begin(), st.rests.end());
+      rest_traces_.clear();  // the restored expansions' provenance is unknown
     } else {
       FlatMapState<std::vector<Out>> st;
       r.read(st);

@@ -20,7 +20,7 @@ struct MapOptions {
   std::string name{};
 };
 
-/// map_with_rng's function: `fn(x, seed)`, called with a seed derived from (the run's seed, the map's
+/// map_with_rng's function: `fn(x, rng)`, called with an Rng seeded by (the run's seed and epoch, the map's
 /// key, the element's provenance), so that a random augmentation gives the same result for a sample
 /// whatever the layout, the worker, a rescale or a resume. The map traces its input (provenance.hpp).
 template <class Fn>
@@ -69,16 +69,16 @@ struct map_result {
 };
 template <class In, class Fn>
 struct map_result<In, SeededFn<Fn>> {
-  using type = std::decay_t<std::invoke_result_t<const Fn&, In&&, std::uint64_t>>;
+  using type = std::decay_t<std::invoke_result_t<const Fn&, In&&, Rng&>>;
 };
 }  // namespace detail
 template <class In, class Fn>
 using map_result_t = typename detail::map_result<In, Fn>::type;
 
 namespace detail {
-/// A map with a per-sample generator: the seed of its node, from the run's seed and its key.
-inline std::uint64_t sample_seed_key(std::uint64_t run_seed, const std::string& key) {
-  return derive_seed(run_seed, key, 0, 0x3a9d);
+/// A map with a per-sample generator: the seed of its node, from the run's seed and epoch and its key.
+inline std::uint64_t sample_seed_key(std::uint64_t run_seed, const std::string& key, std::uint64_t epoch) {
+  return derive_seed(run_seed, key, epoch, 0x3a9d);
 }
 /// The seed of one element's generator: the node's and the element's provenance (sources named by `keys`).
 inline std::uint64_t sample_seed(std::uint64_t node_key, const Provenance& p, const std::vector<std::string>* keys,
@@ -90,6 +90,9 @@ inline std::uint64_t sample_seed(std::uint64_t node_key, const Provenance& p, co
 /// A map with a per-sample generator refuses a node upstream whose snapshots hold elements: it would
 /// resume them with no provenance, and their draws would differ from the uninterrupted run's.
 inline void refuse_elements_held_upstream(const std::string& label, const IterBase& node) {
+  if (!node.carries_provenance())
+    throw ConfigError(label + ": a map with a per-sample generator (rng) needs its input's provenance, and " +
+                      node.label() + " does not carry provenance yet (docs/design.md, \"Provenance\")");
   if (!node.holds_no_elements())
     throw ConfigError(label + ": a map with a per-sample generator (rng) must come before " + node.label() +
                       ", whose snapshots hold elements without their provenance (not yet kept): their draws would "
@@ -133,7 +136,7 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
   MapIter(BuildContext& ctx, const MapDef<In, Fn>& def)
       : HookedIf<Out>(def.on_error() == OnDataError::skip, ctx, "map"),
         input_(instantiate_traced(def.input(), ctx, kSeeded)), fn_(def.fn()), skips_(def.on_error() == OnDataError::skip),
-        seed_key_(detail::sample_seed_key(ctx.seed, this->key())), keys_(ctx.keys) {
+        seed_key_(detail::sample_seed_key(ctx.seed, this->key(), ctx.epoch)), keys_(ctx.keys) {
     if constexpr (kSeeded) detail::refuse_elements_held_upstream(this->label(), *input_);
   }
 
@@ -189,7 +192,8 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
   /// The function on the `i`-th element of the input's last pull (map_with_rng: with its seed).
   Out call(In&& x, std::size_t i) {
     if constexpr (kSeeded) {
-      return fn_.fn(std::move(x), detail::sample_seed(seed_key_, input_->traces()[i], keys_, this->label()));
+      Rng rng(detail::sample_seed(seed_key_, input_->traces()[i], keys_, this->label()));
+      return fn_.fn(std::move(x), rng);
     } else {
       (void)i;
       return fn_(std::move(x));
@@ -246,7 +250,7 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
   bool skips_;
   SkipCountState skipped_;
   std::vector<In> scratch_;
-  std::uint64_t seed_key_;                   // map_with_rng: (run seed, this node's key)
+  std::uint64_t seed_key_;                   // map_with_rng: (run seed and epoch, this node's key)
   const std::vector<std::string>* keys_;     // the graph's: how provenance names sources
 };
 
@@ -263,16 +267,13 @@ auto map(Fn fn, MapOptions o = {}) {
   });
 }
 
-/// `map_with_rng(fn)`: `fn(x, rng)` with an Rng seeded by (the run's seed, this node's key, the
+/// `map_with_rng(fn)`: `fn(x, rng)` with an Rng seeded by (the run's seed and epoch, this node's key, the
 /// element's provenance): a sample's draw does not depend on the layout, the worker, a rescale or a
-/// resume. Every node upstream must carry provenance (docs/design.md, "Provenance").
+/// resume. Every node upstream must carry provenance and hold no elements in its snapshots (a source,
+/// sampler, filters, maps: docs/design.md, "Provenance"). `fn` may describe itself (describe_fn).
 template <class Fn>
 auto map_with_rng(Fn fn, MapOptions o = {}) {
-  auto seeded = [fn = std::move(fn)](auto&& x, std::uint64_t seed) {
-    Rng rng(seed);
-    return fn(std::forward<decltype(x)>(x), rng);
-  };
-  return map(SeededFn<decltype(seeded)>{std::move(seeded)}, std::move(o));
+  return map(SeededFn<Fn>{std::move(fn)}, std::move(o));
 }
 
 struct MapKind {

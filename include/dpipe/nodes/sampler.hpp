@@ -75,6 +75,7 @@ class SamplerIter final : public Hooked<T> {
     n_ = def.source().size();
     total_ = n_ * def.epochs();
     key_ = derive_seed(ctx.seed, this->key(), ctx.epoch, kSamplerSalt);
+    run_epoch_ = ctx.epoch;
     lookahead_ = def.source().prefetches();
   }
 
@@ -91,7 +92,8 @@ class SamplerIter final : public Hooked<T> {
       if (lookahead_)
         if (const auto ahead = deal_.peek(total_)) source.prefetch(index_of(*ahead));
       out.push_back(source.at(i));
-      this->trace_source(*q / n_, i);  // the dataset index it drew, in the epoch it drew it
+      // The dataset index it drew, in the epoch it drew it: its pass within the run's epoch.
+      this->trace_source(run_epoch_ * def_.epochs() + *q / n_, i);
     }
     return n;
   }
@@ -118,6 +120,7 @@ class SamplerIter final : public Hooked<T> {
   const SamplerDef<T>& def_;
   detail::PositionDeal deal_;
   std::uint64_t n_ = 0, total_ = 0, key_ = 0;
+  std::uint64_t run_epoch_ = 0;  // the run's epoch it was built in (provenance: its passes within it)
   std::optional<KeyedPermutation> perm_;
   std::uint64_t perm_epoch_ = 0;
   std::uint64_t memo_q_ = ~std::uint64_t{0}, memo_index_ = 0;  // the last position's index

@@ -132,7 +132,10 @@ class ShuffleIter final : public Hooked<T> {
   bool carries_provenance() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   // No reserve to the buffer size: a restore holds what the snapshot holds, never a declared capacity.
-  void restore_state(StateReader& r) override { r.read(st_); }
+  void restore_state(StateReader& r) override {
+    r.read(st_);
+    buf_traces_.clear();  // the restored buffer's provenance is unknown
+  }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
  private:

@@ -83,10 +83,9 @@ class UnbatchIter final : public Hooked<T> {
   std::vector<std::vector<T>> batches_;
   Provenance current_trace_;  // traced: the batch's
 
-  /// Element `j` of the current batch: its base element when the batch has one per element (a batch's
-  /// batch), else the batch's provenance at offset `j`.
+  /// Element `j` of the current batch: the batch's provenance at offset `j` (a map between the batch and
+  /// here may have reordered its elements, so its base elements are not matched to its elements).
   Provenance trace_of(std::size_t j) const {
-    if (current_trace_.size() == current_.size()) return {current_trace_[j]};
     if (!is_known(current_trace_)) return unknown_provenance();
     Provenance p = current_trace_;
     for (SourcePos& s : p) s.offsets.push_back(j);
