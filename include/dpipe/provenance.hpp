@@ -35,10 +35,19 @@ using Provenance = std::vector<SourcePos>;
 /// place among their other base elements.
 inline Provenance unknown_provenance() { return {SourcePos{SourcePos::kUnknown, 0, 0, {}}}; }
 inline bool is_unknown_element(const Provenance& p) { return p.size() == 1 && p[0].source == SourcePos::kUnknown; }
+
 inline bool is_known(const Provenance& p) {
   for (const SourcePos& s : p)
     if (s.source == SourcePos::kUnknown) return false;
   return true;
+}
+
+/// Output `j` of an expansion of an element of provenance `p` (flat_map, unbatch): `p` at offset `j`;
+/// an unknown provenance stays unknown.
+inline Provenance at_offset(Provenance p, std::uint64_t j) {
+  if (!is_known(p)) return p;
+  for (SourcePos& s : p) s.offsets.push_back(j);
+  return p;
 }
 
 /// A 64-bit digest of a provenance whose sources are named by `keys` (the graph's): the same for an

@@ -557,12 +557,12 @@ class PyMapIter final : public HookedIf<Out> {
           ++kept;
         } catch (...) {
           if (!skip_current_exception(callable_, skips_, skipped_)) {
-            keep_first_traces(kept);
+            this->pass_traces(*input_->iter(), kept);
             return this->fail_after(kept);
           }
         }
       }
-      keep_first_traces(kept);
+      this->pass_traces(*input_->iter(), kept);
       if (kept > 0) return kept;  // with skip, a chunk of skipped elements only pulls again
     }
   }
@@ -582,12 +582,6 @@ class PyMapIter final : public HookedIf<Out> {
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
 
  private:
-  /// Traced: the first `kept` of the input's provenances are this pull's.
-  void keep_first_traces(std::size_t kept) {
-    if (!this->traced()) return;
-    input_->iter()->traces().resize(kept);
-    this->pass_traces(*input_->iter());
-  }
   /// Under the GIL: rng=True's numpy.random.Generator for an element, seeded by its provenance.
   /// numpy missing is the run's failure, never an element's that on_error = skip would drop.
   py::object sample_generator(const Provenance& p) {
@@ -685,10 +679,7 @@ class PyParallelMapIter final : public Stateless<Out> {
     }
     const std::size_t delivered =
         detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
-    if (this->traced()) {
-      input_->iter()->traces().resize(delivered);
-      this->pass_traces(*input_->iter());
-    }
+    this->pass_traces(*input_->iter(), delivered);
     return delivered;
   }
   bool carries_provenance() const override { return true; }
@@ -817,12 +808,8 @@ class PyFlatChainIter final : public Hooked<Out> {
   /// Traced: the `count` outputs of an input have its provenance, with their offsets when the stages
   /// include a flat_map (as flat_map's); fused maps and filters give the input's own.
   void trace_outputs(const Provenance& input, std::size_t count) {
-    for (std::size_t j = 0; j < count; ++j) {
-      Provenance p = input;
-      if (callable_.fused_expands && is_known(p))
-        for (SourcePos& s : p) s.offsets.push_back(j);
-      pending_traces_.push_back(std::move(p));
-    }
+    for (std::size_t j = 0; j < count; ++j)
+      pending_traces_.push_back(callable_.fused_expands ? at_offset(input, j) : input);
   }
 
   /// Under the GIL: the outputs of one input (an iterable, not a string) appended to `pending_`, each converted.

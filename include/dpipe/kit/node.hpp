@@ -418,6 +418,13 @@ class IterBase {
   std::exception_ptr deferred_;  // a failure raised on the next pull (Iter::fail_after)
   std::vector<Provenance> traces_;  // traced: the provenance of the last pull's elements
 
+  /// Traced: appends the provenance of the first `kept` elements of `in`'s last pull (those this pull
+  /// delivers, compacted to the front with them: filters, skips, a failure mid-chunk).
+  void pass_traces(IterBase& in, std::size_t kept) {
+    if (!traced_) return;
+    in.traces_.resize(kept);
+    pass_traces(in);
+  }
   /// Traced: appends the provenance of `in`'s last pull.
   void pass_traces(IterBase& in) {
     if (!traced_) return;

@@ -62,11 +62,11 @@ class FilterIter final : public HookedIf<T> {
           }
       } catch (...) {
         out.resize(before + kept);
-        keep_first_traces(kept);
+        this->pass_traces(*input_, kept);
         return this->fail_after(kept);
       }
       out.resize(before + kept);
-      keep_first_traces(kept);
+      this->pass_traces(*input_, kept);
     }
     return out.size() - before;
   }
@@ -86,12 +86,6 @@ class FilterIter final : public HookedIf<T> {
   bool holds_no_elements() const override { return true; }
 
  private:
-  /// Traced: the first `kept` of the input's provenances, compacted with the elements, are this pull's.
-  void keep_first_traces(std::size_t kept) {
-    if (!this->traced()) return;
-    input_->traces().resize(kept);
-    this->pass_traces(*input_);
-  }
 
   /// Whether the predicate holds; with on_error = skip, an element it throws on is counted and dropped.
   bool holds(const T& x) {

@@ -151,13 +151,6 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
   bool carries_provenance() const override { return true; }
 
  private:
-  /// Output `j` of an input's expansion: the input's provenance at offset `j`.
-  static Provenance expansion_trace(const Provenance& parent, std::uint64_t j) {
-    if (!is_known(parent)) return parent;
-    Provenance p = parent;
-    for (SourcePos& s : p) s.offsets.push_back(j);
-    return p;
-  }
   using Result = map_result_t<In, Fn>;
   static constexpr bool kStreams = Expansion<Result>;
   struct NoRests {};
@@ -170,7 +163,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
         const std::size_t from = next_;
         n += detail::take_pending(pending_, next_, out, max - n);
         if (this->traced())
-          for (std::size_t j = from; j < next_; ++j) this->traces().push_back(expansion_trace(parent_trace_, j));
+          for (std::size_t j = from; j < next_; ++j) this->traces().push_back(at_offset(parent_trace_, j));
         continue;
       }
       scratch_.clear();
@@ -206,7 +199,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
         r.pop_front();
         if (this->traced()) {
           auto& [parent, offset] = rest_traces_.front();
-          this->traces().push_back(expansion_trace(parent, offset++));
+          this->traces().push_back(at_offset(parent, offset++));
         }
         ++n;
         continue;

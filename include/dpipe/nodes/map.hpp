@@ -153,10 +153,10 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
         for (; i < n; ++i) p[i] = call(std::move(p[i]), i);
       } catch (...) {
         out.resize(before + i);
-        keep_first_traces(i);
+        this->pass_traces(*input_, i);
         return this->fail_after(i);
       }
-      keep_first_traces(n);
+      this->pass_traces(*input_, n);
       return n;
     } else {
       scratch_.clear();
@@ -166,10 +166,10 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
       try {
         for (; i < n; ++i) out.push_back(call(std::move(scratch_[i]), i));
       } catch (...) {
-        keep_first_traces(i);
+        this->pass_traces(*input_, i);
         return this->fail_after(i);
       }
-      keep_first_traces(n);
+      this->pass_traces(*input_, n);
       return n;
     }
   }
@@ -198,12 +198,6 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
       (void)i;
       return fn_(std::move(x));
     }
-  }
-  /// Traced: the first `kept` of the input's provenances (compacted with the elements) are this pull's.
-  void keep_first_traces(std::size_t kept) {
-    if (!this->traced()) return;
-    input_->traces().resize(kept);
-    this->pass_traces(*input_);
   }
 
   /// on_error = skip: an element the function throws on is dropped and counted; a chunk of such elements
@@ -234,13 +228,13 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
         } catch (...) {
           if (!skip_current_exception(fn_, true, skipped_)) {
             out.resize(before + kept);  // the results before the failing element are delivered first
-            keep_first_traces(kept);
+            this->pass_traces(*input_, kept);
             return this->fail_after(kept);
           }
         }
       }
       if constexpr (kInPlace) out.resize(before + kept);
-      keep_first_traces(kept);
+      this->pass_traces(*input_, kept);
       if (kept > 0) return kept;
     }
   }

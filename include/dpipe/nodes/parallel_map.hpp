@@ -81,10 +81,7 @@ class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
     else for (std::size_t i = 0; i < n; ++i) apply(i);
     const std::size_t delivered =
         detail::deliver_until_failure(out, results_, errors_, [this](std::size_t i) { return this->fail_after(i); });
-    if (this->traced()) {
-      input_->traces().resize(delivered);
-      this->pass_traces(*input_);
-    }
+    this->pass_traces(*input_, delivered);
     return delivered;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }

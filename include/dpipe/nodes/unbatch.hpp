@@ -86,10 +86,7 @@ class UnbatchIter final : public Hooked<T> {
   /// Element `j` of the current batch: the batch's provenance at offset `j` (a map between the batch and
   /// here may have reordered its elements, so its base elements are not matched to its elements).
   Provenance trace_of(std::size_t j) const {
-    if (!is_known(current_trace_)) return unknown_provenance();
-    Provenance p = current_trace_;
-    for (SourcePos& s : p) s.offsets.push_back(j);
-    return p;
+    return is_known(current_trace_) ? at_offset(current_trace_, j) : unknown_provenance();
   }
 };
 
