@@ -10,6 +10,7 @@
 #include "dpipe/detail/text_json.hpp"
 #include "dpipe/snapshot.hpp"
 #include "dpipe/kit/node_kind.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 #include "dpipe/text_block.hpp"
 #include "snapshot_json.hpp"
 #include "json_text.hpp"
@@ -111,6 +112,57 @@ bool element_to_json(std::string_view tag, std::string_view bytes, std::string& 
   return true;
 }
 
+namespace {
+nlohmann::ordered_json provenance_to_ordered_json(const Provenance& p, const std::vector<std::string>& keys) {
+  using Json = nlohmann::ordered_json;
+  if (is_unknown_element(p)) return nullptr;
+  Json out = Json::array();
+  for (const SourcePos& s : p) {
+    if (s.source == SourcePos::kUnknown) {
+      out.push_back(nullptr);
+      continue;
+    }
+    Json entry = {detail::json_text<Json>(s.source < keys.size() ? keys[s.source] : std::string("?")), s.position};
+    if (s.epoch != 0 || !s.offsets.empty()) {
+      Json extra = Json::object();
+      if (s.epoch != 0) extra["epoch"] = s.epoch;
+      if (!s.offsets.empty()) extra["offsets"] = s.offsets;
+      entry.push_back(std::move(extra));
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+/// An entry of a keyed list (kit/restore_keys.hpp): {"key": sources, "crc32c": N} or {"data": element};
+/// false when it is neither.
+bool key_entry_to_json(std::string_view element_tag, std::string_view entry, const std::vector<std::string>& keys,
+                       nlohmann::ordered_json& out) {
+  if (entry.empty()) return false;
+  if (entry[0] == kDataEntry) {
+    nlohmann::ordered_json v;
+    if (!element_to_ordered_json(element_tag, entry.substr(1), v)) return false;
+    out = {{"data", std::move(v)}};
+    return true;
+  }
+  if (entry[0] != kKeyEntry) return false;
+  try {
+    ByteReader r(entry.substr(1), "a restore key");
+    std::uint32_t checksum = 0;
+    const Provenance p = decode_key(r, checksum);
+    if (!r.done()) return false;
+    out = {{"key", provenance_to_ordered_json(p, keys)}, {"crc32c", checksum}};
+    return true;
+  } catch (const SnapshotError&) {
+    return false;
+  }
+}
+}  // namespace
+
+std::string provenance_json(const Provenance& p, const std::vector<std::string>& keys) {
+  return dump_json(provenance_to_ordered_json(p, keys));
+}
+
 std::string Snapshot::to_json() const {
   // Text from the file is written as detail::json_text says (UTF-8 as strings, other bytes as
   // {"base64": ...}), so the rendering is valid JSON and keeps every byte.
@@ -127,6 +179,8 @@ std::string Snapshot::to_json() const {
     }
     graph.push_back(std::move(node));
   }
+  std::vector<std::string> graph_keys;  // a restore key's source index is its place in the graph
+  for (const auto& n : meta.graph) graph_keys.push_back(n.key);
   Json rendered_states = Json::array();
   for (const auto& s : states) {
     std::vector<std::pair<std::string, Json>> fields;
@@ -140,13 +194,17 @@ std::string Snapshot::to_json() const {
           // A native tag's blobs must decode as it says (a resume decodes them so); other tags are a
           // user type's cereal bytes, shown in hex, and so are `value`s this rendering does not spell out
           // (arrays of some dtypes).
+          // A keyed list's entries are keys (named by the graph's keys) or data (restore_keys.hpp).
           TagNode native;
+          const bool keyed = f.elements.tag.starts_with(kKeysTagPrefix);
+          const std::string element_tag = keyed ? f.elements.tag.substr(kKeysTagPrefix.size()) : f.elements.tag;
           std::string_view tag = f.elements.tag;
-          const bool is_native = parse_tag(tag, native, 0) && tag.empty() &&
+          const bool is_native = !keyed && parse_tag(tag, native, 0) && tag.empty() &&
                                  f.elements.tag.find("value") == std::string::npos;
           for (std::size_t i = 0; i < f.elements.size(); ++i) {
             Json v;
-            if (element_to_ordered_json(f.elements.tag, f.elements.at(i), v)) {
+            if (keyed ? key_entry_to_json(element_tag, f.elements.at(i), graph_keys, v)
+                      : element_to_ordered_json(f.elements.tag, f.elements.at(i), v)) {
             } else if (is_native) {
               throw SnapshotError("snapshot node '" + s.key.substr(0, 64) + "' (instance " + std::to_string(s.instance) +
                                   "), field '" + f.name.substr(0, 64) + "': element " + std::to_string(i) + " (" +

@@ -69,6 +69,7 @@ struct RunArgs {
   std::uint64_t max_replay = dpipe::ResumeOptions{}.max_replay;
   std::vector<std::string> overrides;
   bool provenance = false;
+  bool restore_keys = false;
 };
 
 struct BenchArgs {
@@ -196,6 +197,10 @@ void build_cli(Cli& c) {
   c.run->add_flag("--provenance", r.provenance,
                   "write each element as {\"element\": E, \"sources\": [[SOURCE, POSITION], ...]}: the source "
                   "positions it was made from (docs/design.md, \"Provenance\")")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  c.run->add_flag("--restore-keys", r.restore_keys,
+                  "snapshots hold buffered elements as the source positions they were made from, not their bytes, "
+                  "where the nodes up to their source can make them again (docs/design.md, \"Restore keys\")")
       ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   c.run->add_flag("--allow-changed-data", r.allow_changed_data,
                   "accept data files whose modification time changed since the snapshot (same path and size)");
@@ -452,13 +457,15 @@ class SpecRun {
 template <class T>
 class TypedSpecRun final : public SpecRun {
  public:
-  TypedSpecRun(dpipe::Run<T> run, bool bytes) : run_(std::move(run)), bytes_(bytes) {}
+  /// `sources`: write each element with its provenance (--provenance; a traced run of --restore-keys alone
+  /// writes the elements).
+  TypedSpecRun(dpipe::Run<T> run, bool bytes, bool sources) : run_(std::move(run)), bytes_(bytes), sources_(sources) {}
 
   bool append_lines(std::string& out, std::uint64_t max, std::size_t until_bytes, std::uint64_t& written) override {
     for (std::uint64_t n = 0; n < max && out.size() < until_bytes; ++n) {
       auto x = run_.next();
       if (!x) return false;
-      const dpipe::Provenance* sources = run_.provenance();
+      const dpipe::Provenance* sources = sources_ ? run_.provenance() : nullptr;
       if (sources) out += "{\"element\": ";
       dpipe::append_spec_element_json(out, *x, bytes_);
       if (sources) append_sources(out, *sources);
@@ -467,38 +474,11 @@ class TypedSpecRun final : public SpecRun {
     }
     return true;
   }
-  /// `, "sources": [[SOURCE, POSITION], ...]}`; an entry of a later epoch or within an expansion adds
-  /// `{"epoch": E, "offsets": [...]}`. Unknown (a snapshot held it): `null` for the whole element, a
-  /// `null` entry for one of its base elements (an element of a batch).
+  /// `, "sources": [[SOURCE, POSITION], ...]}` (dpipe::provenance_json).
   void append_sources(std::string& out, const dpipe::Provenance& sources) const {
     out += ", \"sources\": ";
-    if (dpipe::is_unknown_element(sources)) {
-      out += "null}";
-      return;
-    }
-    const auto& keys = run_.graph().keys();
-    out += '[';
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      const dpipe::SourcePos& s = sources[i];
-      if (i) out += ", ";
-      if (s.source == dpipe::SourcePos::kUnknown) {
-        out += "null";
-        continue;
-      }
-      out += '[';
-      out += Json(s.source < keys.size() ? keys[s.source] : std::string("?")).dump();
-      out += ", ";
-      out += std::to_string(s.position);
-      if (s.epoch != 0 || !s.offsets.empty()) {
-        Json extra = Json::object();
-        if (s.epoch != 0) extra["epoch"] = s.epoch;
-        if (!s.offsets.empty()) extra["offsets"] = s.offsets;
-        out += ", ";
-        out += extra.dump();
-      }
-      out += ']';
-    }
-    out += "]}";
+    out += dpipe::provenance_json(sources, run_.graph().keys());
+    out += '}';
   }
   std::uint64_t take(std::uint64_t max, std::size_t& items) override {
     std::uint64_t n = 0;
@@ -527,19 +507,23 @@ class TypedSpecRun final : public SpecRun {
  private:
   dpipe::Run<T> run_;
   bool bytes_;
+  bool sources_;
 };
 
 /// Where a run starts: at the beginning, or from a snapshot file or a snapshot set directory.
 struct RunStart {
   std::optional<std::string> snapshot_file, set_dir;
   dpipe::ResumeOptions how{};
+  bool write_sources = false;  // --provenance
   bool resumes() const { return snapshot_file || set_dir; }
 };
 
 std::unique_ptr<SpecRun> start_run(const dpipe::Spec& spec, dpipe::Engine& engine, const dpipe::RunOptions& options,
                                    const RunStart& from = {}) {
   return with_pipeline(spec, [&]<class T>(const dpipe::Pipeline<T>& p) -> std::unique_ptr<SpecRun> {
-    auto typed = [&](dpipe::Run<T> run) { return std::make_unique<TypedSpecRun<T>>(std::move(run), spec.bytes); };
+    auto typed = [&](dpipe::Run<T> run) {
+      return std::make_unique<TypedSpecRun<T>>(std::move(run), spec.bytes, from.write_sources);
+    };
     if (from.snapshot_file) return typed(engine.resume(p, dpipe::Snapshot::read_file(*from.snapshot_file), options, from.how));
     if (from.set_dir) return typed(engine.resume(p, dpipe::SnapshotDir{*from.set_dir}, options, from.how));
     return typed(engine.start(p, options));
@@ -568,7 +552,7 @@ std::optional<std::uint64_t> set_step(const RunArgs& a, const SpecRun& run, std:
 int cmd_run(const RunArgs& a) {
   const auto spec = read_spec(a.common);
   auto options = run_options(a.common, spec.seed);
-  options.trace = a.provenance;
+  options.trace = a.provenance || a.restore_keys;
   std::optional<std::string> output = a.output;
   if (output) {
     const std::string rank = std::to_string(options.layout->rank);
@@ -583,7 +567,8 @@ int cmd_run(const RunArgs& a) {
                       .how = {.rescale = a.rescale,
                               .allow_changed_data = a.allow_changed_data,
                               .max_replay = a.max_replay,
-                              .overrides = a.overrides}};
+                              .overrides = a.overrides},
+                      .write_sources = a.provenance};
   if (!a.overrides.empty() && !from.resumes())
     throw dpipe::ConfigError("--override changes a parameter of a resumed run: give --resume or --resume-dir");
   const std::uint64_t read_before = dpipe::detail::bytes_read_by_process();

@@ -40,7 +40,8 @@ struct RunOptions {
   /// Time every node's pulls, for node_stats() (costs two clock reads per pull).
   bool collect_stats = false;
   /// Carry every element's provenance (provenance.hpp) for Run::provenance(); every node must carry it.
-  /// The stream is the same either way.
+  /// The stream is the same either way. A traced run's snapshots hold restore keys in place of the
+  /// elements it buffers wherever their chain can make them again (kit/restore_keys.hpp).
   bool trace = false;
 };
 
@@ -384,14 +385,18 @@ void Run<T>::restore(const Snapshot& s, const ResumeOptions& resume) {
   const StateIndex index(s.states);
   const NodeState& run = index.at("run", static_cast<std::uint32_t>(layout_.rank));
   StateReader r(run);
-  detail::RunRecord<std::vector<T>> record;
+  detail::RunRecord<KeysIn<T>> record;
+  record.pending.from = root_.get();
   r.read(record);
   r.finish();
   delivered_ = record.delivered;
   report_.step = s.meta.step;
   report_.delivered = record.delivered;
-  buf_ = std::move(record.pending);
+  buf_ = std::move(record.pending.values);
+  buf_traces_ = options_.trace ? std::move(record.pending.keys) : std::vector<Provenance>{};
   head_ = 0;
+  if (record.pending.recomputed)
+    report_.nodes.push_back({"run", "run", run.instance, StateMode::hook, 0, 0, record.pending.recomputed});
   root_->restore(index, report_);
   report_.total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -418,7 +423,14 @@ Snapshot Run<T>::take_snapshot(std::map<std::string, std::string> user_metadata,
   run.mode = StateMode::hook;
   {
     StateWriter w(run);
-    w.write(detail::RunRecord<std::vector<T>>{delivered_, {buf_.begin() + std::ptrdiff_t(head_), buf_.end()}});
+    std::vector<T> pending(buf_.begin() + std::ptrdiff_t(head_), buf_.end());
+    if (options_.trace && root_->recomputable()) {  // as restore keys (kit/restore_keys.hpp)
+      std::vector<Provenance> keys;
+      if (buf_traces_.size() == buf_.size()) keys.assign(buf_traces_.begin() + std::ptrdiff_t(head_), buf_traces_.end());
+      w.write(detail::RunRecord<KeysOut<T>>{delivered_, {&pending, &keys}});
+    } else {
+      w.write(detail::RunRecord<std::vector<T>>{delivered_, std::move(pending)});
+    }
   }
   root_->save(sink);
   spare_states_.clear();

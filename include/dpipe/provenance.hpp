@@ -6,6 +6,7 @@
 /// index); flat_map and unbatch add the element's offset within its parent's expansion. map, filter,
 /// shuffle, batch, … carry them through (docs/design.md, "Provenance").
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,43 @@ inline bool is_known(const Provenance& p) {
     if (s.source == SourcePos::kUnknown) return false;
   return true;
 }
+
+/// Text for messages: "[(source 3, epoch 0, position 17, offset 2), ...]".
+inline std::string to_string(const Provenance& p) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const SourcePos& s = p[i];
+    if (i) out += ", ";
+    if (s.source == SourcePos::kUnknown) {
+      out += "unknown";
+      continue;
+    }
+    out += "(source " + std::to_string(s.source) + ", epoch " + std::to_string(s.epoch) + ", position " +
+           std::to_string(s.position);
+    for (std::size_t k = 0; k < s.offsets.size(); ++k) out += (k ? "." : ", offset ") + std::to_string(s.offsets[k]);
+    out += ")";
+  }
+  return out + "]";
+}
+
+/// `p` without the offset its last expansion added (the input element's provenance), or nullopt when a
+/// base element has no offset.
+inline std::optional<Provenance> without_last_offset(Provenance p, std::uint64_t& offset) {
+  if (p.empty() || p[0].offsets.empty()) return std::nullopt;
+  const std::uint64_t last = p[0].offsets.back();
+  for (SourcePos& s : p) {
+    if (s.offsets.empty() || s.offsets.back() != last) return std::nullopt;
+    s.offsets.pop_back();
+  }
+  offset = last;
+  return p;
+}
+
+/// The JSON of `dpipe run --provenance`'s "sources": `[[SOURCE, POSITION], ...]`, SOURCE the source's
+/// key among `keys` (the graph's); an entry of a later epoch or within an expansion adds `{"epoch": E,
+/// "offsets": [...]}`. Unknown: `null` for the whole element, a `null` entry for one of its base elements.
+/// Defined in serialize/snapshot_json.cpp.
+std::string provenance_json(const Provenance& p, const std::vector<std::string>& keys);
 
 /// Output `j` of an expansion of an element of provenance `p` (flat_map, unbatch): `p` at offset `j`;
 /// an unknown provenance stays unknown.

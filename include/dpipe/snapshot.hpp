@@ -167,8 +167,9 @@ class Snapshot {
   /// states, so a rescale reads the lists it deals only. 4: unnamed nodes keyed by their upstream
   /// subgraph (KeyScheme::stable), bytes laid out as in 3. 5: replay records carry their digest steps
   /// (replay_steps_for). 6: a node calling a Python callable saves `input_taken` after its own fields
-  /// (kInputTakenField). Files of versions 1 to 5 stay readable.
-  static constexpr std::uint32_t kFormatVersion = 6;
+  /// (kInputTakenField). 7: element lists may hold restore keys (kit/restore_keys.hpp: tag "keys:…").
+  /// Files of versions 1 to 6 stay readable.
+  static constexpr std::uint32_t kFormatVersion = 7;
 
   SnapshotMeta meta;
   std::vector<NodeState> states;

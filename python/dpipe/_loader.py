@@ -96,7 +96,7 @@ class LoaderBase:
 
     Loader(pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
            allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True,
-           data_root=None, file_digest=False, same_function=False, provenance=False)
+           data_root=None, file_digest=False, same_function=False, provenance=False, restore_keys=False)
 
     `pipeline` is a dpipe.Pipeline, or a spec (dict or JSON text). seed None: the spec's seed, else 0.
     rank/world_size None: from torch.distributed when initialized, else RANK/WORLD_SIZE or Open MPI's
@@ -115,6 +115,11 @@ class LoaderBase:
     a function renamed) that compute the same: True for every node, or the keys or names of the nodes.
     `provenance`: carry each element's source positions, for `provenance()` (every node must carry them:
     docs/design.md, "Provenance"); the stream is the same.
+    `restore_keys`: states hold each buffered element (shuffle buffers, partial batches, worker queues)
+    as the source positions it was made from and a checksum, not its bytes, where the nodes between it
+    and its source can make it again (maps, filters, Python callables; not a generator); loading the
+    state makes them again. States then weigh a few dozen bytes per buffered element whatever its size.
+    Implies provenance tracing (every node must carry it); the stream is the same.
     `override`: semantic parameters a loaded state may differ in, the
     pipeline giving the new values (mix's "weights", or "KEY.weights" for one node; recorded in later
     states' metadata as dpipe.overrides). iter(loader) continues from a state loaded since the last iteration, else starts the
@@ -122,7 +127,7 @@ class LoaderBase:
 
     def __init__(self, pipeline, seed=None, rank=None, world_size=None, workers=1, threads=0, epoch=0,
                  allow_changed_data=False, equal_steps=False, inline_workers=None, override=(), fuse=True,
-                 data_root=None, file_digest=False, same_function=False, provenance=False):
+                 data_root=None, file_digest=False, same_function=False, provenance=False, restore_keys=False):
         spec_seed = None
         if not isinstance(pipeline, Pipeline):
             pipeline, spec_seed = from_spec(pipeline)
@@ -154,7 +159,7 @@ class LoaderBase:
                                         and not _has_op(nodes, "parallel_map"))
             inline_workers = False
         options.inline_workers = bool(inline_workers)
-        options.trace = bool(provenance)
+        options.trace = bool(provenance) or bool(restore_keys)
         self._options = options
         self._allow_changed_data = bool(allow_changed_data)
         self._overrides = [override] if isinstance(override, str) else [str(o) for o in override]
@@ -226,7 +231,8 @@ class LoaderBase:
         """The source positions the last element delivered was made from, as `dpipe run --provenance`
         writes them: [[source, position], ...] (source: the node's name, or its key), an entry with
         {"epoch": E, "offsets": [...]} when it has them, None in place of a base element a loaded state held
-        (states keep no provenance yet). None before the first element. Needs Loader(provenance=True)."""
+        as data (a state of restore keys gives its elements theirs back). None before the first element.
+        Needs Loader(provenance=True) or restore_keys=True."""
         if not self._options.trace:
             raise _dpipe.ConfigError("provenance() needs Loader(..., provenance=True)")
         return self._loop.provenance() if self._loop is not None else None

@@ -482,6 +482,9 @@ class PyMapInput {
   virtual void restore_taken(std::optional<std::uint64_t> taken) = 0;
   virtual IterBase* iter() const = 0;
   virtual std::size_t min_useful_pull() const = 0;
+  /// Under the GIL: the callable's result for the input element of provenance `p`, made again by the
+  /// input (restore keys: Iter::recompute). Touches no state.
+  virtual py::object recompute_call(const Provenance& p, PyObject* extra = nullptr) const = 0;
 };
 
 template <class In>
@@ -508,6 +511,14 @@ class TypedMapInput final : public PyMapInput {
   }
   IterBase* iter() const override { return input_.get(); }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }
+  py::object recompute_call(const Provenance& p, PyObject* extra = nullptr) const override {
+    In x;
+    {
+      const py::gil_scoped_release unlocked;  // the input's own nodes may call Python again
+      x = input_->recompute(p);
+    }
+    return fn_.call(std::move(x), 0, extra);
+  }
 
  private:
   std::unique_ptr<Iter<In>> input_;
@@ -568,6 +579,15 @@ class PyMapIter final : public HookedIf<Out> {
   }
   bool carries_provenance() const override { return true; }
   bool holds_no_elements() const override { return true; }
+  bool one_base() const override { return input_->iter()->one_base(); }
+  bool recomputable() const override { return input_->iter()->recomputable(); }
+  Out recompute(const Provenance& p) const override {
+    return in_python([&] {
+      if (!rng_) return FromPython<Out>::get(input_->recompute_call(p), callable_.label);
+      const py::object generator = sample_generator(p);
+      return FromPython<Out>::get(input_->recompute_call(p, generator.ptr()), callable_.label);
+    });
+  }
   void save_state(StateWriter& w) const override {
     if (skips_) w.write(skipped_);
   }
@@ -584,7 +604,7 @@ class PyMapIter final : public HookedIf<Out> {
  private:
   /// Under the GIL: rng=True's numpy.random.Generator for an element, seeded by its provenance.
   /// numpy missing is the run's failure, never an element's that on_error = skip would drop.
-  py::object sample_generator(const Provenance& p) {
+  py::object sample_generator(const Provenance& p) const {
     if (!generator_type_) {
       try {
         const py::module_ random = py::module_::import("numpy.random");
@@ -607,7 +627,7 @@ class PyMapIter final : public HookedIf<Out> {
   bool rng_;                                // fn(x, generator): the input is traced
   std::uint64_t seed_key_;
   const std::vector<std::string>* keys_;
-  PyHandle generator_type_, bit_generator_type_;  // numpy's, imported at the first call (released under the GIL)
+  mutable PyHandle generator_type_, bit_generator_type_;  // numpy's, imported at the first call (released under the GIL)
 };
 
 template <class Out>
@@ -684,6 +704,11 @@ class PyParallelMapIter final : public Stateless<Out> {
   }
   bool carries_provenance() const override { return true; }
   bool holds_no_elements() const override { return true; }
+  bool one_base() const override { return input_->iter()->one_base(); }
+  bool recomputable() const override { return input_->iter()->recomputable(); }
+  Out recompute(const Provenance& p) const override {
+    return in_python([&] { return FromPython<Out>::get(input_->recompute_call(p), label_); });
+  }
   std::optional<std::uint64_t> input_taken() const override { return input_->taken(); }
   bool counts_input() const override { return true; }
   void restore_input_taken(std::optional<std::uint64_t> taken) override { input_->restore_taken(taken); }
@@ -803,6 +828,21 @@ class PyFlatChainIter final : public Hooked<Out> {
   bool carries_provenance() const override { return true; }
   /// Fused maps and filters give each input at most one output, so nothing is pending between pulls.
   bool holds_no_elements() const override { return !callable_.fused_expands; }
+  bool one_base() const override { return input_->iter()->one_base(); }
+  bool recomputable() const override { return input_->iter()->recomputable(); }
+  /// The input expanded again; output j of it (with a flat_map among the stages), else its one output.
+  Out recompute(const Provenance& p) const override {
+    std::uint64_t j = 0;
+    std::optional<Provenance> parent = p;
+    if (callable_.fused_expands) parent = without_last_offset(p, j);
+    if (!parent) throw SnapshotError(this->label() + ": restore key " + to_string(p) + " has no offset in an expansion");
+    std::vector<Out> outputs;
+    in_python([&] { expand_into(input_->recompute_call(*parent), outputs); });
+    if (j >= outputs.size())
+      throw SnapshotError(this->label() + ": restore key " + to_string(p) + " names output " + std::to_string(j) +
+                          " of an expansion of " + std::to_string(outputs.size()));
+    return std::move(outputs[j]);
+  }
 
  private:
   /// Traced: the `count` outputs of an input have its provenance, with their offsets when the stages
@@ -813,13 +853,14 @@ class PyFlatChainIter final : public Hooked<Out> {
   }
 
   /// Under the GIL: the outputs of one input (an iterable, not a string) appended to `pending_`, each converted.
-  void expand(const py::object& result) {
+  void expand(const py::object& result) { expand_into(result, pending_); }
+  void expand_into(const py::object& result, std::vector<Out>& into) const {
     PyObject* r = result.ptr();
     if (PyList_CheckExact(r) || PyTuple_CheckExact(r)) {  // the common result: its items by index
       // Each item held while it converts (converting may run Python code, which may even shrink the list:
       // its size is read again for every item).
       for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(r); ++i)
-        pending_.push_back(FromPython<Out>::get(py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(r, i)),
+        into.push_back(FromPython<Out>::get(py::reinterpret_borrow<py::object>(PySequence_Fast_GET_ITEM(r, i)),
                                                 callable_.label));
       return;
     }
@@ -831,7 +872,7 @@ class PyFlatChainIter final : public Hooked<Out> {
     }
     const py::object iterator = py::reinterpret_steal<py::object>(it);
     while (PyObject* item = PyIter_Next(iterator.ptr()))
-      pending_.push_back(FromPython<Out>::get(py::reinterpret_steal<py::object>(item), callable_.label));
+      into.push_back(FromPython<Out>::get(py::reinterpret_steal<py::object>(item), callable_.label));
     if (PyErr_Occurred()) throw py::error_already_set();
   }
 

@@ -113,19 +113,32 @@ def _():
             assert [["draw", x - 1000] for x in r["element"]] == r["sources"], r
         if workers == 2:
             assert [r["element"] for r in got] == plain  # tracing does not change the stream
-    # Across a resume: an element the snapshot held (in the shuffle's full buffer of 9, in the run's hands)
-    # is unknown (null); the rest are named as before.
+    # Across a resume of a traced run's snapshot (restore keys), every element is named; from a snapshot of
+    # data (an untraced run's), an element it held (in the shuffle's full buffer of 9, in the run's hands)
+    # is unknown (null) and the rest are named as before.
     snap = os.path.join(TMP, "provenance.bin")
     spec = json.dumps({**json.loads(spec), "pipeline": [{"op": "range", "start": 1000, "stop": 21000, "name": "ids"},
                                                          *json.loads(spec)["pipeline"][1:]]})
-    head = lines(dpipe("run", spec, "--take", 10, "--snapshot-out", snap, "--provenance").stdout)
-    rest = lines(dpipe("run", spec, "--resume", snap, "--provenance").stdout)
-    assert [r["element"] for r in head + rest] == lines(dpipe("run", spec).stdout)
-    # null for a batch held whole (the run's hands), a null entry for an element of the shuffle's buffer
-    pairs = [(x, s) for r in rest for x, s in zip(r["element"], r["sources"] or [None] * len(r["element"]), strict=True)]
-    unknown = [x for x, s in pairs if s is None]
-    assert all(s == ["draw", x - 1000] for x, s in pairs if s is not None)
-    assert 9 <= len(unknown) < len(pairs) // 2, (len(unknown), len(pairs))
+    whole = lines(dpipe("run", spec).stdout)
+    for traced_snapshot in (True, False):
+        head = lines(dpipe("run", spec, "--take", 10, "--snapshot-out", snap,
+                           *(["--provenance"] if traced_snapshot else [])).stdout)
+        rest = lines(dpipe("run", spec, "--resume", snap, "--provenance").stdout)
+        assert [r["element"] if traced_snapshot else r for r in head] + [r["element"] for r in rest] == whole
+        # null for a batch held whole (the run's hands), a null entry for an element of the shuffle's buffer
+        pairs = [(x, s) for r in rest for x, s in zip(r["element"], r["sources"] or [None] * len(r["element"]), strict=True)]
+        unknown = [x for x, s in pairs if s is None]
+        assert all(s == ["draw", x - 1000] for x, s in pairs if s is not None)
+        if traced_snapshot:
+            assert not unknown and len(pairs) == 20000 - 40, (len(unknown), len(pairs))
+            # `snapshot show` names the keys' sources as --provenance does.
+            shown = json.loads(dpipe("snapshot", "show", snap).stdout)
+            buffer = next(st for st in shown["states"] if st["kind"] == "shuffle")["fields"]["buffer"]
+            assert buffer["type"] == "keys:i64" and buffer["count"] == 9, buffer
+            assert all(len(v["key"]) == 1 and v["key"][0][0] == "draw" and isinstance(v["crc32c"], int)
+                       for v in buffer["values"]), buffer
+        else:
+            assert 9 <= len(unknown) < len(pairs) // 2, (len(unknown), len(pairs))
     # Expansions carry offsets; a kind that does not carry provenance is refused by name.
     expanded = lines(dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 3},
                                                          {"op": "flat_map", "fn": "replicate", "times": 2}]}),
@@ -420,7 +433,7 @@ def _():
     for rank, step in ((0, 1200), (1, 1300)):
         dpipe("run", spec, "--rank", rank, "--world-size", 2, "--take", 3, "--snapshot-dir", d, "--step", step)
     shown = json.loads(dpipe("snapshot", "show", rank_file(d, 1, 2)).stdout)
-    assert shown["step"] == 1300 and shown["format_version"] == 6 and shown["id"] != "0" * 16, shown
+    assert shown["step"] == 1300 and shown["format_version"] == 7 and shown["id"] != "0" * 16, shown
     # The names say the steps: refused from the directory listing, naming ranks and steps.
     r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--resume-dir", d, check=False)
     assert r.returncode == 1 and "step 1200 on rank 0; step 1300 on rank 1" in r.stderr, r.stderr
@@ -852,6 +865,40 @@ def _():
     assert json.loads(r.stderr.strip().splitlines()[-1])["skipped_records"] == 1
     r = dpipe("run", json.dumps({"pipeline": [{"op": "records", "files": [path]}]}), check=False)
     assert r.returncode == 1 and "byte offset" in r.stderr and "checksum" in r.stderr, r.stderr
+
+
+@case("files/restore_keys_hold_positions_and_refuse_changed_data")
+def _():
+    # Windows of 256 tokens (512 bytes) through a sampler and a shuffle of 64 on 2 workers: a snapshot of
+    # keys holds tens of bytes per buffered window, one of data the windows; both resume the same stream.
+    toks = os.path.join(TMP, "keyed-toks.bin")
+    write_tokens(toks, [i % 50000 for i in range(256 * 400 + 1)])
+    spec = json.dumps({"seed": 5, "pipeline": [{"op": "token_windows", "files": [toks], "seq_len": 255},
+                                               {"op": "sampler"}, {"op": "shuffle", "buffer": 64},
+                                               {"op": "batch", "size": 2}]})
+    whole = lines(dpipe("run", spec, "--workers", 2).stdout)
+    sizes = {}
+    for mode, flags in (("keys", ["--restore-keys"]), ("data", [])):
+        snap = os.path.join(TMP, f"keyed-{mode}.bin")
+        head = lines(dpipe("run", spec, "--workers", 2, "--take", 30, "--snapshot-out", snap, *flags).stdout)
+        rest = lines(dpipe("run", spec, "--workers", 2, "--resume", snap).stdout)
+        assert head + rest == whole, mode
+        sizes[mode] = os.path.getsize(snap)
+        shown = json.loads(dpipe("snapshot", "show", snap).stdout)
+        tags = [f["type"] for st in shown["states"] if st["kind"] == "shuffle" for f in st["fields"].values()
+                if isinstance(f, dict) and f["count"] > 0 and f["type"] != "u64"]
+        assert tags and all(t.startswith("keys:") == (mode == "keys") for t in tags), (mode, tags)
+    assert sizes["keys"] * 10 < sizes["data"], sizes
+    # The file changes under the snapshot (same size, other tokens): resumed with --allow-changed-data, a
+    # snapshot of keys refuses the window that comes out different; one of data delivers what it held.
+    data = bytearray(open(toks, "rb").read())
+    data[:2 * 256 * 400] = bytes(x ^ 0x5a for x in data[:2 * 256 * 400])
+    open(toks, "wb").write(bytes(data))
+    os.utime(toks, (1, 1))
+    r = dpipe("run", spec, "--workers", 2, "--resume", os.path.join(TMP, "keyed-keys.bin"), "--allow-changed-data", check=False)
+    assert r.returncode == 1 and "came out different from the one saved" in r.stderr, r.stderr
+    r = dpipe("run", spec, "--workers", 2, "--resume", os.path.join(TMP, "keyed-data.bin"), "--allow-changed-data")
+    assert len(lines(r.stdout)) == len(whole) - 30
 
 
 def write_row_files(stem, files, rows_in):

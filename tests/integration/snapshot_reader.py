@@ -13,7 +13,7 @@ MAGIC = b"DPIPESNP"
 HEADER_BYTES = 32
 SECTION_ENTRY_BYTES = 24
 MAX_SECTIONS = 64
-KNOWN_VERSIONS = (1, 2, 3, 4, 5, 6)
+KNOWN_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY, SECTION_STATE_INDEX = 1, 2, 3, 4, 5
 INLINE_LIST_BYTES = 256  # a list whose lengths and bytes take more is stored apart in the state index
 STATE_MODES = {1: "hook", 2: "stateless", 3: "replay"}
@@ -680,8 +680,50 @@ def _decode(t, c):
     raise NotNative(name)
 
 
+def varint(c):
+    """LEB128: 7 bits a byte, low first; the high bit set on every byte but the last."""
+    v, shift = 0, 0
+    while True:
+        b = c.u8()
+        v |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise FormatError("a varint runs past 64 bits")
+    if v >= 1 << 64:
+        raise FormatError("a varint runs past 64 bits")
+    return v
+
+
+def decode_key(c):
+    """A restore key (version 7 on), in varints: its base elements (source index, epoch, position,
+    offsets), then the u32 CRC-32C of the element's bytes."""
+    bases = []
+    for _ in range(varint(c)):
+        source, epoch, position = varint(c), varint(c), varint(c)
+        offsets = [varint(c) for _ in range(varint(c))]
+        bases.append({"source": source, "epoch": epoch, "position": position, "offsets": offsets})
+    if not bases:
+        raise FormatError("a restore key of no base element")
+    return {"key": bases, "checksum": c.u32()}
+
+
 def decode_element(tag, blob):
-    """One element blob decoded from its type tag; NotNative for tags without a native encoding."""
+    """One element blob decoded from its type tag; NotNative for tags without a native encoding. An entry
+    of a keyed list (tag "keys:" + the element's, version 7 on) is {"key": ..., "checksum": ...} or
+    {"data": the element}."""
+    if tag.startswith("keys:"):
+        c = Cursor(blob, f"entry of a list of type {tag}")
+        kind = bytes(blob[:1])
+        if kind == b"k":
+            c.take(1)
+            v = decode_key(c)
+            c.end()
+            return v
+        if kind == b"v":
+            return {"data": decode_element(tag[5:], blob[1:])}
+        raise FormatError(f"an entry of a keyed list starts with {kind!r}")
     t = parse_tag(tag)
     c = Cursor(blob, f"element of type {tag}")
     v = _decode(t, c)

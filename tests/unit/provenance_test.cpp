@@ -234,14 +234,17 @@ TEST(Provenance, MapWithRngAfterABufferIsRefused) {
                           o));
 }
 
-// Resumed, a traced run names what it reads anew and marks unknown what the snapshot held (the shuffle's
-// full buffer, the workers' queues, the run's hands): never a wrong source position.
-TEST(Provenance, AResumeMarksWhatTheSnapshotHeldUnknown) {
+// Resumed from a snapshot of data (an untraced run's), a traced run names what it reads anew and marks
+// unknown what the snapshot held (the shuffle's full buffer, the workers' queues, the run's hands): never
+// a wrong source position.
+TEST(Provenance, AResumeOfDataMarksWhatTheSnapshotHeldUnknown) {
   constexpr std::size_t kElements = 30'000;  // beyond what the workers' queues and the run's hands hold
   const auto p = range(0, static_cast<I64>(kElements)) | sharding_filter() | shuffle({.buffer = 24}) | batch({.size = 3});
   for (const auto& l : kLayouts) {
     Engine e;
-    auto run = e.start(p, traced(l.workers, l.inline_workers));
+    RunOptions untraced = traced(l.workers, l.inline_workers);
+    untraced.trace = false;
+    auto run = e.start(p, untraced);
     for (int i = 0; i < 20; ++i) ASSERT_TRUE(run.next());
     const Snapshot s = run.snapshot();
     auto resumed = e.resume(p, s, traced(l.workers, l.inline_workers));
@@ -264,5 +267,220 @@ TEST(Provenance, AResumeMarksWhatTheSnapshotHeldUnknown) {
     EXPECT_GE(unknown, static_cast<std::size_t>(24 * l.workers)) << "every worker's shuffle buffer was full";
     EXPECT_EQ(unknown + known, kElements - 60u);
     EXPECT_GT(known, unknown);
+  }
+}
+
+// ---- restore keys (kit/restore_keys.hpp) ----------------------------------------------------------
+
+namespace {
+
+using Row = std::vector<I64>;
+/// A 1 KiB row made from a sample: what a decoder or an augmentation gives, a pure function of its input.
+const auto kRow = [](I64 x) { return Row(128, x * 3 + 1); };
+
+/// The element lists of a snapshot's records of `kind`: (field, tag, entries), the empty ones left out.
+std::vector<std::tuple<std::string, std::string, std::size_t>> lists_of(const Snapshot& s, const std::string& kind) {
+  std::vector<std::tuple<std::string, std::string, std::size_t>> out;
+  for (const NodeState& st : s.states)
+    if (st.kind == kind)
+      for (const Field& f : st.fields)
+        if (f.type == FieldType::elements && f.elements.size() > 0 && f.elements.tag != "u64")
+          out.emplace_back(f.name, f.elements.tag, f.elements.size());
+  return out;
+}
+std::size_t held(const Snapshot& s, const std::string& kind, bool keyed) {
+  std::size_t n = 0;
+  for (const auto& [name, tag, size] : lists_of(s, kind)) n += tag.starts_with("keys:") == keyed ? size : 0;
+  return n;
+}
+
+/// Runs `p` to `at` elements under `o`, snapshots through bytes (its size to `bytes`), resumes under
+/// `resume_options` and returns prefix + rest, with the resume's report.
+template <class T>
+std::vector<T> resumed_stream(const Pipeline<T>& p, const RunOptions& o, const RunOptions& resume_options, std::size_t at,
+                              std::size_t* bytes = nullptr, RestoreReport* report = nullptr, Snapshot* taken = nullptr) {
+  Engine e;
+  auto run = e.start(p, o);
+  auto out = dpipe::testing::drain(run, at);
+  const Snapshot s = run.snapshot();
+  const std::string b = s.to_bytes();
+  if (bytes) *bytes = b.size();
+  if (taken) *taken = s;
+  auto resumed = e.resume(p, Snapshot::from_bytes(b), resume_options);
+  if (report) *report = resumed.restore_report();
+  auto rest = dpipe::testing::drain(resumed);
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+}  // namespace
+
+// A traced run's snapshot holds the shuffle's buffer, the workers' queues and the run's hands as keys of
+// a few dozen bytes each, not 1 KiB rows; the resume makes them again and delivers the uninterrupted
+// stream, traced or not, on every layout; the same snapshot taken untraced holds the rows.
+TEST(RestoreKeys, BuffersAreSavedAsKeysAndResumeTheSameStream) {
+  // Long enough that no worker has read all of its share by the last snapshot (its queue holds 64 batches).
+  const auto p = range(0, 6000) | sampler() | map(kRow) | shuffle({.buffer = 64}) | batch({.size = 8});
+  for (const auto& l : kLayouts) {
+    RunOptions plain = traced(l.workers, l.inline_workers);
+    plain.trace = false;
+    const auto reference = dpipe::testing::collect(p, plain);
+    std::size_t total = 0;
+    for (const auto& b : reference) total += b.size();
+    ASSERT_EQ(total, 6000u) << reference.size() << " batches, the first of " << reference.front().size();
+    for (std::size_t at : {1, 40, 120}) {
+      std::size_t key_bytes = 0, data_bytes = 0;
+      RestoreReport report;
+      Snapshot keyed;
+      EXPECT_EQ(resumed_stream(p, traced(l.workers, l.inline_workers), plain, at, &key_bytes, &report, &keyed), reference)
+          << l.workers << " workers at " << at;
+      EXPECT_EQ(resumed_stream(p, traced(l.workers, l.inline_workers), traced(l.workers, l.inline_workers), at), reference);
+      EXPECT_EQ(resumed_stream(p, plain, plain, at, &data_bytes), reference);
+      // Met full: a shuffle buffer holds 64 keys (a busy worker lends its state as of a chunk it published,
+      // which may be its first), none of them data; a key of one base element below position 2^14 is at
+      // most 11 bytes, whatever the row's size.
+      if (at >= 40) EXPECT_GE(held(keyed, "shuffle", true), 64u);
+      EXPECT_EQ(held(keyed, "shuffle", false), 0u);
+      for (const NodeState& st : keyed.states)
+        for (const Field& f : st.fields)
+          if (st.kind == "shuffle" && f.name == "buffer") EXPECT_LE(f.elements.data.size(), 11 * f.elements.size());
+      EXPECT_EQ(report.recomputed_elements(), held(keyed, "shuffle", true) + held(keyed, "batch", true) +
+                                                  held(keyed, "merge", true) + held(keyed, "run", true));
+      if (at >= 40) EXPECT_LT(key_bytes * 5, data_bytes) << key_bytes << " bytes of keys against " << data_bytes << " of data";
+    }
+  }
+}
+
+// Each buffering kind, met non-empty: the workers' queues of a merge and the run's hands (scalars move in
+// chunks: they hold hundreds), the rest of a batch in unbatch, the rest of an expansion in flat_map; each
+// resumed from its keys delivers the uninterrupted stream.
+TEST(RestoreKeys, EveryBufferingKindHoldsKeys) {
+  // Beyond what the two workers' queues take in (64 chunks of 256 each), so their shuffles stay full.
+  const auto scalars = range(0, 200'000) | sampler() | map([](I64 x) { return x * 5; }) | shuffle({.buffer = 32});
+  {
+    Engine e;
+    auto run = e.start(scalars, traced(2, false));
+    for (int i = 0; i < 300; ++i) ASSERT_TRUE(run.next());
+    const Snapshot s = run.snapshot();
+    EXPECT_GT(held(s, "merge", true), 0u);
+    EXPECT_GT(held(s, "run", true), 0u);
+    EXPECT_EQ(held(s, "merge", false) + held(s, "run", false), 0u);
+    EXPECT_EQ(held(s, "shuffle", true), 64u);
+  }
+  const auto rests = range(0, 2000) | map(kRow) | batch({.size = 7}) | unbatch() |
+                     flat_map([](Row r) { return std::vector<Row>{r, Row(3, r[0]), Row(1, -r[0])}; }) | shuffle({.buffer = 5});
+  for (const auto& l : kLayouts) {
+    RunOptions plain = traced(l.workers, l.inline_workers);
+    plain.trace = false;
+    const auto reference = dpipe::testing::collect(rests, plain);
+    std::size_t unbatch_keys = 0, flat_map_keys = 0;
+    for (std::size_t at : {1, 2, 3, 50, 51, 52, 301, 302, 303}) {
+      Snapshot keyed;
+      EXPECT_EQ(resumed_stream(rests, traced(l.workers, l.inline_workers), traced(l.workers, l.inline_workers), at, nullptr,
+                               nullptr, &keyed),
+                reference)
+          << l.workers << " workers at " << at;
+      EXPECT_EQ(held(keyed, "unbatch", false) + held(keyed, "flat_map", false), 0u);
+      unbatch_keys += held(keyed, "unbatch", true);
+      flat_map_keys += held(keyed, "flat_map", true);
+    }
+    EXPECT_GT(unbatch_keys, 0u) << l.workers;
+    EXPECT_GT(flat_map_keys, 0u) << l.workers;
+  }
+}
+
+// A recomputed element that differs from the one saved is refused, never delivered: the function changed
+// under the same fingerprint (a C++ lambda's body is not in it), or a key's offset is off by one (a planted
+// bug in a flat_map expansion); the same snapshot of data resumes the old elements silently.
+TEST(RestoreKeys, AnElementThatComesOutDifferentIsRefused) {
+  const auto times = [](I64 k) { return range(0, 500) | sampler() | map([k](I64 x) { return x * k; }) | shuffle({.buffer = 16}); };
+  Engine e;
+  auto run = e.start(times(2), traced(1, true));
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(run.next());
+  const Snapshot s = run.snapshot();
+  expect_throw_with<SnapshotError>([&] { e.resume(times(3), s, traced(1, true)); }, "came out different from the one saved");
+  EXPECT_NO_THROW(e.resume(times(2), s, traced(1, true)));
+
+  // An offset moved by one in a flat_map's restore key: another output of the expansion, refused.
+  const auto expanded = range(0, 100) | flat_map([](I64 x) { return std::vector<I64>{x * 10, x * 10 + 1, x * 10 + 2}; }) |
+                        shuffle({.buffer = 8});
+  auto second = e.start(expanded, traced(1, true));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(second.next());
+  Snapshot planted = second.snapshot();
+  bool moved = false;
+  for (NodeState& st : planted.states)
+    for (Field& f : st.fields)
+      if (!moved && st.kind == "shuffle" && f.name == "buffer") {
+        ASSERT_TRUE(f.elements.tag.starts_with("keys:"));
+        ElementBlobs edited;
+        edited.tag = f.elements.tag;
+        for (std::size_t i = 0; i < f.elements.size(); ++i) {
+          std::string entry(f.elements.at(i));
+          ByteReader r(std::string_view(entry).substr(1));
+          std::uint32_t checksum = 0;
+          Provenance p = decode_key(r, checksum);
+          if (!moved && p[0].offsets.at(0) < 2) {
+            ++p[0].offsets[0];
+            ByteWriter w;
+            w.put<char>(kKeyEntry);
+            encode_key(w, p, checksum);
+            entry = w.take();
+            moved = true;
+          }
+          edited.append(entry);
+        }
+        f.elements = edited;
+      }
+  ASSERT_TRUE(moved);
+  expect_throw_with<SnapshotError>([&] { e.resume(expanded, planted, traced(1, true)); }, "came out different");
+}
+
+// A key dealt twice (a planted rescale bug) delivers an element twice; the exactly-once check of a resumed
+// stream sees it. Keys dealt as the rescale deals them: every element exactly once, as with data.
+TEST(RestoreKeys, RescaleDealsKeysExactlyOnce) {
+  const auto p = range(0, 4000) | sampler() | map(kRow) | shuffle({.buffer = 40}) | batch({.size = 4});
+  const auto firsts = [](const std::vector<std::vector<Row>>& batches) {
+    std::vector<I64> v;
+    for (const auto& b : batches)
+      for (const Row& r : b) v.push_back(r[0]);
+    return v;
+  };
+  for (bool keys : {false, true}) {
+    Engine e;
+    std::vector<I64> seen;
+    std::vector<Snapshot> set;
+    for (int r = 0; r < 2; ++r) {
+      RunOptions o = traced(2, false, r, 2);
+      o.trace = keys;
+      auto run = e.start(p, o);
+      for (const I64 x : firsts(dpipe::testing::drain(run, 100))) seen.push_back(x);
+      set.push_back(run.snapshot());
+      EXPECT_EQ(held(set.back(), "shuffle", keys), 80u);
+    }
+    const SnapshotSet rescaled = SnapshotSet(std::move(set)).rescaled(3, 1);
+    for (int r = 0; r < 3; ++r) {
+      RunOptions o = traced(1, false, r, 3);
+      o.trace = keys;
+      auto run = e.resume(p, rescaled.rank(r), o);
+      for (const I64 x : firsts(dpipe::testing::drain(run))) seen.push_back(x);
+    }
+    std::sort(seen.begin(), seen.end());
+    std::vector<I64> every(4000);
+    for (I64 i = 0; i < 4000; ++i) every[static_cast<std::size_t>(i)] = i * 3 + 1;
+    EXPECT_EQ(seen, every) << (keys ? "keys" : "data");
+    if (!keys) continue;
+    // Planted: rank 0's first shuffle key dealt twice. Its element comes twice, which the check above sees.
+    Snapshot planted = rescaled.rank(0);
+    for (NodeState& st : planted.states)
+      for (Field& f : st.fields)
+        if (st.kind == "shuffle" && f.name == "buffer" && f.elements.size() > 0) {
+          const std::string first(f.elements.at(0));
+          f.elements.append(first);
+        }
+    RunOptions o = traced(1, false, 0, 3);
+    auto run = e.resume(p, planted, o);
+    std::vector<I64> again = firsts(dpipe::testing::drain(run));
+    std::sort(again.begin(), again.end());
+    EXPECT_NE(std::adjacent_find(again.begin(), again.end()), again.end()) << "the planted key comes twice";
   }
 }

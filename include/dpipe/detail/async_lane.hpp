@@ -252,6 +252,15 @@ class AsyncLane final : public AsyncLaneBase {
     else out.insert(out.end(), queue_.begin(), queue_.end());
     return out;
   }
+  /// Traced, as pending(): the pending elements' provenance (unknown for those restored as data).
+  std::vector<Provenance> pending_traces() const {
+    std::vector<Provenance> out;
+    if (!traced_) return out;
+    out.assign(current_traces_.begin() + std::ptrdiff_t(std::min(head_, current_traces_.size())), current_traces_.end());
+    if (lent()) out.insert(out.end(), lent_queue_traces_.begin(), lent_queue_traces_.end());
+    else out.insert(out.end(), queue_traces_.begin(), queue_traces_.end());
+    return out;
+  }
   /// Paused or lent: whether the chain had ended, and its failure, as of the snapshot's point (a lent
   /// lane was busy producing: neither).
   bool snapshot_done() const { return !lent() && producer_done(); }
@@ -293,9 +302,12 @@ class AsyncLane final : public AsyncLaneBase {
     }
   }
   /// Before the lane starts: elements to deliver before anything the chain produces.
-  void set_pending(std::vector<T> elements, bool chain_done, std::exception_ptr error = nullptr) {
+  /// `traces`: their provenance (restore keys), or empty when unknown.
+  void set_pending(std::vector<T> elements, std::vector<Provenance> traces, bool chain_done,
+                   std::exception_ptr error = nullptr) {
     current_ = std::move(elements);
-    current_traces_.assign(traced_ ? current_.size() : 0, unknown_provenance());  // unknown: snapshots hold no provenance
+    if (traced_ && traces.size() == current_.size()) current_traces_ = std::move(traces);
+    else current_traces_.assign(traced_ ? current_.size() : 0, unknown_provenance());
     head_ = 0;
     restored_ = current_.size();
     taken_ = 0;
@@ -350,10 +362,12 @@ class AsyncLane final : public AsyncLaneBase {
   void lend_locked() override {
     lent_states_ = published_;
     lent_queue_.assign(queue_.begin(), queue_.end());
+    if (traced_) lent_queue_traces_.assign(queue_traces_.begin(), queue_traces_.end());
   }
   void end_loan() override {
     lent_states_.clear();
     lent_queue_.clear();
+    lent_queue_traces_.clear();
   }
 
  private:
@@ -377,6 +391,7 @@ class AsyncLane final : public AsyncLaneBase {
   std::vector<NodeState> capture_, capture_spare_, published_;
   std::vector<NodeState> lent_states_;  // consumer: the snapshot's copy
   std::vector<T> lent_queue_;
+  std::vector<Provenance> lent_queue_traces_;  // traced: beside lent_queue_
   std::vector<T> staged_;    // producer side
   Fifo<T> queue_;            // under the lock
   std::vector<T> current_;   // consumer side

@@ -176,6 +176,7 @@ struct NodeRestore {
   StateMode mode = StateMode::hook;
   std::uint64_t replayed_elements = 0;
   double micros = 0;
+  std::uint64_t recomputed_elements = 0;  // made again from restore keys (kit/restore_keys.hpp)
 };
 
 struct RestoreReport {
@@ -188,6 +189,11 @@ struct RestoreReport {
   std::uint64_t replayed_elements() const {
     std::uint64_t n = 0;
     for (const auto& r : nodes) n += r.replayed_elements;
+    return n;
+  }
+  std::uint64_t recomputed_elements() const {
+    std::uint64_t n = 0;
+    for (const auto& r : nodes) n += r.recomputed_elements;
     return n;
   }
 };
@@ -262,6 +268,15 @@ class IterBase {
   /// keep none yet): true for sources and the kinds that pass elements on within a pull.
   virtual bool holds_no_elements() const { return false; }
   std::vector<Provenance>& traces() { return traces_; }
+  /// Restore keys (kit/restore_keys.hpp): whether each element this node yields has exactly one base
+  /// element (sources, and the kinds that map, filter, reorder or expand elements one by one), so that a
+  /// batch can split its provenance into its elements'.
+  virtual bool one_base() const { return false; }
+  /// Restore keys: whether this node can make an element it yielded again from its provenance alone
+  /// (Iter::recompute): its output is a function of its inputs, the run's seed and the provenance, and so
+  /// is every node's between it and its sources. False for a user generator and the kinds that do not
+  /// say otherwise.
+  virtual bool recomputable() const { return false; }
 
   /// Appends this node's record, then its inputs' (a replay node's inputs are rebuilt by replay and
   /// are not saved).
@@ -369,6 +384,7 @@ class IterBase {
     const auto t0 = std::chrono::steady_clock::now();
     StateReader r(st);
     replayed_ = 0;
+    recomputed_ = 0;
     restore_state(r);
     std::optional<std::uint64_t> taken;
     if (r.next_is(kInputTakenField)) {
@@ -385,7 +401,7 @@ class IterBase {
     }
     r.finish();
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    report.nodes.push_back({key_, kind_, instance_, mode_, replayed_, us});
+    report.nodes.push_back({key_, kind_, instance_, mode_, replayed_, us, recomputed_});
     if (mode_ != StateMode::replay)
       for (IterBase* in : inputs()) in->restore(states, report);
   }
@@ -414,6 +430,7 @@ class IterBase {
   bool started_ = false;
   std::uint64_t produced_ = 0;
   std::uint64_t replayed_ = 0;
+  std::uint64_t recomputed_ = 0;  // elements this node's restore made again from restore keys
   std::uint64_t busy_ns_ = 0;
   std::exception_ptr deferred_;  // a failure raised on the next pull (Iter::fail_after)
   std::vector<Provenance> traces_;  // traced: the provenance of the last pull's elements
@@ -463,6 +480,14 @@ class Iter : public IterBase {
  public:
   using element_type = T;
 
+  /// The element of provenance `p` this node yielded, made again from its sources; only when
+  /// recomputable(). Reads no state and changes none: a freshly built iterator answers before it is
+  /// restored. A key that names no element of this node is a SnapshotError.
+  virtual T recompute(const Provenance& p) const {
+    (void)p;
+    throw SnapshotError("internal: " + label() + " cannot recompute an element");
+  }
+
   /// Appends between 1 and `max` elements to `out` and returns how many; 0 means end of stream.
   /// An exception from user code becomes a NodeError naming this node.
   std::size_t pull(std::vector<T>& out, std::size_t max) {
@@ -501,6 +526,13 @@ class Iter : public IterBase {
   Iter(detail::ModeKey, StateMode mode, BuildContext& ctx, std::string kind, std::string key = {})
       : IterBase(mode, ctx, std::move(kind), std::move(key)) {}
   virtual std::size_t pull_chunk(std::vector<T>& out, std::size_t max) = 0;
+  /// recompute() of a source: element `p`'s position of `source`, for a key of one base element naming
+  /// this node, with no offsets.
+  T recompute_at(const RandomAccess<T>& source, const Provenance& p) const {
+    if (p.size() != 1 || p[0].source != node_index() || !p[0].offsets.empty() || p[0].position >= source.size())
+      throw SnapshotError(label() + ": a restore key names no element of this source (" + to_string(p) + ")");
+    return source.at(p[0].position);
+  }
   virtual void on_replay_elements(const std::vector<T>&, std::size_t) {}
 
   /// For nodes that run user code on a chunk: call in a catch block after `delivered` elements of the

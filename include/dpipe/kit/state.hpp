@@ -88,6 +88,9 @@ class StateWriter {
         w.put<std::uint64_t>(word);
         f.elements.append(w.buffer());
       }
+    } else if constexpr (requires(ElementBlobs& b) { v.write_elements(b); }) {  // restore keys (kit/restore_keys.hpp)
+      f.type = FieldType::elements;
+      v.write_elements(f.elements);
     } else if constexpr (detail::is_vector_v<T> || detail::is_optional_v<T>) {
       using E = typename T::value_type;
       static_assert(Snapshottable<E>,
@@ -184,6 +187,10 @@ class StateReader {
       // xoshiro's all-zero state is a fixed point: it draws 0 forever, and a bounded draw would never end.
       if ((s[0] | s[1] | s[2] | s[3]) == 0) fail("field '" + f.name + "' is an all-zero generator state, which cannot draw");
       v.set_state(s);
+    } else if constexpr (requires(const ElementBlobs& b) { v.read_elements(b, *this); }) {  // restore keys
+      expect(f, FieldType::elements);
+      require_loaded(f);
+      v.read_elements(f.elements, *this);
     } else if constexpr (detail::is_vector_v<T> || detail::is_optional_v<T>) {
       using E = typename T::value_type;
       expect(f, FieldType::elements);

@@ -48,6 +48,7 @@ class UnaryIter : public Hooked<Out> {
   UnaryIter(BuildContext& ctx, const Def& def) : Hooked<Out>(ctx, def.kind()), input_(def.input().instantiate(ctx)) {}
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   Iter<In>& input() { return *input_; }
+  const Iter<In>& input() const { return *input_; }
 
  private:
   std::unique_ptr<Iter<In>> input_;

@@ -7,6 +7,7 @@
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 #include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
@@ -100,13 +101,28 @@ class BatchIter final : public Hooked<std::vector<T>> {
     }
     return n;
   }
-  void save_state(StateWriter& w) const override { w.write(st_); }
+  void save_state(StateWriter& w) const override {
+    if (!this->traced() || !input_->recomputable()) return w.write(st_);
+    w.write(BatchState<KeysOut<T>>{{&st_.partial, &partial_traces_}, st_.input_done});
+  }
   void restore_state(StateReader& r) override {
-    r.read(st_);
-    partial_traces_.clear();  // the restored elements' provenance is unknown
+    BatchState<KeysIn<T>> st{.partial = {.from = input_.get()}};
+    r.read(st);
+    st_ = {std::move(st.partial.values), st.input_done};
+    partial_traces_ = std::move(st.partial.keys);  // a key's provenance; unknown for data
+    if (!this->traced()) partial_traces_.clear();
+    this->recomputed_ = st.partial.recomputed;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   bool carries_provenance() const override { return true; }
+  /// A batch is made again from its elements' keys: its provenance is theirs, one base element each.
+  bool recomputable() const override { return input_->one_base() && input_->recomputable(); }
+  std::vector<T> recompute(const Provenance& p) const override {
+    std::vector<T> out;
+    out.reserve(p.size());
+    for (const SourcePos& s : p) out.push_back(input_->recompute(Provenance{s}));
+    return out;
+  }
 
  private:
   /// Traced: the batch of the first `count` partial elements has their provenances, concatenated.

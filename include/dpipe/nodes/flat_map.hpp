@@ -13,6 +13,7 @@
 #include "dpipe/kit/on_error.hpp"
 #include "dpipe/nodes/map.hpp"
 #include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 
 namespace dpipe {
 
@@ -124,7 +125,14 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
         if (!r.empty()) st.rests.push_back(r);
       w.write(st);
     } else {
-      w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
+      std::vector<Out> rest(pending_.begin() + std::ptrdiff_t(next_), pending_.end());
+      if (this->traced() && recomputable()) {  // restore keys: this node makes its own outputs again
+        std::vector<Provenance> keys;
+        for (std::size_t j = next_; j < pending_.size(); ++j) keys.push_back(trace_of(j));
+        w.write(FlatMapState<KeysOut<Out>>{{&rest, &keys}});
+      } else {
+        w.write(FlatMapState<std::vector<Out>>{std::move(rest)});
+      }
     }
     if (skips_) w.write(skipped_);
   }
@@ -135,11 +143,19 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       rests_.assign(st.rests.begin(), st.rests.end());
       rest_traces_.clear();  // the restored expansions' provenance is unknown
     } else {
-      FlatMapState<std::vector<Out>> st;
+      FlatMapState<KeysIn<Out>> st{.pending = {.from = this}};
       r.read(st);
-      pending_ = std::move(st.pending);
+      pending_ = std::move(st.pending.values);
       next_ = 0;
-      parent_trace_ = unknown_provenance();
+      first_offset_ = 0;
+      parent_trace_ = unknown_provenance();  // the restored outputs' input, unless their keys name it
+      std::uint64_t j = 0;
+      if (!st.pending.keys.empty() && is_known(st.pending.keys.front()))
+        if (auto parent = without_last_offset(st.pending.keys.front(), j)) {
+          parent_trace_ = std::move(*parent);
+          first_offset_ = j;
+        }
+      this->recomputed_ = st.pending.recomputed;
     }
     if (skips_) r.read(skipped_);
   }
@@ -149,10 +165,34 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
   void restore_input_taken(std::optional<std::uint64_t> taken) override { restore_call_count(fn_, taken); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return input_->one_base(); }
+  /// Output j of an element's expansion is made again by expanding the element again (a collected result
+  /// of a function callable as const that keeps no count).
+  bool recomputable() const override { return kRecomputes && input_->recomputable(); }
+  Out recompute(const Provenance& p) const override {
+    if constexpr (!kRecomputes) {
+      return Iter<Out>::recompute(p);
+    } else {
+      std::uint64_t j = 0;
+      const std::optional<Provenance> parent = without_last_offset(p, j);
+      if (!parent) throw SnapshotError(this->label() + ": restore key " + to_string(p) + " has no offset in an expansion");
+      if (!recomputed_expansion_ || recomputed_expansion_->first != *parent) {  // one expansion's rest: made once
+        std::vector<Out> outputs;
+        for (auto&& y : fn_(input_->recompute(*parent))) outputs.push_back(std::forward<decltype(y)>(y));
+        recomputed_expansion_.emplace(*parent, std::move(outputs));
+      }
+      const std::vector<Out>& outputs = recomputed_expansion_->second;
+      if (j >= outputs.size())
+        throw SnapshotError(this->label() + ": restore key " + to_string(p) + " names output " + std::to_string(j) +
+                            " of an expansion of " + std::to_string(outputs.size()));
+      return outputs[j];
+    }
+  }
 
  private:
   using Result = map_result_t<In, Fn>;
   static constexpr bool kStreams = Expansion<Result>;
+  static constexpr bool kRecomputes = !kStreams && !CountsCalls<Fn> && std::is_invocable_v<const Fn&, In&&>;
   struct NoRests {};
 
   /// The whole result of fn collected, then yielded from the pending list.
@@ -163,7 +203,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
         const std::size_t from = next_;
         n += detail::take_pending(pending_, next_, out, max - n);
         if (this->traced())
-          for (std::size_t j = from; j < next_; ++j) this->traces().push_back(at_offset(parent_trace_, j));
+          for (std::size_t j = from; j < next_; ++j) this->traces().push_back(trace_of(j));
         continue;
       }
       scratch_.clear();
@@ -171,6 +211,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       if (this->traced()) parent_trace_ = std::move(input_->traces()[0]);
       pending_.clear();
       next_ = 0;
+      first_offset_ = 0;
       try {
         for (auto&& y : fn_(std::move(scratch_[0]))) pending_.push_back(std::forward<decltype(y)>(y));
       } catch (...) {
@@ -228,7 +269,14 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
   // Traced: the provenance of the expansion under way (collected), or of each rest with the offset of
   // its next output (streaming). A restored expansion's is unknown.
   Provenance parent_trace_;
+  std::uint64_t first_offset_ = 0;  // pending_[0]'s offset in its expansion (not 0 after a restore of keys)
   std::deque<std::pair<Provenance, std::uint64_t>> rest_traces_;
+  mutable std::optional<std::pair<Provenance, std::vector<Out>>> recomputed_expansion_;  // recompute's last
+
+  /// Traced: pending output j's provenance (its input's at its offset), unknown for a restored one.
+  Provenance trace_of(std::size_t j) const {
+    return is_known(parent_trace_) ? at_offset(parent_trace_, first_offset_ + j) : unknown_provenance();
+  }
 };
 
 template <class In, class Fn>

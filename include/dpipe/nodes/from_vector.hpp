@@ -71,6 +71,9 @@ class FromVectorIter final : public Hooked<T> {
     return n;
   }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return true; }
+  bool recomputable() const override { return true; }
+  T recompute(const Provenance& p) const override { return this->recompute_at(def_, p); }
   bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {

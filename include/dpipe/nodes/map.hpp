@@ -175,6 +175,17 @@ class MapIter final : public HookedIf<map_result_t<In, Fn>> {
   }
   bool carries_provenance() const override { return true; }
   bool holds_no_elements() const override { return true; }
+  bool one_base() const override { return input_->one_base(); }
+  bool recomputable() const override { return input_->recomputable(); }
+  Out recompute(const Provenance& p) const override {
+    [[maybe_unused]] const auto scope = chunk_scope(fn_);
+    if constexpr (kSeeded) {
+      Rng rng(detail::sample_seed(seed_key_, p, keys_, this->label()));
+      return fn_.fn(input_->recompute(p), rng);
+    } else {
+      return fn_(input_->recompute(p));
+    }
+  }
   void save_state(StateWriter& w) const override {
     if (skips_) w.write(skipped_);
   }

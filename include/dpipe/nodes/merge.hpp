@@ -10,6 +10,7 @@
 #include "dpipe/detail/async_lane.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 #include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
@@ -190,14 +191,28 @@ class MergeIter final : public Hooked<T> {
       st.lanes[i].done = finished_[i] || lanes_[i]->snapshot_done();
       st.lanes[i].failure = FailureRecord::of(lanes_[i]->snapshot_error());
     }
-    w.write(st);
+    if (!this->traced() || !recomputable()) return w.write(st);
+    // Restore keys: each worker's pending elements as their provenance (kit/restore_keys.hpp).
+    std::vector<std::vector<Provenance>> traces(lanes_.size());
+    MergeState<KeysOut<T>> keyed{.cursor = st.cursor};
+    keyed.lanes.resize(lanes_.size());
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      traces[i] = lanes_[i]->pending_traces();
+      keyed.lanes[i] = {{&st.lanes[i].pending, &traces[i]}, st.lanes[i].done, st.lanes[i].failure};
+    }
+    w.write(keyed);
   }
+  /// Every worker's chain is the same function of provenance: the first one's makes an element again.
+  bool one_base() const override { return lanes_.front()->chain().one_base(); }
+  bool recomputable() const override { return lanes_.front()->chain().recomputable(); }
+  T recompute(const Provenance& p) const override { return lanes_.front()->chain().recompute(p); }
   void save_inputs(StateSink& out) const override {
     for (const auto& l : lanes_) l->save_chain(out);
   }
   void restore_state(StateReader& r) override {
-    MergeState<std::vector<T>> st;
+    MergeState<KeysIn<T>> st;
     st.lanes.resize(lanes_.size());
+    for (auto& lane : st.lanes) lane.pending.from = &lanes_.front()->chain();
     r.read(st);
     if (st.cursor >= lanes_.size())
       r.fail("merge cursor " + std::to_string(st.cursor) + " is not one of the " + std::to_string(lanes_.size()) +
@@ -206,8 +221,9 @@ class MergeIter final : public Hooked<T> {
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
       auto& lane = st.lanes[i];
       std::exception_ptr error = lane.failure.to_exception();
-      finished_[i] = lane.done && lane.pending.empty() && !error;
-      lanes_[i]->set_pending(std::move(lane.pending), lane.done, error);
+      finished_[i] = lane.done && lane.pending.values.empty() && !error;
+      this->recomputed_ += lane.pending.recomputed;
+      lanes_[i]->set_pending(std::move(lane.pending.values), std::move(lane.pending.keys), lane.done, error);
     }
   }
   std::vector<IterBase*> inputs() const override {

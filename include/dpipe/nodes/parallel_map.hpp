@@ -88,6 +88,9 @@ class ParallelMapIter final : public Stateless<map_result_t<In, Fn>> {
   std::size_t min_useful_pull() const override { return window_; }
   bool carries_provenance() const override { return true; }
   bool holds_no_elements() const override { return true; }
+  bool one_base() const override { return input_->one_base(); }
+  bool recomputable() const override { return input_->recomputable(); }
+  Out recompute(const Provenance& p) const override { return fn_(input_->recompute(p)); }
 
  private:
   std::unique_ptr<Iter<In>> input_;

@@ -30,6 +30,9 @@ class PrefetchIter final : public Stateless<T> {
     return n;
   }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return (*input_).one_base(); }
+  bool recomputable() const override { return (*input_).recomputable(); }
+  T recompute(const Provenance& p) const override { return (*input_).recompute(p); }
   bool holds_no_elements() const override { return true; }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   std::size_t min_useful_pull() const override { return input_->min_useful_pull(); }

@@ -75,6 +75,9 @@ class RangeIter final : public Hooked<std::int64_t> {
   }
   std::vector<IterBase*> inputs() const override { return {}; }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return true; }
+  bool recomputable() const override { return true; }
+  std::int64_t recompute(const Provenance& p) const override { return this->recompute_at(def_, p); }
   bool holds_no_elements() const override { return true; }
 
  private:

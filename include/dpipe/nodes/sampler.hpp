@@ -101,6 +101,9 @@ class SamplerIter final : public Hooked<T> {
   void restore_state(StateReader& r) override { deal_.restore(r, "positions", total_); }
   std::vector<IterBase*> inputs() const override { return {}; }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return true; }
+  bool recomputable() const override { return true; }
+  T recompute(const Provenance& p) const override { return this->recompute_at(def_.source(), p); }
   bool holds_no_elements() const override { return true; }
 
  private:

@@ -111,6 +111,9 @@ class ShardingFilterIter final : public Hooked<T> {
   void restore_state(StateReader& r) override { r.read(st_); }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return (*input_).one_base(); }
+  bool recomputable() const override { return (*input_).recomputable(); }
+  T recompute(const Provenance& p) const override { return (*input_).recompute(p); }
   bool holds_no_elements() const override { return true; }
 
  private:

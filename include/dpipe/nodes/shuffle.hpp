@@ -10,6 +10,7 @@
 #include "dpipe/detail/prebuilt_types.hpp"
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 #include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
@@ -130,11 +131,21 @@ class ShuffleIter final : public Hooked<T> {
     return out.size() - before;
   }
   bool carries_provenance() const override { return true; }
-  void save_state(StateWriter& w) const override { w.write(st_); }
+  bool one_base() const override { return input_->one_base(); }
+  bool recomputable() const override { return input_->recomputable(); }
+  T recompute(const Provenance& p) const override { return input_->recompute(p); }
+  void save_state(StateWriter& w) const override {
+    if (!this->traced() || !input_->recomputable()) return w.write(st_);
+    w.write(ShuffleState<KeysOut<T>>{{&st_.buffer, &buf_traces_}, st_.rng, st_.input_done});
+  }
   // No reserve to the buffer size: a restore holds what the snapshot holds, never a declared capacity.
   void restore_state(StateReader& r) override {
-    r.read(st_);
-    buf_traces_.clear();  // the restored buffer's provenance is unknown
+    ShuffleState<KeysIn<T>> st{.buffer = {.from = input_.get()}};
+    r.read(st);
+    st_ = {std::move(st.buffer.values), st.rng, st.input_done};
+    buf_traces_ = std::move(st.buffer.keys);  // a key's provenance; unknown for data
+    if (!this->traced()) buf_traces_.clear();
+    this->recomputed_ = st.buffer.recomputed;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 

@@ -49,6 +49,9 @@ class SkipIter final : public UnaryIter<T> {
     return n;
   }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return this->input().one_base(); }
+  bool recomputable() const override { return this->input().recomputable(); }
+  T recompute(const Provenance& p) const override { return this->input().recompute(p); }
   bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {

@@ -66,6 +66,9 @@ class TakeIter final : public Hooked<T> {
     return n;
   }
   bool carries_provenance() const override { return true; }
+  bool one_base() const override { return (*input_).one_base(); }
+  bool recomputable() const override { return (*input_).recomputable(); }
+  T recompute(const Provenance& p) const override { return (*input_).recompute(p); }
   bool holds_no_elements() const override { return true; }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override {

@@ -6,6 +6,7 @@
 
 #include "dpipe/pipeline.hpp"
 #include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 #include "dpipe/kit/spec.hpp"
 
 namespace dpipe {
@@ -59,20 +60,47 @@ class UnbatchIter final : public Hooked<T> {
       if (input_->pull(batches_, 1) == 0) break;
       current_ = std::move(batches_[0]);
       next_ = 0;
+      first_offset_ = 0;
       if (this->traced()) current_trace_ = std::move(input_->traces()[0]);
     }
     return n;
   }
   bool carries_provenance() const override { return true; }
+  /// Element j of a batch is made again from the batch's key.
+  bool recomputable() const override { return input_->recomputable(); }
+  T recompute(const Provenance& p) const override {
+    std::uint64_t j = 0;
+    const std::optional<Provenance> parent = without_last_offset(p, j);
+    if (!parent) throw SnapshotError(this->label() + ": restore key " + to_string(p) + " has no offset in a batch");
+    if (!recomputed_batch_ || recomputed_batch_->first != *parent)  // the rest of one batch: made once
+      recomputed_batch_.emplace(*parent, input_->recompute(*parent));
+    const std::vector<T>& b = recomputed_batch_->second;
+    if (j >= b.size())
+      throw SnapshotError(this->label() + ": restore key " + to_string(p) + " names element " + std::to_string(j) +
+                          " of a batch of " + std::to_string(b.size()));
+    return b[j];
+  }
   void save_state(StateWriter& w) const override {
-    w.write(UnbatchState<std::vector<T>>{{current_.begin() + std::ptrdiff_t(next_), current_.end()}});
+    std::vector<T> rest(current_.begin() + std::ptrdiff_t(next_), current_.end());
+    if (!this->traced() || !recomputable()) return w.write(UnbatchState<std::vector<T>>{std::move(rest)});
+    std::vector<Provenance> keys;  // restore keys: this node makes its own elements again
+    for (std::size_t j = next_; j < current_.size(); ++j) keys.push_back(trace_of(j));
+    w.write(UnbatchState<KeysOut<T>>{{&rest, &keys}});
   }
   void restore_state(StateReader& r) override {
-    UnbatchState<std::vector<T>> st;
+    UnbatchState<KeysIn<T>> st{.rest = {.from = this}};
     r.read(st);
-    current_ = std::move(st.rest);
+    current_ = std::move(st.rest.values);
     next_ = 0;
-    current_trace_ = unknown_provenance();  // a restored batch's
+    first_offset_ = 0;
+    current_trace_ = unknown_provenance();  // a restored batch's, unless its keys name it
+    std::uint64_t j = 0;
+    if (!st.rest.keys.empty() && is_known(st.rest.keys.front()))
+      if (auto parent = without_last_offset(st.rest.keys.front(), j)) {
+        current_trace_ = std::move(*parent);
+        first_offset_ = j;
+      }
+    this->recomputed_ = st.rest.recomputed;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
 
@@ -82,11 +110,13 @@ class UnbatchIter final : public Hooked<T> {
   std::size_t next_ = 0;
   std::vector<std::vector<T>> batches_;
   Provenance current_trace_;  // traced: the batch's
+  std::uint64_t first_offset_ = 0;  // current_[0]'s offset in its batch (not 0 after a restore of keys)
+  mutable std::optional<std::pair<Provenance, std::vector<T>>> recomputed_batch_;  // recompute's last batch
 
   /// Element `j` of the current batch: the batch's provenance at offset `j` (a map between the batch and
   /// here may have reordered its elements, so its base elements are not matched to its elements).
   Provenance trace_of(std::size_t j) const {
-    return is_known(current_trace_) ? at_offset(current_trace_, j) : unknown_provenance();
+    return is_known(current_trace_) ? at_offset(current_trace_, first_offset_ + j) : unknown_provenance();
   }
 };
 
