@@ -84,6 +84,12 @@ struct RescaleArgs {
   std::string out;
 };
 
+struct WhichArgs {
+  std::string spec, snapshot, data_root;
+  std::uint64_t steps = 10;
+  bool allow_changed_data = false;
+};
+
 struct Cli {
   CLI::App app{"dpipe: runs, benchmarks and inspects dpipe pipelines written as JSON specs, and shows and\n"
                "rescales their snapshots.",
@@ -93,6 +99,7 @@ struct Cli {
   CLI::App* graph = nullptr;
   CLI::App* show = nullptr;
   CLI::App* rescale = nullptr;
+  CLI::App* which = nullptr;
   CLI::App* ops = nullptr;
   RunArgs run_args;
   BenchArgs bench_args;
@@ -100,6 +107,7 @@ struct Cli {
   std::string graph_data_root;
   std::string show_path;
   RescaleArgs rescale_args;
+  WhichArgs which_args;
   struct {
     std::string op;
     bool json = false, markdown = false;
@@ -234,10 +242,24 @@ void build_cli(Cli& c) {
   c.graph->add_option("--data-root", c.graph_data_root, "resolve the spec's relative file names against DIR (as run does)")
       ->type_name("DIR");
 
-  auto* snapshot = app.add_subcommand("snapshot", "Shows or rescales snapshots.");
+  auto* snapshot = app.add_subcommand("snapshot", "Shows, rescales or looks into snapshots.");
   snapshot->require_subcommand(1);
   c.show = snapshot->add_subcommand("show", "Prints a snapshot file, or a summary of a snapshot set, as JSON.");
   c.show->add_option("PATH", c.show_path, "a snapshot file or a snapshot set directory")->type_name("")->required();
+  c.which = snapshot->add_subcommand("which", "Lists the source positions of the next elements a snapshot delivers.");
+  auto& w = c.which_args;
+  c.which->add_option("SPEC", w.spec, kSpecHelp)->type_name("")->required();
+  c.which->add_option("SNAPSHOT", w.snapshot, "a snapshot file of the spec")->type_name("")->required();
+  c.which->add_option("--steps", w.steps, "how many elements (default 10)")
+      ->type_name("N")
+      ->transform(decimal<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()));
+  c.which->add_option("--data-root", w.data_root, "resolve the spec's relative file names against DIR (as run does)")
+      ->type_name("DIR");
+  c.which->add_flag("--allow-changed-data", w.allow_changed_data,
+                    "accept data files whose modification time changed since the snapshot (same path and size)");
+  c.which->footer("The snapshot's seed, epoch and layout are used. Each line is {\"index\": I, \"sources\": [[SOURCE, "
+                  "POSITION], ...]} for the element the run delivers I-th (from 0, counted over the run); the elements are "
+                  "not written. It resumes the snapshot traced, so it makes the elements again: the spec's functions run.");
   c.rescale = snapshot->add_subcommand("rescale", "Redistributes a snapshot set onto another layout, offline.");
   auto& s = c.rescale_args;
   c.rescale->add_option("DIR", s.dir, "the snapshot set to read")->type_name("")->required();
@@ -459,13 +481,21 @@ class TypedSpecRun final : public SpecRun {
  public:
   /// `sources`: write each element with its provenance (--provenance; a traced run of --restore-keys alone
   /// writes the elements).
-  TypedSpecRun(dpipe::Run<T> run, bool bytes, bool sources) : run_(std::move(run)), bytes_(bytes), sources_(sources) {}
+  TypedSpecRun(dpipe::Run<T> run, bool bytes, bool sources, bool sources_only = false)
+      : run_(std::move(run)), bytes_(bytes), sources_(sources || sources_only), sources_only_(sources_only) {}
 
   bool append_lines(std::string& out, std::uint64_t max, std::size_t until_bytes, std::uint64_t& written) override {
     for (std::uint64_t n = 0; n < max && out.size() < until_bytes; ++n) {
       auto x = run_.next();
       if (!x) return false;
       const dpipe::Provenance* sources = sources_ ? run_.provenance() : nullptr;
+      if (sources_only_) {  // snapshot which
+        out += "{\"index\": " + std::to_string(run_.delivered() - 1);
+        append_sources(out, sources ? *sources : dpipe::unknown_provenance());
+        out += '\n';
+        ++written;
+        continue;
+      }
       if (sources) out += "{\"element\": ";
       dpipe::append_spec_element_json(out, *x, bytes_);
       if (sources) append_sources(out, *sources);
@@ -508,6 +538,7 @@ class TypedSpecRun final : public SpecRun {
   dpipe::Run<T> run_;
   bool bytes_;
   bool sources_;
+  bool sources_only_;  // snapshot which: the sources without the element
 };
 
 /// Where a run starts: at the beginning, or from a snapshot file or a snapshot set directory.
@@ -515,6 +546,7 @@ struct RunStart {
   std::optional<std::string> snapshot_file, set_dir;
   dpipe::ResumeOptions how{};
   bool write_sources = false;  // --provenance
+  bool sources_only = false;   // snapshot which
   bool resumes() const { return snapshot_file || set_dir; }
 };
 
@@ -522,7 +554,7 @@ std::unique_ptr<SpecRun> start_run(const dpipe::Spec& spec, dpipe::Engine& engin
                                    const RunStart& from = {}) {
   return with_pipeline(spec, [&]<class T>(const dpipe::Pipeline<T>& p) -> std::unique_ptr<SpecRun> {
     auto typed = [&](dpipe::Run<T> run) {
-      return std::make_unique<TypedSpecRun<T>>(std::move(run), spec.bytes, from.write_sources);
+      return std::make_unique<TypedSpecRun<T>>(std::move(run), spec.bytes, from.write_sources, from.sources_only);
     };
     if (from.snapshot_file) return typed(engine.resume(p, dpipe::Snapshot::read_file(*from.snapshot_file), options, from.how));
     if (from.set_dir) return typed(engine.resume(p, dpipe::SnapshotDir{*from.set_dir}, options, from.how));
@@ -693,6 +725,20 @@ int cmd_show(const std::string& path) {
   return 0;
 }
 
+int cmd_which(const WhichArgs& a) {
+  const dpipe::SnapshotMeta meta = dpipe::Snapshot::read_meta(a.snapshot);
+  const auto spec = dpipe::parse_spec(read_text(a.spec), {.data = {.root = a.data_root}});
+  dpipe::RunOptions options{.seed = meta.seed, .epoch = meta.epoch, .layout = meta.layout, .trace = true};
+  dpipe::Engine engine;
+  const auto run = start_run(spec, engine, options,
+                             {.snapshot_file = a.snapshot, .how = {.allow_changed_data = a.allow_changed_data}, .sources_only = true});
+  std::string out;
+  std::uint64_t written = 0;
+  run->append_lines(out, a.steps, std::numeric_limits<std::size_t>::max(), written);
+  std::cout << out;
+  return 0;
+}
+
 int cmd_rescale(const RescaleArgs& a) {
   if (std::filesystem::exists(a.out) && !std::filesystem::is_empty(a.out))
     throw dpipe::ConfigError("output directory '" + a.out + "' is not empty");
@@ -800,6 +846,7 @@ int main(int argc, char** argv) {
     else if (*cli.graph) rc = cmd_graph(cli.graph_spec, cli.graph_data_root);
     else if (*cli.show) rc = cmd_show(cli.show_path);
     else if (*cli.rescale) rc = cmd_rescale(cli.rescale_args);
+    else if (*cli.which) rc = cmd_which(cli.which_args);
     else if (*cli.ops) rc = cmd_ops(cli.ops_args.op, cli.ops_args.json, cli.ops_args.markdown);
     // What went to standard output must have arrived (a full disk is an error).
     std::cout.flush();

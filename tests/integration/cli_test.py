@@ -137,6 +137,9 @@ def _():
             assert buffer["type"] == "keys:i64" and buffer["count"] == 9, buffer
             assert all(len(v["key"]) == 1 and v["key"][0][0] == "draw" and isinstance(v["crc32c"], int)
                        for v in buffer["values"]), buffer
+            # `snapshot which` lists the sources of what the resume delivers next, counted over the run.
+            which = lines(dpipe("snapshot", "which", spec, snap, "--steps", 25).stdout)
+            assert which == [{"index": 10 + i, "sources": r["sources"]} for i, r in enumerate(rest[:25])], which[:3]
         else:
             assert 9 <= len(unknown) < len(pairs) // 2, (len(unknown), len(pairs))
     # Expansions carry offsets; a kind that does not carry provenance is refused by name.

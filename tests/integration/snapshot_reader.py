@@ -731,14 +731,33 @@ def decode_element(tag, blob):
     return v
 
 
-def field_values(field):
-    """A field's value: the number or string, or the list of decoded elements (hex for opaque ones)."""
+def key_as_shown(entry, graph_keys):
+    """A keyed list's entry as `dpipe snapshot show` writes it: {"key": [[SOURCE, POSITION(, {"epoch",
+    "offsets"})], ...], "crc32c": N} with SOURCE the graph key of the source's index, or {"data": value}."""
+    if "data" in entry:
+        return entry
+    sources = []
+    for b in entry["key"]:
+        pair = [graph_keys[b["source"]] if b["source"] < len(graph_keys) else "?", b["position"]]
+        extra = {}
+        if b["epoch"]:
+            extra["epoch"] = b["epoch"]
+        if b["offsets"]:
+            extra["offsets"] = b["offsets"]
+        sources.append(pair + [extra] if extra else pair)
+    return {"key": sources, "crc32c": entry["checksum"]}
+
+
+def field_values(field, graph_keys=None):
+    """A field's value: the number or string, or the list of decoded elements (hex for opaque ones); with
+    `graph_keys` (the snapshot's graph keys in order), a keyed list's entries as `snapshot show` writes them."""
     if field["type"] != "elements":
         return field["value"]
     out = []
     for b in field["blobs"]:
         try:
-            out.append(decode_element(field["tag"], b))
+            v = decode_element(field["tag"], b)
+            out.append(key_as_shown(v, graph_keys) if graph_keys is not None and field["tag"].startswith("keys:") else v)
         except NotNative:
             out.append("0x" + b.hex())
     return out

@@ -35,6 +35,12 @@ FIXTURES = [
      "spec": {"seed": 11, "pipeline": [
          {"op": "range", "stop": 300}, {"op": "sampler", "shuffle": "global"}, {"op": "shuffle", "buffer": 8},
          {"op": "map", "fn": "affine", "mul": 1}, {"op": "batch", "size": 4}]}},
+    # Version 7 on: buffered elements saved as restore keys (a traced run).
+    {"name": "keys-sampled", "take": 6, "args": ["--workers", "2", "--restore-keys"],
+     "spec": {"seed": 13, "pipeline": [
+         {"op": "range", "stop": 400}, {"op": "sampler", "shuffle": "global", "name": "draw"},
+         {"op": "map", "fn": "affine", "mul": 3}, {"op": "shuffle", "buffer": 16},
+         {"op": "flat_map", "fn": "replicate", "times": 2}, {"op": "batch", "size": 5}]}},
 ]
 
 
