@@ -7,8 +7,8 @@ build tree:
 The loop: range → sharding_filter → map(f) → batch(4) on a Loader of 1, 2 or 4 workers; each step sleeps
 (a GIL-releasing stand-in for the GPU step) and every few steps takes a checkpoint. f costs 0, ~2 µs of
 pure Python, or 20 ms (a sleep: I/O or a decoder that releases the GIL). For each, the pause of every
-state_dict() (the exact form, the default, and reproducible=True) and of save() to a set directory (the
-write on the background thread), median and most over the run, the first call included; the loop's wall
+state_dict() (the exact form, the default; the same with restore_keys=True; and reproducible=True) and of
+save() to a set directory (the write on the background thread), median and most over the run, the first call included; the loop's wall
 time against the same loop without checkpoints and against torch's DataLoader (as many worker processes,
 no checkpoints: it has none); and the bytes of one state."""
 import argparse
@@ -42,7 +42,7 @@ COSTS = {"0": cost_0, "2us": cost_2us, "20ms": cost_20ms}
 def loop(fn, workers, steps, every, step_s, checkpoint, directory=None):
     """Runs `steps` steps; returns (wall seconds, the pauses of the checkpoints, bytes of the last state)."""
     p = dpipe.range(0, 10_000_000) | dpipe.sharding_filter() | dpipe.map(fn) | dpipe.batch(size=4)
-    loader = dpipe.Loader(p, seed=1, workers=workers)
+    loader = dpipe.Loader(p, seed=1, workers=workers, restore_keys=(checkpoint == "keys"))
     pauses, size = [], 0
     it = iter(loader)
     t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def loop(fn, workers, steps, every, step_s, checkpoint, directory=None):
             if checkpoint == "save":
                 pending = loader.save(directory, step=step)
             else:
-                state = loader.state_dict(step=step, reproducible=(checkpoint == "reproducible"))
+                state = loader.state_dict(step=step, reproducible=(checkpoint == "reproducible"))  # keys: exact
             pauses.append(time.perf_counter() - c0)
             if checkpoint == "save":
                 pending.wait()
@@ -104,7 +104,7 @@ def main():
                 base, _, _ = loop(COSTS[cost], workers, steps, every, step_s, None)
                 torch_wall = torch_loop(COSTS[cost], workers, steps, step_s)
                 torch_text = f"{torch_wall:7.2f}" if torch_wall is not None else "      -"
-                for mode in ("exact", "reproducible", "save"):
+                for mode in ("exact", "keys", "reproducible", "save"):
                     wall, pauses, size = loop(COSTS[cost], workers, steps, every, step_s, mode, d + f"/{cost}-{workers}")
                     ms = [x * 1000 for x in pauses]
                     print(f"{cost:>5} {workers:>7} {mode:>12} {statistics.median(ms):8.2f} {max(ms):8.2f} "

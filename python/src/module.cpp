@@ -811,13 +811,19 @@ class PyFlatChainIter final : public Hooked<Out> {
       throw SnapshotError(this->label() + " holds a failure of " + callable_.label + " behind " +
                           std::to_string(pending_.size() - next_) +
                           " outputs not yet delivered: a snapshot is taken before the failure or not at all");
-    w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
+    std::vector<Out> rest(pending_.begin() + std::ptrdiff_t(next_), pending_.end());
+    if (!this->traced() || !recomputable()) return w.write(FlatMapState<std::vector<Out>>{std::move(rest)});
+    // Restore keys: this node makes its own outputs again (kit/restore_keys.hpp).
+    std::vector<Provenance> keys(pending_traces_.begin() + std::ptrdiff_t(std::min(next_, pending_traces_.size())),
+                                 pending_traces_.end());
+    w.write(FlatMapState<KeysOut<Out>>{{&rest, &keys}});
   }
   void restore_state(StateReader& r) override {
-    FlatMapState<std::vector<Out>> st;
+    FlatMapState<KeysIn<Out>> st{.pending = {.from = this}};
     r.read(st);
-    pending_ = std::move(st.pending);
-    pending_traces_.clear();  // the restored outputs' provenance is unknown
+    pending_ = std::move(st.pending.values);
+    pending_traces_ = this->traced() ? std::move(st.pending.keys) : std::vector<Provenance>{};  // unknown for data
+    this->recomputed_ = st.pending.recomputed;
     next_ = 0;
   }
   std::optional<std::uint64_t> input_taken() const override { return input_->taken(); }

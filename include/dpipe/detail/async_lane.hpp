@@ -34,6 +34,7 @@
 #include "dpipe/detail/executor.hpp"
 #include "dpipe/detail/fifo.hpp"
 #include "dpipe/kit/node.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 
 namespace dpipe::detail {
 
@@ -172,7 +173,8 @@ class AsyncLane final : public AsyncLaneBase {
  public:
   AsyncLane(std::unique_ptr<Iter<T>> chain, Executor* executor, std::size_t capacity, std::size_t chunk,
             bool inline_mode)
-      : AsyncLaneBase(executor, capacity, chunk, inline_mode), chain_(std::move(chain)), traced_(chain_->traced()) {
+      : AsyncLaneBase(executor, capacity, chunk, inline_mode), chain_(std::move(chain)), traced_(chain_->traced()),
+        keyed_(traced_ && chain_->recomputable()) {
     set_smallest_chunk(chain_->min_useful_pull());
   }
   ~AsyncLane() override { stop(); }
@@ -182,6 +184,7 @@ class AsyncLane final : public AsyncLaneBase {
     if (head_ < current_.size()) return true;
     current_.clear();
     current_traces_.clear();
+    current_sums_.clear();
     head_ = 0;
     return fetch();
   }
@@ -213,6 +216,7 @@ class AsyncLane final : public AsyncLaneBase {
     if (head_ == current_.size()) {
       current_.clear();
       current_traces_.clear();
+      current_sums_.clear();
       head_ = 0;
       if (inline_mode()) {
         if (inline_ended()) return 0;
@@ -261,6 +265,37 @@ class AsyncLane final : public AsyncLaneBase {
     else out.insert(out.end(), queue_traces_.begin(), queue_traces_.end());
     return out;
   }
+  /// Restore keys: whether the producer takes each element's checksum (traced, the chain recomputable).
+  bool keyed() const { return keyed_; }
+  /// Keyed, as pending(): the pending elements' checksums.
+  std::vector<std::uint32_t> pending_sums() const {
+    std::vector<std::uint32_t> out(current_sums_.begin() + std::ptrdiff_t(std::min(head_, current_sums_.size())),
+                                   current_sums_.end());
+    if (lent()) out.insert(out.end(), lent_queue_sums_.begin(), lent_queue_sums_.end());
+    else out.insert(out.end(), queue_sums_.begin(), queue_sums_.end());
+    return out;
+  }
+  /// Keyed, paused or lent: the pending elements in place, as pending() lists them, for KeysOut (which
+  /// reads an element only where its key is unknown). A loan of a queue whose keys are all known copies
+  /// no element: those entries are never read.
+  class PendingView {
+   public:
+    explicit PendingView(const AsyncLane& lane)
+        : lane_(&lane), at_hand_(lane.current_.size() - lane.head_),
+          queued_(lane.lent() ? lane.lent_queue_traces_.size() : lane.queue_.size()) {}
+    std::size_t size() const { return at_hand_ + queued_; }
+    const T& operator[](std::size_t i) const {
+      if (i < at_hand_) return lane_->current_[lane_->head_ + i];
+      const std::size_t j = i - at_hand_;
+      if (!lane_->lent()) return *(lane_->queue_.begin() + std::ptrdiff_t(j));
+      if (j >= lane_->lent_queue_.size()) throw Error("internal: a lent queue's element was asked for, but not lent");
+      return lane_->lent_queue_[j];
+    }
+
+   private:
+    const AsyncLane* lane_;
+    std::size_t at_hand_, queued_;
+  };
   /// Paused or lent: whether the chain had ended, and its failure, as of the snapshot's point (a lent
   /// lane was busy producing: neither).
   bool snapshot_done() const { return !lent() && producer_done(); }
@@ -295,6 +330,8 @@ class AsyncLane final : public AsyncLaneBase {
       if (!error && inline_mode()) {
         current_.insert(current_.end(), std::make_move_iterator(staged_.begin()), std::make_move_iterator(staged_.end()));
         move_all(staged_traces_, current_traces_);
+        current_sums_.insert(current_sums_.end(), staged_sums_.begin(), staged_sums_.end());
+        staged_sums_.clear();
       }
       settled_pull(error ? 0 : n, error);
       if (error || n == 0) break;
@@ -308,6 +345,9 @@ class AsyncLane final : public AsyncLaneBase {
     current_ = std::move(elements);
     if (traced_ && traces.size() == current_.size()) current_traces_ = std::move(traces);
     else current_traces_.assign(traced_ ? current_.size() : 0, unknown_provenance());
+    current_sums_.clear();
+    if (keyed_)
+      for (const T& x : current_) current_sums_.push_back(element_checksum(x, sum_scratch_));
     head_ = 0;
     restored_ = current_.size();
     taken_ = 0;
@@ -327,22 +367,30 @@ class AsyncLane final : public AsyncLaneBase {
       queue_traces_.append_moved(staged_traces_);
       staged_traces_.clear();
     }
+    if (keyed_) {
+      queue_sums_.append_moved(staged_sums_);
+      staged_sums_.clear();
+    }
   }
   void take_staged() override {
     current_.swap(staged_);
     current_traces_.swap(staged_traces_);
+    current_sums_.swap(staged_sums_);
     head_ = 0;
   }
   void absorb_queue_locked() override {
     queue_.take_into(current_, queue_.size());
     if (traced_) queue_traces_.take_into(current_traces_, queue_traces_.size());
+    if (keyed_) queue_sums_.take_into(current_sums_, queue_sums_.size());
   }
   // Many elements move to the consumer's side at once: one lock per refill, not per element.
   std::size_t take_front(std::size_t max) override {
     current_.clear();
     current_traces_.clear();
+    current_sums_.clear();
     head_ = 0;
     if (traced_) queue_traces_.take_into(current_traces_, max);
+    if (keyed_) queue_sums_.take_into(current_sums_, max);
     return queue_.take_into(current_, max);
   }
   bool capture_chain() noexcept override {
@@ -361,13 +409,19 @@ class AsyncLane final : public AsyncLaneBase {
   }
   void lend_locked() override {
     lent_states_ = published_;
-    lent_queue_.assign(queue_.begin(), queue_.end());
     if (traced_) lent_queue_traces_.assign(queue_traces_.begin(), queue_traces_.end());
+    if (keyed_) lent_queue_sums_.assign(queue_sums_.begin(), queue_sums_.end());
+    // Keyed with every key known, the snapshot saves the queue as keys and checksums: no element copied.
+    const bool all_keys = keyed_ && std::all_of(lent_queue_traces_.begin(), lent_queue_traces_.end(),
+                                                [](const Provenance& p) { return !p.empty() && is_known(p); });
+    if (all_keys) lent_queue_.clear();
+    else lent_queue_.assign(queue_.begin(), queue_.end());
   }
   void end_loan() override {
     lent_states_.clear();
     lent_queue_.clear();
     lent_queue_traces_.clear();
+    lent_queue_sums_.clear();
   }
 
  private:
@@ -376,6 +430,9 @@ class AsyncLane final : public AsyncLaneBase {
     if (!traced_) return;
     staged_traces_.clear();
     staged_traces_.swap(chain_->traces());
+    if (!keyed_) return;
+    staged_sums_.clear();
+    for (const T& x : staged_) staged_sums_.push_back(element_checksum(x, sum_scratch_));
   }
   static void move_all(std::vector<Provenance>& from, std::vector<Provenance>& to) {
     to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
@@ -387,6 +444,12 @@ class AsyncLane final : public AsyncLaneBase {
   const bool traced_;
   std::vector<Provenance> staged_traces_, current_traces_;
   Fifo<Provenance> queue_traces_;
+  // Keyed (restore keys): each element's checksum beside its provenance, taken by the producer as it
+  // makes the element, so a snapshot saves the queue without copying or encoding it.
+  const bool keyed_;
+  std::vector<std::uint32_t> staged_sums_, current_sums_, lent_queue_sums_;
+  Fifo<std::uint32_t> queue_sums_;
+  ByteWriter sum_scratch_;  // the producer's (the consumer's while the producer is idle: settling, restore)
   // Captures (see the file's comment): made by the producer, published and lent under the lock.
   std::vector<NodeState> capture_, capture_spare_, published_;
   std::vector<NodeState> lent_states_;  // consumer: the snapshot's copy

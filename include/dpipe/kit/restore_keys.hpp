@@ -72,24 +72,37 @@ inline Provenance decode_key(ByteReader& r, std::uint32_t& checksum) {
   return p;
 }
 
-/// Saving: `values`, each as its key where `keys` knows it, by way of `from` (recomputable).
+/// The checksum a key keeps of its element: the CRC-32C of the element's encoding (`scratch` reused).
 template <class T>
+std::uint32_t element_checksum(const T& x, ByteWriter& scratch) {
+  scratch.buffer().clear();
+  Codec<T>::encode(scratch, x);
+  return crc32c(scratch.buffer());
+}
+
+/// Saving: the elements of `values` (a std::vector<T>, or a view with size() and operator[]), each as its
+/// key where `keys` knows it, with its checksum from `checksums` when given (a worker lane takes them as
+/// it produces), else from its encoding; an element of unknown provenance as data. `values` is read only
+/// for the entries that need it.
+template <class T, class Values = std::vector<T>>
 struct KeysOut {
-  const std::vector<T>* values = nullptr;
-  const std::vector<Provenance>* keys = nullptr;  // beside values
+  const Values* values = nullptr;
+  const std::vector<Provenance>* keys = nullptr;           // beside values
+  const std::vector<std::uint32_t>* checksums = nullptr;  // beside values, or null
 
   void write_elements(ElementBlobs& out) const {
     out.tag = std::string(kKeysTagPrefix) + Codec<T>::tag();
     ByteWriter element, entry;
     for (std::size_t i = 0; i < values->size(); ++i) {
-      element.buffer().clear();
-      Codec<T>::encode(element, (*values)[i]);
       entry.buffer().clear();
       const Provenance* p = i < keys->size() ? &(*keys)[i] : nullptr;
       if (p && !p->empty() && is_known(*p)) {
         entry.put<char>(kKeyEntry);
-        encode_key(entry, *p, crc32c(element.buffer()));
+        const bool known = checksums && i < checksums->size();
+        encode_key(entry, *p, known ? (*checksums)[i] : element_checksum((*values)[i], element));
       } else {
+        element.buffer().clear();
+        Codec<T>::encode(element, (*values)[i]);
         entry.put<char>(kDataEntry);
         entry.raw(element.buffer().data(), element.buffer().size());
       }
@@ -144,9 +157,7 @@ struct KeysIn {
       if (!from || !from->recomputable())
         r.fail("the snapshot holds restore keys where this pipeline's chain cannot make the elements again");
       T x = recompute(p, r);
-      again.buffer().clear();
-      Codec<T>::encode(again, x);
-      if (crc32c(again.buffer()) != checksum)
+      if (element_checksum(x, again) != checksum)
         r.fail("the element of restore key " + to_string(p) + " came out different from the one saved (checksum "
                "mismatch): the data or a function changed since the snapshot, and the key cannot be resumed");
       values.push_back(std::move(x));

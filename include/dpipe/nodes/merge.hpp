@@ -184,6 +184,7 @@ class MergeIter final : public Hooked<T> {
     return n;
   }
   void save_state(StateWriter& w) const override {
+    if (this->traced() && lanes_.front()->keyed()) return save_keys(w);
     MergeState<std::vector<T>> st{.cursor = st_.cursor};
     st.lanes.resize(lanes_.size());
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
@@ -191,14 +192,25 @@ class MergeIter final : public Hooked<T> {
       st.lanes[i].done = finished_[i] || lanes_[i]->snapshot_done();
       st.lanes[i].failure = FailureRecord::of(lanes_[i]->snapshot_error());
     }
-    if (!this->traced() || !recomputable()) return w.write(st);
-    // Restore keys: each worker's pending elements as their provenance (kit/restore_keys.hpp).
+    w.write(st);
+  }
+  /// Restore keys: each worker's pending elements as their provenance and the checksums its producer
+  /// took (kit/restore_keys.hpp), read in place: nothing is copied or encoded but an element of unknown
+  /// provenance.
+  void save_keys(StateWriter& w) const {
+    using View = typename detail::AsyncLane<T>::PendingView;
+    std::vector<View> views;
     std::vector<std::vector<Provenance>> traces(lanes_.size());
-    MergeState<KeysOut<T>> keyed{.cursor = st.cursor};
+    std::vector<std::vector<std::uint32_t>> sums(lanes_.size());
+    MergeState<KeysOut<T, View>> keyed{.cursor = st_.cursor};
     keyed.lanes.resize(lanes_.size());
+    views.reserve(lanes_.size());
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      views.emplace_back(*lanes_[i]);
       traces[i] = lanes_[i]->pending_traces();
-      keyed.lanes[i] = {{&st.lanes[i].pending, &traces[i]}, st.lanes[i].done, st.lanes[i].failure};
+      sums[i] = lanes_[i]->pending_sums();
+      keyed.lanes[i] = {{&views[i], &traces[i], &sums[i]}, finished_[i] || lanes_[i]->snapshot_done(),
+                        FailureRecord::of(lanes_[i]->snapshot_error())};
     }
     w.write(keyed);
   }
