@@ -60,6 +60,7 @@ ordered_json catalogue_json() {
     j["source"] = k.source;
     // Whether it tells its stream's length (len(loader)); merge's is the sum the graph takes.
     j["length"] = k.length != nullptr || k.segment == SegmentRole::ends_workers;
+    if (!k.provenance.empty()) j["provenance"] = k.provenance;
     ordered_json functions = ordered_json::array();
     for (const FunctionSchema& f : spec_functions())
       if (f.taken_by(k.name)) {
@@ -128,6 +129,7 @@ std::string spec_ops_text(std::string_view only) {
     out += "  rescales: " +
            (op["rescales"].get<bool>() ? std::string("yes") : "no, " + op["rescale_refusal"].get<std::string>()) + "\n";
     out += std::string("  length: ") + (op["length"].get<bool>() ? "known" : "unknown") + "\n";
+    out += "  provenance: " + (op.contains("provenance") ? op["provenance"].get<std::string>() : std::string("not carried")) + "\n";
     std::string state;
     for (const auto& f : op["state"]) state += (state.empty() ? "" : ", ") + f.get<std::string>();
     out += "  state: " + (state.empty() ? std::string("none") : state) + "\n\n";
@@ -187,7 +189,10 @@ std::string spec_ops_markdown() {
       out += " With a Python callable, also `input_taken` (the elements of its input it has taken, which its "
              "failures count in; a rescale drops it).";
     out += std::string(" Length: ") +
-           (op["length"].get<bool>() ? "known" : "unknown (`len(loader)` raises naming it)") + ".\n\n";
+           (op["length"].get<bool>() ? "known" : "unknown (`len(loader)` raises naming it)") + ".";
+    out += " Provenance: " +
+           (op.contains("provenance") ? op["provenance"].get<std::string>() : std::string("not carried (a traced run refuses it)")) +
+           ".\n\n";
   }
   return out;
 }

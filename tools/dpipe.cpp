@@ -234,7 +234,7 @@ void build_cli(Cli& c) {
   c.ops->add_option("OP", c.ops_args.op, "one op only")->type_name("");
   auto* ops_json = c.ops->add_flag("--json", c.ops_args.json,
                                    "one JSON array of objects: op, doc, params (name, type, default, required, positional, "
-                                   "doc, tuning, choices, torch), rescales, rescale_refusal, state, source, length, functions");
+                                   "doc, tuning, choices, torch), rescales, rescale_refusal, state, source, length, provenance, functions");
   c.ops->add_flag("--markdown", c.ops_args.markdown, "every op as the Markdown of docs/ops.md")->excludes(ops_json);
 
   c.graph = app.add_subcommand("graph", "Prints the pipeline's graph in Graphviz DOT.");

@@ -682,6 +682,8 @@ def _():
     assert [p["name"] for p in batch["params"]] == ["size", "drop_last", "name"]
     assert batch["rescales"] is True and batch["state"] == ["partial", "input_done"]
     assert by_op["take"]["rescales"] is False and "cannot be dealt" in by_op["take"]["rescale_refusal"]
+    # A kind says whether it carries provenance and makes its elements again from restore keys.
+    assert "restore keys" in by_op["shuffle"]["provenance"] and "provenance" not in by_op["zip"], by_op["zip"]
     text = dpipe("ops", "shuffle").stdout
     assert text.startswith("shuffle: ") and "buffer" in text and "rescales: yes" in text and "state: buffer, rng, input_done" in text, text
     r = dpipe("ops", "nope", check=False)

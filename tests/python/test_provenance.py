@@ -108,7 +108,25 @@ def test_map_with_rng_after_fused_stages_on_a_field_and_per_epoch():
     assert sorted(r["v"] for r in loader) != first  # a new epoch draws anew
 
 
-def test_map_with_rng_after_a_buffer_is_refused():
-    p = dpipe.range(0, 10) | dpipe.shuffle(buffer=4) | dpipe.map(augment, rng=True)
-    with pytest.raises(dpipe.ConfigError, match=r"\(shuffle\), whose snapshots hold elements"):
+def test_map_with_rng_after_a_buffer_of_data_is_refused():
+    # a batch of batches cannot be made again from restore keys: what its unbatch holds would resume as data
+    p = dpipe.range(0, 40) | dpipe.batch(2) | dpipe.batch(2) | dpipe.unbatch() | dpipe.unbatch() | dpipe.map(augment, rng=True)
+    with pytest.raises(dpipe.ConfigError, match=r"\(unbatch\), whose snapshots hold elements as data"):
         list(dpipe.Loader(p))
+
+
+def test_map_with_rng_after_a_shuffle_draws_the_same_across_a_resume():
+    def draw(x, rng):
+        return [int(x), int(rng.integers(0, 1 << 40))]
+    p = dpipe.range(0, 2000) | dpipe.sampler() | dpipe.shuffle(buffer=64) | dpipe.map(draw, rng=True, out=object)
+    reference = {x: d for x, d in dpipe.Loader(p, seed=5, workers=2)}
+    assert len(reference) == 2000
+    loader = dpipe.Loader(p, seed=5, workers=2)
+    it = iter(loader)
+    head = dict(next(it) for _ in range(300))
+    state = loader.state_dict()
+    again = dpipe.Loader(p, seed=5, workers=2)
+    again.load_state_dict(state)
+    rest = {x: d for x, d in again}
+    assert not set(head) & set(rest) and {**head, **rest} == reference
+    assert {x: d for x, d in dpipe.Loader(p, seed=5, workers=1)} == reference

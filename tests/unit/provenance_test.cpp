@@ -219,19 +219,39 @@ TEST(Provenance, MapWithRngDrawsPerSampleWhateverTheLayout) {
   EXPECT_NE(draws(dpipe::testing::collect(twice, plain)), reference);
 }
 
-// map_with_rng after a node whose snapshots hold elements would draw anew for them on a resume: refused
-// when the run is built, naming the node.
-TEST(Provenance, MapWithRngAfterABufferIsRefused) {
+// map_with_rng after a node whose snapshots would hold elements as data (its chain cannot make them again)
+// would draw anew for them on a resume: refused when the run is built, naming the node. After a shuffle, a
+// batch or the workers' lanes over a recomputable chain it is accepted: their snapshots hold restore keys.
+TEST(Provenance, MapWithRngAfterABufferOfDataIsRefused) {
   Engine e;
   RunOptions o;
   o.layout = Layout{0, 1, 2};
-  expect_throw_with<ConfigError>([&] { e.start(range(0, 10) | shuffle({.buffer = 4}) | map_with_rng(kDraw), o); },
-                                 "(shuffle), whose snapshots hold elements");
+  // A batch of batches cannot split its provenance into its elements': its unbatch is not recomputable.
   expect_throw_with<ConfigError>(
-      [&] { e.start(range(0, 10) | batch({.size = 2}) | unbatch() | map_with_rng(kDraw), o); }, "(unbatch)");
+      [&] {
+        e.start(range(0, 40) | batch({.size = 2}) | batch({.size = 2}) | unbatch() | unbatch() | map_with_rng(kDraw), o);
+      },
+      "(unbatch), whose snapshots hold elements as data");
   EXPECT_NO_THROW(e.start(range(0, 10) | sampler() | filter([](I64 x) { return x > 2; }) | map_with_rng(kDraw) |
                               shuffle({.buffer = 4}) | batch({.size = 2}),
                           o));
+  EXPECT_NO_THROW(e.start(range(0, 10) | shuffle({.buffer = 4}) | batch({.size = 2}) | unbatch() | map_with_rng(kDraw), o));
+}
+
+// After a shuffle on the workers, a sample's draw is the same across a resume: the shuffle's buffer and the
+// workers' queues resume from restore keys with their provenance.
+TEST(Provenance, MapWithRngAfterAShuffleDrawsTheSameAcrossAResume) {
+  const auto p = range(0, 3000) | sampler() | shuffle({.buffer = 64}) | map_with_rng(kDraw);
+  RunOptions two;
+  two.seed = 7;
+  two.layout = Layout{0, 1, 2};
+  const auto reference = draws(dpipe::testing::collect(p, two));
+  ASSERT_EQ(reference.size(), 3000u);
+  for (std::size_t at : {1, 57, 700, 2500}) EXPECT_EQ(draws(dpipe::testing::stop_and_resume(p, two, at)), reference) << at;
+  // Whatever the layout: the same draw for each sample.
+  RunOptions one = two;
+  one.layout = Layout{0, 1, 1};
+  EXPECT_EQ(draws(dpipe::testing::collect(p, one)), reference);
 }
 
 // Resumed from a snapshot of data (an untraced run's), a traced run names what it reads anew and marks

@@ -65,6 +65,9 @@ struct KindInfo {
   Split (*split)(const std::vector<std::pair<std::string, std::string>>& params) = nullptr;
   /// Its stream's length on one instance (len(loader)); null: it cannot say (a filter, a file source).
   LengthFn length = nullptr;
+  /// How it carries provenance and whether it makes its elements again from restore keys (recompute);
+  /// empty: it does not carry provenance, so a traced run refuses it.
+  std::string_view provenance{};
 
   /// Parameters that change no element (the schema's tuning ones): a resume may change them, and the
   /// snapshot restores into the new values.
@@ -109,6 +112,7 @@ KindInfo kind_info() {
   if constexpr (requires { K::restarts_upstream; }) k.restarts_upstream = K::restarts_upstream;
   if constexpr (requires { &K::split; }) k.split = &K::split;
   if constexpr (requires { K::length; }) k.length = K::length;
+  if constexpr (requires { K::provenance; }) k.provenance = K::provenance;
   return k;
 }
 

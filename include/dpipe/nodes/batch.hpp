@@ -157,6 +157,8 @@ struct BatchKind {
   static constexpr LengthFn length = &batched_length;
   static constexpr std::string_view doc =
       "Groups consecutive elements into batches of `size`; the last, shorter batch is kept unless `drop_last`.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "concatenates its elements'; a batch is made again from them when each has one base element";
   static constexpr ParamSchema params[] = {
       {.name = "size", .type = ParamType::integer, .doc = "elements per batch (positive)", .positional = true,
        .torch = "batch_size"},

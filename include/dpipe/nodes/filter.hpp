@@ -124,6 +124,8 @@ struct FilterKind {
   static constexpr std::string_view name = "filter";
   static constexpr std::string_view doc =
       "Keeps the elements for which a pure predicate holds.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "passes the kept elements' on; an element out of it is the one that went in";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the predicate: a builtin function's name, or a Python callable", .positional = true},
       kFieldParam,

@@ -297,6 +297,8 @@ struct FlatMapKind {
   static constexpr std::string_view doc =
       "Replaces each element by the elements of the range a function returns, in order (a streamed expansion "
       "saves `rests` instead of `pending`).";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "output j of an expansion gets its input's at offset j; made again by expanding again (not a streaming function); what it holds is saved as restore keys";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function,
        .doc = "the function: a builtin function's name, or a Python callable (absent: flatten, each list → its elements)",

@@ -105,6 +105,8 @@ struct FromVectorKind {
   }
   static constexpr std::string_view doc =
       "The elements of a list, in order; every instance reads all of it (put a sampler after it to deal them).";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "names element i by position i; makes it again from its key";
   static constexpr ParamSchema params[] = {
       {.name = "values", .type = ParamType::values, .doc = "the elements", .positional = true, .fingerprint = "size digest"},
   };

@@ -87,16 +87,19 @@ inline std::uint64_t sample_seed(std::uint64_t node_key, const Provenance& p, co
   if (!is_known(p)) throw Error("internal: " + label + " was given an element of unknown provenance");
   return mix64(node_key ^ provenance_digest(p, keys ? *keys : kNoKeys));
 }
-/// A map with a per-sample generator refuses a node upstream whose snapshots hold elements: it would
-/// resume them with no provenance, and their draws would differ from the uninterrupted run's.
+/// A map with a per-sample generator refuses a node upstream whose snapshots would hold elements as data:
+/// it would resume them with no provenance, and their draws would differ from the uninterrupted run's. A
+/// node that holds elements is accepted when its chain is recomputable: the map traces its input, so that
+/// node's snapshots hold restore keys, which give the elements their provenance back (kit/restore_keys.hpp).
 inline void refuse_elements_held_upstream(const std::string& label, const IterBase& node) {
   if (!node.carries_provenance())
     throw ConfigError(label + ": a map with a per-sample generator (rng) needs its input's provenance, and " +
                       node.label() + " does not carry provenance yet (docs/design.md, \"Provenance\")");
-  if (!node.holds_no_elements())
+  if (!node.holds_no_elements() && !node.recomputable())
     throw ConfigError(label + ": a map with a per-sample generator (rng) must come before " + node.label() +
-                      ", whose snapshots hold elements without their provenance (not yet kept): their draws would "
-                      "change on a resume. Place it right after the source, sampler, filters and maps");
+                      ", whose snapshots hold elements as data, without their provenance (its input cannot make "
+                      "them again from restore keys): their draws would change on a resume. Place it right after the "
+                      "source, sampler, filters and maps");
   for (const IterBase* in : node.inputs()) refuse_elements_held_upstream(label, *in);
 }
 }  // namespace detail
@@ -286,6 +289,8 @@ struct MapKind {
   static constexpr LengthFn length = &same_length_unless_skipping;
   static constexpr std::string_view doc =
       "Applies a pure function to every element.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "passes its input's on; makes an element again by calling the function again (with rng: the same draw)";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable", .positional = true},
       kFieldParam,

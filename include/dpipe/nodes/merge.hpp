@@ -293,6 +293,8 @@ struct MergeKind {
   static constexpr std::string_view name = "merge";
   static constexpr std::string_view doc =
       "Ends the worker segment: its input runs once per worker and their outputs are merged round-robin, skipping exhausted workers.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "the workers queue it beside their elements; their queues are saved as restore keys when the chain makes elements again";
   static constexpr std::span<const ParamSchema> params{};
   using State = MergeState<ElementBlobs>;
   /// Its fields for one worker: `dpipe ops` lists the per-worker ones as `pending_N`, ….

@@ -135,6 +135,8 @@ struct ParallelMapKind {
   static constexpr LengthFn length = &same_length_unless_skipping;
   static constexpr std::string_view doc =
       "`map` with the function applied to up to `max_in_flight` elements at once; the output keeps the input's order.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "passes its input's on; makes an element again by calling the function again";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the function: a builtin function's name, or a Python callable (each call takes the GIL: it pays where the callable releases it, numpy, a C tokenizer)", .positional = true},
       {.name = "max_in_flight", .type = ParamType::integer, .doc = "elements mapped at once", .fallback = "64", .tuning = true},

@@ -75,6 +75,8 @@ struct PrefetchKind {
   static constexpr LengthFn length = &same_length;
   static constexpr std::string_view doc =
       "Sets how many elements wait in each worker's queue; it ends the worker segment.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "passes its input's on; an element out of it is the one that went in";
   static constexpr ParamSchema params[] = {
       {.name = "depth", .type = ParamType::integer, .doc = "elements (or batches) queued per worker", .fallback = "8", .positional = true, .tuning = true},
   };

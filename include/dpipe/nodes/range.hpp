@@ -110,6 +110,8 @@ struct RangeKind {
   }
   static constexpr std::string_view doc =
       "Integers from `start` towards `stop` (exclusive) by `step`; every instance reads all of it (put a sampler after it to deal them). Python: range(stop) or range(start, stop[, step]).";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "names element i by position i; makes it again from its key";
   static constexpr ParamSchema params[] = {
       {.name = "start", .type = ParamType::integer, .doc = "the first integer", .fallback = "0", .positional = true},
       {.name = "stop", .type = ParamType::integer, .doc = "where it stops (exclusive)", .positional = true},

@@ -101,6 +101,8 @@ struct RecordsKind {
   static constexpr std::string_view name = "records";
   static constexpr std::string_view doc =
       "Records from TFRecord files (checked CRCs), random-access: put a sampler after it.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "names record i by position i (read in order); makes it again from its key";
   static constexpr ParamSchema params[] = {
       {.name = "files", .type = ParamType::texts, .doc = "the TFRecord files, in order", .positional = true, .fingerprint = "file*"},
       {.name = "on_error", .type = ParamType::choice, .doc = "a damaged record: fail the run, or skip it and count it", .fallback = "\"fail\"", .choices = "fail|skip"},

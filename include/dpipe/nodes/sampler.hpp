@@ -153,6 +153,8 @@ struct SamplerKind {
   }
   static constexpr std::string_view doc =
       "Reads a random-access source in a global order (a keyed permutation per epoch, or in order) and deals its positions to the instances.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "names an element by the dataset index it drew and its pass; reads it again from its key";
   static constexpr ParamSchema params[] = {
       {.name = "shuffle", .type = ParamType::choice, .doc = "the order of each epoch", .fallback = "\"global\"", .choices = "global|none", .positional = true},
       {.name = "epochs", .type = ParamType::integer, .doc = "passes over the source", .fallback = "1"},

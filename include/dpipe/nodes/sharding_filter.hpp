@@ -156,6 +156,8 @@ struct ShardingFilterKind {
   }
   static constexpr std::string_view doc =
       "Keeps element i iff i mod N == id: N and id from the layout at the chosen level, or given.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "passes the kept elements' on; an element out of it is the one that went in";
   static constexpr ParamSchema params[] = {
       {.name = "level", .type = ParamType::choice, .doc = "split over every instance, the ranks, or a rank's workers", .fallback = "\"all\"", .choices = "all|rank|worker", .positional = true},
       {.name = "num_shards", .type = ParamType::integer, .doc = "split by hand into this many shards (0: the level decides)", .fallback = "0"},

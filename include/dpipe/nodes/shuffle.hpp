@@ -188,6 +188,8 @@ struct ShuffleKind {
   static constexpr LengthFn length = &same_length;
   static constexpr std::string_view doc =
       "A buffer of `buffer` elements; each output is a random element of the buffer, replaced by the next input.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "moves it with its buffer's slots; its buffer is saved as restore keys when its input makes elements again";
   static constexpr ParamSchema params[] = {
       {.name = "buffer", .type = ParamType::integer, .doc = "elements held (positive)", .fallback = "10000", .positional = true,
        .torch = "buffer_size"},

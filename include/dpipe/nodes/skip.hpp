@@ -82,6 +82,8 @@ struct SkipKind {
     return in[0] - std::min(in[0], *count);
   }
   static constexpr std::string_view doc = "Drops the first `count` elements and passes the rest.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "passes its input's on; an element out of it is the one that went in";
   static constexpr ParamSchema params[] = {
       {.name = "count", .type = ParamType::integer, .doc = "how many elements to drop (not negative)", .positional = true},
   };

@@ -109,6 +109,8 @@ struct TakeKind {
   }
   static constexpr std::string_view doc =
       "The first `count` elements; pulls no element past them.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "passes its input's on; an element out of it is the one that went in";
   static constexpr ParamSchema params[] = {
       {.name = "count", .type = ParamType::integer, .doc = "how many elements pass (not negative; absent or null: every one)",
        .fallback = "null", .positional = true},

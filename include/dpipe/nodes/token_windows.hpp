@@ -126,6 +126,8 @@ struct TokenWindowsKind {
   static constexpr std::string_view name = "token_windows";
   static constexpr std::string_view doc =
       "Windows of `seq_len` + 1 tokens from flat token files (uint16 or uint32), random-access: put a sampler after it.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "names window i by position i (read in order); makes it again from its key";
   static constexpr ParamSchema params[] = {
       {.name = "files", .type = ParamType::texts, .doc = "the token files, in order", .positional = true, .fingerprint = "file*"},
       {.name = "seq_len", .type = ParamType::integer, .doc = "tokens per window, before the one extra target token"},

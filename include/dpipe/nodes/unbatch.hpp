@@ -137,6 +137,8 @@ struct UnbatchKind {
   static constexpr std::string_view name = "unbatch";
   static constexpr std::string_view doc =
       "The elements of each batch, in order.";
+  /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
+  static constexpr std::string_view provenance = "element j of a batch gets the batch's at offset j; what it holds is saved as restore keys";
   static constexpr ParamSchema params[] = {
       {.name = "level", .type = ParamType::integer,
        .doc = "levels of batches removed: 1, 2, … (one unbatch node each; a name goes to the first), -1 all, 0 none",
