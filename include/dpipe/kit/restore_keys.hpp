@@ -9,8 +9,11 @@
 ///
 /// A keyed list is tagged "keys:" + the element type's tag; each entry is 'k' and a key, or 'v' and the
 /// element's own encoding. A rescale deals its entries as it deals elements (docs/snapshot-format.md).
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dpipe/crc32c.hpp"
@@ -70,6 +73,15 @@ inline Provenance decode_key(ByteReader& r, std::uint32_t& checksum) {
   }
   checksum = r.get<std::uint32_t>();
   return p;
+}
+
+/// The rest of one expansion or batch restored from keys (flat_map, unbatch): its parent's provenance and
+/// the offset of its first element, from the first key; unknown and 0 without one.
+inline std::pair<Provenance, std::uint64_t> parent_of_rest(const std::vector<Provenance>& keys) {
+  std::uint64_t j = 0;
+  if (!keys.empty() && is_known(keys.front()))
+    if (std::optional<Provenance> parent = without_last_offset(keys.front(), j)) return {std::move(*parent), j};
+  return {unknown_provenance(), 0};
 }
 
 /// The checksum a key keeps of its element: the CRC-32C of the element's encoding (`scratch` reused).

@@ -147,14 +147,7 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
       r.read(st);
       pending_ = std::move(st.pending.values);
       next_ = 0;
-      first_offset_ = 0;
-      parent_trace_ = unknown_provenance();  // the restored outputs' input, unless their keys name it
-      std::uint64_t j = 0;
-      if (!st.pending.keys.empty() && is_known(st.pending.keys.front()))
-        if (auto parent = without_last_offset(st.pending.keys.front(), j)) {
-          parent_trace_ = std::move(*parent);
-          first_offset_ = j;
-        }
+      std::tie(parent_trace_, first_offset_) = parent_of_rest(st.pending.keys);  // unknown for data
       this->recomputed_ = st.pending.recomputed;
     }
     if (skips_) r.read(skipped_);

@@ -92,14 +92,7 @@ class UnbatchIter final : public Hooked<T> {
     r.read(st);
     current_ = std::move(st.rest.values);
     next_ = 0;
-    first_offset_ = 0;
-    current_trace_ = unknown_provenance();  // a restored batch's, unless its keys name it
-    std::uint64_t j = 0;
-    if (!st.rest.keys.empty() && is_known(st.rest.keys.front()))
-      if (auto parent = without_last_offset(st.rest.keys.front(), j)) {
-        current_trace_ = std::move(*parent);
-        first_offset_ = j;
-      }
+    std::tie(current_trace_, first_offset_) = parent_of_rest(st.rest.keys);  // unknown for data
     this->recomputed_ = st.rest.recomputed;
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
