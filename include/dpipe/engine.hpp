@@ -423,13 +423,13 @@ Snapshot Run<T>::take_snapshot(std::map<std::string, std::string> user_metadata,
   run.mode = StateMode::hook;
   {
     StateWriter w(run);
-    std::vector<T> pending(buf_.begin() + std::ptrdiff_t(head_), buf_.end());
+    const TailView<T> pending{&buf_, head_};
     if (options_.trace && root_->recomputable()) {  // as restore keys (kit/restore_keys.hpp)
       std::vector<Provenance> keys;
       if (buf_traces_.size() == buf_.size()) keys.assign(buf_traces_.begin() + std::ptrdiff_t(head_), buf_traces_.end());
-      w.write(detail::RunRecord<KeysOut<T>>{delivered_, {&pending, &keys}});
+      w.write(detail::RunRecord<KeysOut<T, TailView<T>>>{delivered_, {&pending, &keys}});
     } else {
-      w.write(detail::RunRecord<std::vector<T>>{delivered_, std::move(pending)});
+      w.write(detail::RunRecord<std::vector<T>>{delivered_, {buf_.begin() + std::ptrdiff_t(head_), buf_.end()}});
     }
   }
   root_->save(sink);

@@ -42,6 +42,8 @@ inline bool is_known(const Provenance& p) {
     if (s.source == SourcePos::kUnknown) return false;
   return true;
 }
+/// Whether `p` names an element a restore key can make again: known, and of at least one base element.
+inline bool is_keyable(const Provenance& p) { return !p.empty() && is_known(p); }
 
 /// Text for messages: "[(source 3, epoch 0, position 17, offset 2), ...]".
 inline std::string to_string(const Provenance& p) {

@@ -811,12 +811,12 @@ class PyFlatChainIter final : public Hooked<Out> {
       throw SnapshotError(this->label() + " holds a failure of " + callable_.label + " behind " +
                           std::to_string(pending_.size() - next_) +
                           " outputs not yet delivered: a snapshot is taken before the failure or not at all");
-    std::vector<Out> rest(pending_.begin() + std::ptrdiff_t(next_), pending_.end());
-    if (!this->traced() || !recomputable()) return w.write(FlatMapState<std::vector<Out>>{std::move(rest)});
+    const TailView<Out> rest{&pending_, next_};
+    if (!this->traced() || !recomputable()) return w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
     // Restore keys: this node makes its own outputs again (kit/restore_keys.hpp).
     std::vector<Provenance> keys(pending_traces_.begin() + std::ptrdiff_t(std::min(next_, pending_traces_.size())),
                                  pending_traces_.end());
-    w.write(FlatMapState<KeysOut<Out>>{{&rest, &keys}});
+    w.write(FlatMapState<KeysOut<Out, TailView<Out>>>{{&rest, &keys}});
   }
   void restore_state(StateReader& r) override {
     FlatMapState<KeysIn<Out>> st{.pending = {.from = this}};

@@ -412,8 +412,7 @@ class AsyncLane final : public AsyncLaneBase {
     if (traced_) lent_queue_traces_.assign(queue_traces_.begin(), queue_traces_.end());
     if (keyed_) lent_queue_sums_.assign(queue_sums_.begin(), queue_sums_.end());
     // Keyed with every key known, the snapshot saves the queue as keys and checksums: no element copied.
-    const bool all_keys = keyed_ && std::all_of(lent_queue_traces_.begin(), lent_queue_traces_.end(),
-                                                [](const Provenance& p) { return !p.empty() && is_known(p); });
+    const bool all_keys = keyed_ && std::all_of(lent_queue_traces_.begin(), lent_queue_traces_.end(), is_keyable);
     if (all_keys) lent_queue_.clear();
     else lent_queue_.assign(queue_.begin(), queue_.end());
   }

@@ -79,7 +79,7 @@ inline Provenance decode_key(ByteReader& r, std::uint32_t& checksum) {
 /// the offset of its first element, from the first key; unknown and 0 without one.
 inline std::pair<Provenance, std::uint64_t> parent_of_rest(const std::vector<Provenance>& keys) {
   std::uint64_t j = 0;
-  if (!keys.empty() && is_known(keys.front()))
+  if (!keys.empty() && is_keyable(keys.front()))
     if (std::optional<Provenance> parent = without_last_offset(keys.front(), j)) return {std::move(*parent), j};
   return {unknown_provenance(), 0};
 }
@@ -92,7 +92,17 @@ std::uint32_t element_checksum(const T& x, ByteWriter& scratch) {
   return crc32c(scratch.buffer());
 }
 
-/// Saving: the elements of `values` (a std::vector<T>, or a view with size() and operator[]), each as its
+/// Elements [from, end) of `v`, in place: what a node saves of a vector it has partly delivered.
+template <class T>
+struct TailView {
+  const std::vector<T>* v;
+  std::size_t from;
+  std::size_t size() const { return v->size() - from; }
+  decltype(auto) operator[](std::size_t i) const { return (*v)[from + i]; }
+};
+
+/// Saving: the elements of `values` (a std::vector<T>, a TailView<T>, or a view with size() and
+/// operator[]), each as its
 /// key where `keys` knows it, with its checksum from `checksums` when given (a worker lane takes them as
 /// it produces), else from its encoding; an element of unknown provenance as data. `values` is read only
 /// for the entries that need it.
@@ -108,7 +118,7 @@ struct KeysOut {
     for (std::size_t i = 0; i < values->size(); ++i) {
       entry.buffer().clear();
       const Provenance* p = i < keys->size() ? &(*keys)[i] : nullptr;
-      if (p && !p->empty() && is_known(*p)) {
+      if (p && is_keyable(*p)) {
         entry.put<char>(kKeyEntry);
         const bool known = checksums && i < checksums->size();
         encode_key(entry, *p, known ? (*checksums)[i] : element_checksum((*values)[i], element));

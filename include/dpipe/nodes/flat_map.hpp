@@ -125,13 +125,13 @@ class FlatMapIter final : public Hooked<flat_map_result_t<In, Fn>> {
         if (!r.empty()) st.rests.push_back(r);
       w.write(st);
     } else {
-      std::vector<Out> rest(pending_.begin() + std::ptrdiff_t(next_), pending_.end());
+      const TailView<Out> rest{&pending_, next_};
       if (this->traced() && recomputable()) {  // restore keys: this node makes its own outputs again
         std::vector<Provenance> keys;
         for (std::size_t j = next_; j < pending_.size(); ++j) keys.push_back(trace_of(j));
-        w.write(FlatMapState<KeysOut<Out>>{{&rest, &keys}});
+        w.write(FlatMapState<KeysOut<Out, TailView<Out>>>{{&rest, &keys}});
       } else {
-        w.write(FlatMapState<std::vector<Out>>{std::move(rest)});
+        w.write(FlatMapState<std::vector<Out>>{{pending_.begin() + std::ptrdiff_t(next_), pending_.end()}});
       }
     }
     if (skips_) w.write(skipped_);

@@ -81,11 +81,11 @@ class UnbatchIter final : public Hooked<T> {
     return b[j];
   }
   void save_state(StateWriter& w) const override {
-    std::vector<T> rest(current_.begin() + std::ptrdiff_t(next_), current_.end());
-    if (!this->traced() || !recomputable()) return w.write(UnbatchState<std::vector<T>>{std::move(rest)});
+    const TailView<T> rest{&current_, next_};
+    if (!this->traced() || !recomputable()) return w.write(UnbatchState<std::vector<T>>{{current_.begin() + std::ptrdiff_t(next_), current_.end()}});
     std::vector<Provenance> keys;  // restore keys: this node makes its own elements again
     for (std::size_t j = next_; j < current_.size(); ++j) keys.push_back(trace_of(j));
-    w.write(UnbatchState<KeysOut<T>>{{&rest, &keys}});
+    w.write(UnbatchState<KeysOut<T, TailView<T>>>{{&rest, &keys}});
   }
   void restore_state(StateReader& r) override {
     UnbatchState<KeysIn<T>> st{.rest = {.from = this}};
