@@ -123,10 +123,11 @@ nlohmann::ordered_json provenance_to_ordered_json(const Provenance& p, const std
       continue;
     }
     Json entry = {detail::json_text<Json>(s.source < keys.size() ? keys[s.source] : std::string("?")), s.position};
-    if (s.epoch != 0 || !s.offsets.empty()) {
+    if (s.epoch != 0 || !s.offsets.empty() || s.sliced()) {
       Json extra = Json::object();
       if (s.epoch != 0) extra["epoch"] = s.epoch;
       if (!s.offsets.empty()) extra["offsets"] = s.offsets;
+      if (s.sliced()) extra["tokens"] = Json::array({s.begin, s.end});
       entry.push_back(std::move(extra));
     }
     out.push_back(std::move(entry));

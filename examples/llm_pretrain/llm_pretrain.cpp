@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
     std::map<std::pair<std::int64_t, std::int64_t>, int> seen;
     std::uint64_t rows_before = 0;
     for (int rank = 0; rank < 2; ++rank) {
-      auto run = engine.start(p, {.seed = 7, .layout = dpipe::Layout{rank, 2, 2}});
+      // Traced: the checkpoint holds the prefetched batches and pack's open rows as restore keys.
+      auto run = engine.start(p, {.seed = 7, .layout = dpipe::Layout{rank, 2, 2}, .trace = true});
       for (int b = 0; b < 3; ++b)
         if (auto batch = run.next()) {
           count_tokens(*batch, seen);
@@ -172,24 +173,35 @@ int main(int argc, char** argv) {
     }
     std::uintmax_t bytes = 0;
     for (const auto& f : fs::directory_iterator(ckpt)) bytes += f.is_regular_file() ? f.file_size() : 0;
-    std::printf("2 ranks x 2 workers: %llu rows, then a checkpoint of %.1f KiB per rank\n",
+    std::printf("2 ranks x 2 workers: %llu rows, then a checkpoint of %.1f KiB per rank (restore keys in place of "
+                "the rows in flight)\n",
                 (unsigned long long)rows_before, double(bytes) / 2 / 1024);
+    if (bytes > 2 * 64 * 1024) {
+      std::fprintf(stderr, "llm_pretrain: the checkpoint holds %.1f KiB per rank, more than 64 KiB\n", double(bytes) / 2 / 1024);
+      return 1;
+    }
 
     // 3. The job dies. Three ranks × two workers resume the checkpoint, rescaled, to the end of the epoch.
-    std::uint64_t rows_after = 0;
+    std::uint64_t rows_after = 0, recomputed = 0;
     double restore_ms = 0;
     for (int rank = 0; rank < 3; ++rank) {
       const dpipe::Layout layout{rank, 3, 2};
       const auto t0 = std::chrono::steady_clock::now();
       auto run = engine.resume(p, dpipe::SnapshotSet::read_rank(ckpt.string(), layout, true), {.seed = 7, .layout = layout});
       restore_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      recomputed += run.restore_report().recomputed_elements();
       for (auto&& batch : run) {
         count_tokens(batch, seen);
         rows_after += batch.size();
       }
     }
-    std::printf("3 ranks x 2 workers: resumed (%.2f ms per rank to read and restore), %llu more rows\n", restore_ms / 3,
-                (unsigned long long)rows_after);
+    std::printf("3 ranks x 2 workers: resumed (%.2f ms per rank to read and restore, %llu elements made again from "
+                "their keys), %llu more rows\n",
+                restore_ms / 3, (unsigned long long)recomputed, (unsigned long long)rows_after);
+    if (recomputed == 0) {
+      std::fprintf(stderr, "llm_pretrain: the resume made nothing again from restore keys\n");
+      return 1;
+    }
 
     // 4. Every document's tokens exactly once.
     std::int64_t tokens = 0, wrong = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The llm_pretrain pipeline as a spec through the `dpipe` tool under Open MPI: 2 ranks × 2 workers take 3
-# batches each and write a checkpoint set; 3 ranks × 2 workers resume it rescaled to the end. Every
+# batches each and write a checkpoint set (restore keys in place of the rows in flight); 3 ranks × 2 workers resume it rescaled to the end. Every
 # document's tokens must arrive exactly once (checked by document id and position against expected.json,
 # which the example writes with its data).
 #   examples/llm_pretrain/run_tool.sh BUILD_DIR
@@ -13,7 +13,12 @@ trap 'rm -rf "$WORK"' EXIT
 SPEC="$WORK/llm_pretrain.json"
 MPIRUN=(timeout 300 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader --mca pml ob1
         --mca oob_tcp_if_include lo)
-"${MPIRUN[@]}" -np 2 "$DPIPE" run "$SPEC" --workers 2 --take 3 --output "$WORK/a-{rank}.jsonl" --snapshot-dir "$WORK/set"
+"${MPIRUN[@]}" -np 2 "$DPIPE" run "$SPEC" --workers 2 --take 3 --output "$WORK/a-{rank}.jsonl" --snapshot-dir "$WORK/set" \
+  --restore-keys
+# The rows in flight are saved as restore keys: a few KiB per rank.
+SET_BYTES=$(find "$WORK/set" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
+echo "checkpoint set: $SET_BYTES bytes for 2 ranks"
+if [ "$SET_BYTES" -gt $((2 * 64 * 1024)) ]; then echo "the checkpoint holds more than 64 KiB per rank" >&2; exit 1; fi
 "${MPIRUN[@]}" -np 3 "$DPIPE" run "$SPEC" --workers 2 --output "$WORK/b-{rank}.jsonl" --resume-dir "$WORK/set" --rescale
 python3 - "$WORK" <<'PY'
 import collections, glob, json, os, sys

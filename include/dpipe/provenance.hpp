@@ -6,6 +6,7 @@
 /// index); flat_map and unbatch add the element's offset within its parent's expansion. map, filter,
 /// shuffle, batch, … carry them through (docs/design.md, "Provenance").
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,14 +17,21 @@ namespace dpipe {
 
 /// One base element of an element's provenance.
 struct SourcePos {
-  /// `source` of a base element whose provenance is unknown: one a snapshot held (snapshots keep no
-  /// provenance yet).
+  /// `source` of a base element whose provenance is unknown: one a snapshot held as data.
   static constexpr std::uint32_t kUnknown = 0xffffffffu;
-  std::uint32_t source = 0;            // the source node's index among the graph's keys
-  std::uint64_t epoch = 0;             // the source's epoch (a cycle's pass, a sampler's epoch)
-  std::uint64_t position = 0;          // the source's own position: layout-independent
+  std::uint32_t source = 0;  // the source node's index among the graph's keys
+  /// How many groups of elements of several base elements each (a batch of packed rows) begin at this
+  /// base element: a batch marks where each of its elements starts, so that it can split its
+  /// provenance again (0 for a batch of one-base elements, which needs no marks).
+  std::uint32_t starts = 0;
+  std::uint64_t epoch = 0;               // the source's epoch (a cycle's pass, a sampler's epoch)
+  std::uint64_t position = 0;            // the source's own position: layout-independent
   std::vector<std::uint64_t> offsets{};  // within expansions (flat_map, unbatch), outermost first
+  /// A piece of the element only (pack: a row's segment of a document): its tokens [begin, end).
+  /// begin == end: the whole element.
+  std::uint64_t begin = 0, end = 0;
 
+  bool sliced() const { return end > begin; }
   bool operator==(const SourcePos&) const = default;
 };
 
@@ -34,7 +42,7 @@ using Provenance = std::vector<SourcePos>;
 /// The provenance of an element a snapshot held: unknown as a whole (however many base elements it has),
 /// written as one base element of source kUnknown. Elements made of it (a batch) keep the mark in its
 /// place among their other base elements.
-inline Provenance unknown_provenance() { return {SourcePos{SourcePos::kUnknown, 0, 0, {}}}; }
+inline Provenance unknown_provenance() { return {SourcePos{.source = SourcePos::kUnknown}}; }
 inline bool is_unknown_element(const Provenance& p) { return p.size() == 1 && p[0].source == SourcePos::kUnknown; }
 
 inline bool is_known(const Provenance& p) {
@@ -58,6 +66,7 @@ inline std::string to_string(const Provenance& p) {
     out += "(source " + std::to_string(s.source) + ", epoch " + std::to_string(s.epoch) + ", position " +
            std::to_string(s.position);
     for (std::size_t k = 0; k < s.offsets.size(); ++k) out += (k ? "." : ", offset ") + std::to_string(s.offsets[k]);
+    if (s.sliced()) out += ", tokens " + std::to_string(s.begin) + " to " + std::to_string(s.end);
     out += ")";
   }
   return out + "]";
@@ -90,6 +99,36 @@ inline Provenance at_offset(Provenance p, std::uint64_t j) {
   return p;
 }
 
+/// A batch of elements of several base elements each: the provenances of `elements`, concatenated, the
+/// first base element of each marked as the start of a group (SourcePos::starts).
+inline Provenance grouped(std::vector<Provenance>& elements, std::size_t count) {
+  Provenance out;
+  for (std::size_t i = 0; i < count; ++i) {
+    Provenance& p = elements[i];
+    if (!p.empty() && is_known(p)) ++p.front().starts;
+    out.insert(out.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
+  }
+  return out;
+}
+
+/// The elements' provenances of a batch `grouped` made, or nullopt when `p` is not of that form.
+inline std::optional<std::vector<Provenance>> split_groups(const Provenance& p) {
+  if (p.empty() || p[0].starts == 0) return std::nullopt;
+  const std::uint32_t mark = p[0].starts;
+  std::vector<Provenance> out;
+  for (const SourcePos& s : p) {
+    if (s.starts > mark) return std::nullopt;
+    if (s.starts == mark) {
+      out.emplace_back();
+      out.back().push_back(s);
+      --out.back().back().starts;
+    } else {
+      out.back().push_back(s);
+    }
+  }
+  return out;
+}
+
 /// A 64-bit digest of a provenance whose sources are named by `keys` (the graph's): the same for an
 /// element whatever the layout, the worker that made it, or a resume. Seeds map_with_rng's generator.
 inline std::uint64_t provenance_digest(const Provenance& p, const std::vector<std::string>& keys) {
@@ -99,6 +138,7 @@ inline std::uint64_t provenance_digest(const Provenance& p, const std::vector<st
     h = mix64(h ^ mix64(s.epoch + 0x9e37));
     h = mix64(h ^ s.position);
     for (std::uint64_t o : s.offsets) h = mix64(h ^ mix64(o + 0x7f4a));
+    if (s.sliced()) h = mix64(h ^ mix64(s.begin + 0x51ce) ^ mix64(mix64(s.end)));
   }
   return h;
 }

@@ -21,11 +21,12 @@ Params PackKind::checked_params(const PackOptions& o) {
 
 namespace detail {
 
-Packer::Packer(const PackOptions& o)
+Packer::Packer(const PackOptions& o, bool traced)
     : seq_len_(static_cast<std::size_t>(o.seq_len)), field_(o.field), mode_(o.mode),
-      buffer_(o.mode == PackMode::greedy ? 1 : static_cast<std::size_t>(o.buffer)) {}
+      buffer_(o.mode == PackMode::greedy ? 1 : static_cast<std::size_t>(o.buffer)), traced_(traced) {}
 
-void Packer::place(Row& row, const char* t, std::size_t n, std::int64_t position, const Value* doc) {
+void Packer::place(Row& row, const char* t, std::size_t n, std::int64_t position, const Value* doc,
+                   const Provenance& trace) const {
   const std::int64_t segment = ++row.segments;
   if (row.tokens.capacity() < seq_len_ * 8) {
     row.tokens.reserve(seq_len_ * 8);
@@ -46,6 +47,15 @@ void Packer::place(Row& row, const char* t, std::size_t n, std::int64_t position
   row.len += n;
   row.docs.push_back(doc ? *doc : Value::none());
   row.any_doc = row.any_doc || doc;
+  if (!traced_) return;
+  if (trace.size() != 1 || !is_known(trace) || trace[0].sliced()) {  // not a document of one base element
+    row.trace.push_back(unknown_provenance()[0]);
+    return;
+  }
+  SourcePos piece = trace[0];
+  piece.begin = static_cast<std::uint64_t>(position);
+  piece.end = piece.begin + n;
+  row.trace.push_back(std::move(piece));
 }
 
 Value Packer::row_value(Row row, bool pad) const {
@@ -62,24 +72,32 @@ Value Packer::row_value(Row row, bool pad) const {
   return out;
 }
 
-void Packer::emit(Row&& row) { ready_.push_back(row_value(std::move(row), true)); }
+void Packer::emit(Row&& row) {
+  if (traced_) ready_traces_.push_back(std::move(row.trace));
+  ready_.push_back(row_value(std::move(row), true));
+}
 
-std::string Packer::add(const Value& document) {
+std::string Packer::tokens_of(const Value& document, const char*& t, std::size_t& n, std::vector<std::int64_t>& scratch) const {
   const Value* tokens = find_field(document, field_);
   if (!tokens) return is_record(document) ? "a document has no field '" + field_ + "'" : "an element is not a record";
   // The tokens' bytes as int64s: the array's own when it is one of int64, else converted.
-  const char* t = nullptr;
-  std::size_t n = 0;
   if (const auto* a = tokens->kind == Value::Kind::array ? &tokens->as_array() : nullptr;
       a && a->dtype == "<i8" && a->shape.size() == 1 && a->data.size() == a->shape[0] * 8) {
     t = a->data.data();
     n = a->shape[0];
-  } else if (read_int64s(*tokens, tokens_)) {
-    t = reinterpret_cast<const char*>(tokens_.data());
-    n = tokens_.size();
+  } else if (read_int64s(*tokens, scratch)) {
+    t = reinterpret_cast<const char*>(scratch.data());
+    n = scratch.size();
   } else {
     return "field '" + field_ + "' of a document is not a 1-D array (or list) of integers";
   }
+  return {};
+}
+
+std::string Packer::add(const Value& document, const Provenance& trace) {
+  const char* t = nullptr;
+  std::size_t n = 0;
+  if (std::string why = tokens_of(document, t, n, tokens_); !why.empty()) return why;
   const Value* doc = find_field(document, "doc");
   std::size_t at = 0;
   if (mode_ == PackMode::greedy) {
@@ -87,7 +105,7 @@ std::string Packer::add(const Value& document) {
       if (open_.empty()) open_.emplace_back();
       Row& row = open_.back();
       const std::size_t take = std::min(seq_len_ - row.len, n - at);
-      place(row, t + 8 * at, take, static_cast<std::int64_t>(at), doc);
+      place(row, t + 8 * at, take, static_cast<std::int64_t>(at), doc, trace);
       at += take;
       if (row.len == seq_len_) {
         emit(std::move(row));
@@ -99,7 +117,7 @@ std::string Packer::add(const Value& document) {
   // first_fit: whole rows of the document first, each a row of its own.
   for (; n - at >= seq_len_; at += seq_len_) {
     Row row;
-    place(row, t + 8 * at, seq_len_, static_cast<std::int64_t>(at), doc);
+    place(row, t + 8 * at, seq_len_, static_cast<std::int64_t>(at), doc, trace);
     emit(std::move(row));
   }
   const std::size_t rest = n - at;
@@ -113,7 +131,7 @@ std::string Packer::add(const Value& document) {
     open_.emplace_back();
     fits = open_.end() - 1;
   }
-  place(*fits, t + 8 * at, rest, static_cast<std::int64_t>(at), doc);
+  place(*fits, t + 8 * at, rest, static_cast<std::int64_t>(at), doc, trace);
   if (fits->len == seq_len_) {
     emit(std::move(*fits));
     open_.erase(fits);
@@ -126,13 +144,47 @@ void Packer::finish() {
   open_.clear();
 }
 
-std::size_t Packer::take(std::vector<Value>& out, std::size_t max) {
+std::size_t Packer::take(std::vector<Value>& out, std::size_t max, std::vector<Provenance>* traces) {
   std::size_t n = 0;
   for (; n < max && !ready_.empty(); ++n) {
     out.push_back(std::move(ready_.front()));
     ready_.pop_front();
+    if (!traced_) continue;
+    if (traces) traces->push_back(std::move(ready_traces_.front()));
+    ready_traces_.pop_front();
   }
   return n;
+}
+
+std::pair<std::vector<Provenance>, std::vector<Provenance>> Packer::traces() const {
+  std::vector<Provenance> open;
+  for (const Row& row : open_) open.push_back(row.trace);
+  return {std::move(open), {ready_traces_.begin(), ready_traces_.end()}};
+}
+
+Value Packer::rebuild(const Provenance& p, bool pad, const std::function<Value(const Provenance&)>& document,
+                      const std::string& who) const {
+  auto refuse = [&](const std::string& why) -> Value {
+    throw SnapshotError(who + ": a restore key names no row of this node (" + to_string(p) + "): " + why);
+  };
+  if (p.empty()) return refuse("it has no segment");
+  Row row;
+  std::vector<std::int64_t> scratch;
+  for (const SourcePos& s : p) {
+    if (!s.sliced()) return refuse("a segment without its token range");
+    if (row.len + (s.end - s.begin) > seq_len_) return refuse("its segments hold more than seq_len tokens");
+    SourcePos whole = s;
+    whole.begin = whole.end = 0;
+    const Provenance doc_trace{whole};
+    const Value d = document(doc_trace);
+    const char* t = nullptr;
+    std::size_t n = 0;
+    if (std::string why = tokens_of(d, t, n, scratch); !why.empty()) return refuse(why);
+    if (s.end > n) return refuse("its document has " + std::to_string(n) + " tokens");
+    place(row, t + 8 * s.begin, s.end - s.begin, static_cast<std::int64_t>(s.begin), find_field(d, "doc"), doc_trace);
+  }
+  if (!pad && row.len >= seq_len_) return refuse("an open row holds fewer than seq_len tokens");
+  return row_value(std::move(row), pad);
 }
 
 PackState<std::vector<Value>> Packer::state(bool input_done) const {
@@ -154,9 +206,15 @@ const std::string* column(const Value& row, const char* name) {
 }
 }  // namespace
 
-void Packer::restore(PackState<std::vector<Value>> st, const StateReader& r) {
+void Packer::restore(PackState<std::vector<Value>> st, const StateReader& r, std::vector<Provenance> open_traces,
+                     std::vector<Provenance> ready_traces) {
   open_.clear();
   ready_.clear();
+  ready_traces_.clear();
+  if (traced_) {  // rows saved as data have no known provenance
+    open_traces.resize(st.open.size(), unknown_provenance());
+    ready_traces.resize(st.ready.size(), unknown_provenance());
+  }
   auto check = [&](const Value& v, const char* list, std::size_t i, bool full) {
     const std::string what = std::string(list) + " row " + std::to_string(i);
     const std::string *t = column(v, "tokens"), *s = column(v, "segment_ids"), *p = column(v, "positions");
@@ -190,10 +248,12 @@ void Packer::restore(PackState<std::vector<Value>> st, const StateReader& r) {
     } else {
       row.docs.assign(static_cast<std::size_t>(row.segments), Value::none());
     }
+    if (traced_) row.trace = std::move(open_traces[i]);
     open_.push_back(std::move(row));
   }
   for (std::size_t i = 0; i < st.ready.size(); ++i) check(st.ready[i], "ready", i, true);
   ready_.assign(std::make_move_iterator(st.ready.begin()), std::make_move_iterator(st.ready.end()));
+  if (traced_) ready_traces_.assign(std::make_move_iterator(ready_traces.begin()), std::make_move_iterator(ready_traces.end()));
   // A rescale may deal more open rows than the mode keeps: the first ones are made now, padded.
   while (open_.size() > buffer_) {
     emit(std::move(open_.front()));

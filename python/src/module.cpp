@@ -1377,10 +1377,11 @@ class TypedLoop final : public Loop {
       py::list entry;
       entry.append(py::str(s.source < keys.size() ? keys[s.source] : std::string("?")));
       entry.append(py::int_(s.position));
-      if (s.epoch != 0 || !s.offsets.empty()) {
+      if (s.epoch != 0 || !s.offsets.empty() || s.sliced()) {
         py::dict extra;
         if (s.epoch != 0) extra["epoch"] = py::int_(s.epoch);
         if (!s.offsets.empty()) extra["offsets"] = py::cast(s.offsets);
+        if (s.sliced()) extra["tokens"] = py::cast(std::vector<std::uint64_t>{s.begin, s.end});
         entry.append(extra);
       }
       out.append(entry);

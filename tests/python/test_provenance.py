@@ -109,10 +109,13 @@ def test_map_with_rng_after_fused_stages_on_a_field_and_per_epoch():
 
 
 def test_map_with_rng_after_a_buffer_of_data_is_refused():
-    # a batch of batches cannot be made again from restore keys: what its unbatch holds would resume as data
-    p = dpipe.range(0, 40) | dpipe.batch(2) | dpipe.batch(2) | dpipe.unbatch() | dpipe.unbatch() | dpipe.map(augment, rng=True)
-    with pytest.raises(dpipe.ConfigError, match=r"\(unbatch\), whose snapshots hold elements as data"):
+    # a generator cannot make its elements again: the shuffle after it would resume them as data
+    p = dpipe.generator(lambda info: range(40), out=int) | dpipe.shuffle(buffer=4) | dpipe.map(augment, rng=True)
+    with pytest.raises(dpipe.ConfigError, match="does not carry provenance"):
         list(dpipe.Loader(p))
+    # a batch of batches marks where each inner batch starts, so it is made again from its keys: accepted
+    p = dpipe.range(0, 40) | dpipe.batch(2) | dpipe.batch(2) | dpipe.unbatch() | dpipe.unbatch() | dpipe.map(augment, rng=True)
+    assert len(list(dpipe.Loader(p, workers=2))) == 40
 
 
 def test_map_with_rng_after_a_shuffle_draws_the_same_across_a_resume():

@@ -226,12 +226,19 @@ TEST(Provenance, MapWithRngAfterABufferOfDataIsRefused) {
   Engine e;
   RunOptions o;
   o.layout = Layout{0, 1, 2};
-  // A batch of batches cannot split its provenance into its elements': its unbatch is not recomputable.
+  // A flat_map whose function counts its calls (a Python callable does: its count is saved) is not
+  // expanded again: the shuffle after it would hold data.
+  struct Counting {
+    std::uint64_t calls = 0;
+    bool counted_from_resume = false;
+    std::vector<I64> operator()(I64 x) const { return {x, x + 1}; }
+  };
   expect_throw_with<ConfigError>(
-      [&] {
-        e.start(range(0, 40) | batch({.size = 2}) | batch({.size = 2}) | unbatch() | unbatch() | map_with_rng(kDraw), o);
-      },
-      "(unbatch), whose snapshots hold elements as data");
+      [&] { e.start(range(0, 40) | flat_map(Counting{}) | shuffle({.buffer = 4}) | map_with_rng(kDraw), o); },
+      "(shuffle), whose snapshots hold elements as data");
+  // A batch of batches marks where each inner batch starts: it splits again, its unbatch is recomputable.
+  EXPECT_NO_THROW(
+      e.start(range(0, 40) | batch({.size = 2}) | batch({.size = 2}) | unbatch() | unbatch() | map_with_rng(kDraw), o));
   EXPECT_NO_THROW(e.start(range(0, 10) | sampler() | filter([](I64 x) { return x > 2; }) | map_with_rng(kDraw) |
                               shuffle({.buffer = 4}) | batch({.size = 2}),
                           o));
@@ -503,4 +510,177 @@ TEST(RestoreKeys, RescaleDealsKeysExactlyOnce) {
     std::sort(again.begin(), again.end());
     EXPECT_NE(std::adjacent_find(again.begin(), again.end()), again.end()) << "the planted key comes twice";
   }
+}
+
+namespace {
+/// A corpus of `docs` JSON lines {"doc": ID, "text": ...} of 3 to 150 bytes of text, every 29th line broken
+/// (parse_json skips it); `shift` changes every text's letter, not its length.
+std::string corpus(int docs, I64 first_id, int shift = 0) {
+  std::string out;
+  for (int i = 0; i < docs; ++i) {
+    if (i % 29 == 5) {
+      out += "{\"doc\": " + std::to_string(first_id + i) + ", \"text\": \"unterminated\n";
+      continue;
+    }
+    const std::size_t len = 3 + static_cast<std::size_t>((i * 7919 + first_id) % 148);
+    out += "{\"doc\": " + std::to_string(first_id + i) + ", \"text\": \"" +
+           std::string(len, static_cast<char>('a' + (i + first_id + shift) % 26)) + "\"}" + (i % 5 == 0 ? "\r\n" : "\n");
+  }
+  return out;
+}
+
+/// The LLM chain on two corpora: lines → parse_json (skip) → tokens (a text byte each, its document id
+/// and offset mixed in) → mix 70/30 → pack(64) → batch(4) → prefetch(2).
+Pipeline<std::vector<Value>> llm_chain(const std::string& prose, const std::string& code, PackMode mode) {
+  const auto documents = [](const std::string& file) {
+    return lines({file}, {.logical_shards = 8}) |
+           parse_json({.fields = {JsonField::parse("doc", "int64"), JsonField::parse("text", "string")},
+                       .on_error = OnDataError::skip}) |
+           map([](Value v) {
+             const I64 doc = std::get<I64>(find_field(v, "doc")->data);
+             const std::string& text = std::get<std::string>(find_field(v, "text")->data);
+             std::vector<I64> tokens;
+             for (std::size_t k = 0; k < text.size(); ++k) tokens.push_back(doc * 1000 + static_cast<I64>(k) + text[k]);
+             set_field(v, "tokens", int64_array(tokens));
+             return v;
+           });
+  };
+  return mix(std::vector{documents(prose), documents(code)}, {.weights = {0.7, 0.3}}) |
+         pack({.seq_len = 64, .mode = mode, .buffer = 3}) | batch({.size = 4}) | prefetch({.depth = 2});
+}
+
+/// The mean bytes of an entry of the element lists of pack, batch, the workers' queues and the run's hands.
+double bytes_per_entry(const Snapshot& s) {
+  std::size_t bytes = 0, entries = 0;
+  for (const NodeState& st : s.states)
+    for (const Field& f : st.fields)
+      if (f.type == FieldType::elements && f.elements.tag != "u64" &&
+          (st.kind == "pack" || st.kind == "batch" || st.kind == "merge" || st.kind == "run")) {
+        bytes += f.elements.data.size();
+        entries += f.elements.size();
+      }
+  return entries ? double(bytes) / double(entries) : 0;
+}
+}  // namespace
+
+// Lines of several files (CRLF endings, empty lines, a file boundary) resumed from keys: a line's key is
+// its first byte among the files laid end to end, read again there.
+TEST(RestoreKeys, LinesAreReadAgainAtTheirByte) {
+  dpipe::testing::TempDir dir;
+  std::vector<std::string> a, b;
+  // Long enough that no worker has read all of its share by the last snapshot (its queue holds 64 batches).
+  dpipe::testing::write_bytes(dir.file("a.txt"), dpipe::testing::varied_text(1'000'000, a));
+  dpipe::testing::write_bytes(dir.file("b.txt"), dpipe::testing::varied_text(600'000, b, -1, 50'000));
+  const auto p = lines({dir.file("a.txt"), dir.file("b.txt")}, {.logical_shards = 7}) | shuffle({.buffer = 16}) |
+                 batch({.size = 8});
+  for (const auto& l : kLayouts) {
+    RunOptions plain = traced(l.workers, l.inline_workers);
+    plain.trace = false;
+    const auto reference = dpipe::testing::collect(p, plain);
+    std::size_t total = 0;
+    for (const auto& batch : reference) total += batch.size();
+    ASSERT_EQ(total, a.size() + b.size());
+    for (std::size_t at : {1, 100, 700}) {
+      Snapshot keyed;
+      RestoreReport report;
+      EXPECT_EQ(resumed_stream(p, traced(l.workers, l.inline_workers), plain, at, nullptr, &report, &keyed), reference)
+          << l.workers << " workers at " << at;
+      EXPECT_GE(held(keyed, "shuffle", true), 16u);
+      EXPECT_EQ(held(keyed, "shuffle", false) + held(keyed, "batch", false) + held(keyed, "merge", false) +
+                    held(keyed, "run", false),
+                0u);
+      EXPECT_GE(report.recomputed_elements(), 16u);
+    }
+  }
+}
+
+// The LLM chain (lines, parse_json skipping bad lines, a map making tokens, mix, pack, batch, prefetch)
+// on 1, 2 and 3 workers, both pack modes: a traced snapshot holds pack's open and made rows, the partial
+// batches, the workers' queues and the run's hands as keys, none as data, at a fifth of the bytes or less;
+// resumed, it delivers the uninterrupted stream.
+TEST(RestoreKeys, TheLlmChainHoldsKeysAndResumesExactly) {
+  dpipe::testing::TempDir dir;
+  dpipe::testing::write_bytes(dir.file("prose.jsonl"), corpus(700, 0));
+  dpipe::testing::write_bytes(dir.file("code.jsonl"), corpus(300, 100'000));
+  for (const PackMode mode : {PackMode::greedy, PackMode::first_fit}) {
+    const auto p = llm_chain(dir.file("prose.jsonl"), dir.file("code.jsonl"), mode);
+    for (const auto& l : kLayouts) {
+      RunOptions plain = traced(l.workers, l.inline_workers);
+      plain.trace = false;
+      const auto reference = dpipe::testing::collect(p, plain);
+      ASSERT_GT(reference.size(), 100u);
+      std::size_t open_keys = 0;
+      for (std::size_t at : {1, 9, 40}) {
+        Snapshot keyed;
+        RestoreReport report;
+        Snapshot of_data;
+        EXPECT_EQ(resumed_stream(p, traced(l.workers, l.inline_workers), traced(l.workers, l.inline_workers), at,
+                                 nullptr, &report, &keyed),
+                  reference)
+            << "mode " << int(mode) << ", " << l.workers << " workers at " << at;
+        EXPECT_EQ(resumed_stream(p, plain, plain, at, nullptr, nullptr, &of_data), reference);
+        for (const char* kind : {"pack", "batch", "merge", "run"}) EXPECT_EQ(held(keyed, kind, false), 0u) << kind;
+        for (const NodeState& st : keyed.states)
+          for (const Field& f : st.fields)
+            if (st.kind == "pack" && f.name == "open") open_keys += f.elements.size();
+        const std::size_t keys = held(keyed, "pack", true) + held(keyed, "batch", true) + held(keyed, "merge", true) +
+                                 held(keyed, "run", true);
+        EXPECT_GT(keys, 0u);
+        EXPECT_EQ(report.recomputed_elements(), keys);
+        // A row of 64 tokens is 1.5 KiB of columns; its key a few bytes per segment. (The two snapshots
+        // need not hold as many elements: the workers run ahead by the threads' timing.)
+        const double key_entry = bytes_per_entry(keyed), data_entry = bytes_per_entry(of_data);
+        EXPECT_LT(key_entry * 20, data_entry) << key_entry << " bytes a key against " << data_entry << " of data";
+      }
+      EXPECT_GT(open_keys, 0u) << "no snapshot met an open row";
+    }
+  }
+}
+
+// A row's key names its documents and token ranges; a range moved by one token (a planted bug) makes
+// another row, refused; a data file changed under the snapshot (same size, other bytes) is refused with
+// keys, where data would resume silently.
+TEST(RestoreKeys, APackedRowOfAnotherRangeOrChangedDataIsRefused) {
+  dpipe::testing::TempDir dir;
+  dpipe::testing::write_bytes(dir.file("prose.jsonl"), corpus(400, 0));
+  dpipe::testing::write_bytes(dir.file("code.jsonl"), corpus(200, 100'000));
+  const auto p = llm_chain(dir.file("prose.jsonl"), dir.file("code.jsonl"), PackMode::greedy);
+  Engine e;
+  auto run = e.start(p, traced(1, true));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(run.next());
+  const Snapshot s = run.snapshot();
+  Snapshot planted = s;
+  bool moved = false;
+  for (NodeState& st : planted.states)
+    for (Field& f : st.fields)
+      if (!moved && st.kind == "pack" && f.name == "open" && f.elements.size() > 0) {
+        ASSERT_TRUE(f.elements.tag.starts_with("keys:"));
+        ElementBlobs edited;
+        edited.tag = f.elements.tag;
+        for (std::size_t i = 0; i < f.elements.size(); ++i) {
+          std::string entry(f.elements.at(i));
+          ByteReader r(std::string_view(entry).substr(1));
+          std::uint32_t checksum = 0;
+          Provenance key = decode_key(r, checksum);
+          if (!moved && key[0].sliced() && key[0].end - key[0].begin > 1) {
+            ++key[0].begin;  // the segment one token shorter, from one token later
+            ByteWriter w;
+            w.put<char>(kKeyEntry);
+            encode_key(w, key, checksum);
+            entry = w.take();
+            moved = true;
+          }
+          edited.append(entry);
+        }
+        f.elements = edited;
+      }
+  ASSERT_TRUE(moved);
+  expect_throw_with<SnapshotError>([&] { e.resume(p, planted, traced(1, true)); }, "came out different");
+  EXPECT_NO_THROW(e.resume(p, s, traced(1, true)));
+
+  // The same bytes count, another text: every line keeps its byte, its document another token.
+  dpipe::testing::write_bytes(dir.file("prose.jsonl"), corpus(400, 0, 1));
+  dpipe::testing::write_bytes(dir.file("code.jsonl"), corpus(200, 100'000, 1));
+  expect_throw_with<SnapshotError>(
+      [&] { e.resume(p, s, traced(1, true), {.allow_changed_data = true}); }, "came out different");
 }

@@ -56,6 +56,7 @@ class LineShardTable {
     for (const auto& f : files_) {
       const auto size = RegularFile(f, FileRole::data).size();  // a regular file only (FileError)
       sizes_.push_back(size);
+      starts_.push_back(total);
       total += size;
     }
     // Shard s covers global bytes [s·total/S, (s+1)·total/S) of the files laid end to end.
@@ -94,6 +95,17 @@ class LineShardTable {
   const std::vector<std::string>& files() const { return files_; }
   /// File f's size when the table was built.
   std::uint64_t file_size(std::uint32_t f) const { return sizes_[f]; }
+  /// Where file f starts among the files laid end to end (a line's position is its byte there).
+  std::uint64_t file_start(std::uint32_t f) const { return starts_[f]; }
+  /// The file holding byte `global` of the files laid end to end, and the byte's offset in it; nullopt
+  /// past their end.
+  std::optional<std::pair<std::uint32_t, std::uint64_t>> locate(std::uint64_t global) const {
+    const auto it = std::upper_bound(starts_.begin(), starts_.end(), global);
+    if (it == starts_.begin()) return std::nullopt;
+    const auto f = static_cast<std::uint32_t>(it - starts_.begin() - 1);
+    if (global - starts_[f] >= sizes_[f]) return std::nullopt;  // past the end, or in an empty file
+    return std::pair{f, global - starts_[f]};
+  }
   const std::vector<Segment>& shard(std::uint64_t s) const { return shards_[s]; }
   std::uint64_t shards() const { return shards_.size(); }
   std::uint64_t epochs() const { return epochs_; }
@@ -102,7 +114,7 @@ class LineShardTable {
 
  private:
   std::vector<std::string> files_, names_;  // paths, and names under the data root
-  std::vector<std::uint64_t> sizes_;
+  std::vector<std::uint64_t> sizes_, starts_;
   std::uint64_t epochs_;
   bool shuffled_;
   FileIdentity identity_;
@@ -172,6 +184,12 @@ class LineShardIter : public Hooked<Out> {
                            bool& aligned, std::uint64_t seg_end) = 0;
 
   const LineShardTable& table() const { return table_; }
+
+  /// Traced: the element taken next is the line at byte `pos` of file `file`: its provenance is (this
+  /// source, the work item's epoch, the line's byte among the files laid end to end).
+  void trace_line(std::uint32_t file, std::uint64_t pos) {
+    this->trace_source(current_->item / table_.shards(), table_.file_start(file) + pos);
+  }
 
   /// The map of file `file`: the one mapped file, replaced when another is asked for.
   const MappedFile& map(std::uint32_t file) {

@@ -452,7 +452,7 @@ class IterBase {
   /// Traced: the element this source yields next was base element `position` of its `epoch` (by default
   /// the run's epoch the source was built in).
   void trace_source(std::uint64_t epoch, std::uint64_t position) {
-    if (traced_) traces_.push_back(Provenance{SourcePos{node_index_, epoch, position, {}}});
+    if (traced_) traces_.push_back(Provenance{SourcePos{.source = node_index_, .epoch = epoch, .position = position}});
   }
   void trace_source(std::uint64_t position) { trace_source(build_epoch_, position); }
 

@@ -97,19 +97,23 @@ struct ConvertedChunk {
 /// element is bad. Good results go to `out`; a bad element is counted in `state.skipped` (skip) or ends
 /// the chunk with the failure, naming the element's number in `seen` (fail). A chunk of bad elements only
 /// is skipped whole and the input pulled again. The caller raises the failure after the delivered ones.
+/// Traced (`traces` given: the node's), the provenance of each good element is appended to `traces`.
 template <class In, class Convert>
 ConvertedChunk pull_converted(Iter<In>& input, std::vector<In>& scratch, std::vector<Value>& out, std::size_t max,
-                              OnDataError policy, SkipCountState& state, std::uint64_t& seen, Convert&& convert) {
+                              OnDataError policy, SkipCountState& state, std::uint64_t& seen,
+                              std::vector<Provenance>* traces, Convert&& convert) {
   ConvertedChunk c;
   while (c.delivered == 0) {
     scratch.clear();
     if (input.pull(scratch, max) == 0) return c;
-    for (In& element : scratch) {
+    for (std::size_t i = 0; i < scratch.size(); ++i) {
+      In& element = scratch[i];
       ++seen;
       Value v;
       std::string why = convert(element, v);
       if (why.empty()) {
         out.push_back(std::move(v));
+        if (traces) traces->push_back(std::move(input.traces()[i]));
         ++c.delivered;
       } else if (policy == OnDataError::skip) {
         ++state.skipped;

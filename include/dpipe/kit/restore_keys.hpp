@@ -9,6 +9,7 @@
 ///
 /// A keyed list is tagged "keys:" + the element type's tag; each entry is 'k' and a key, or 'v' and the
 /// element's own encoding. A rescale deals its entries as it deals elements (docs/snapshot-format.md).
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,8 +45,14 @@ inline std::uint64_t get_varint(ByteReader& r) {
 }
 
 /// A key's bytes (varints): the base element count, each base element (source index, epoch, position,
-/// offset count, offsets), then the u32 CRC-32C of the element's encoding.
+/// offset count, offsets), then the u32 CRC-32C of the element's encoding. A key with a base element
+/// that starts a group or is a slice (a batch of packed rows; format version 8 on) is written in the
+/// extended form: a 0, the count, and each base element followed by its group starts and a flag, 1
+/// with the slice's begin and length after it, else 0.
 inline void encode_key(ByteWriter& w, const Provenance& p, std::uint32_t checksum) {
+  bool extended = false;
+  for (const SourcePos& s : p) extended = extended || s.starts != 0 || s.sliced();
+  if (extended) put_varint(w, 0);
   put_varint(w, p.size());
   for (const SourcePos& s : p) {
     put_varint(w, s.source);
@@ -53,11 +60,20 @@ inline void encode_key(ByteWriter& w, const Provenance& p, std::uint32_t checksu
     put_varint(w, s.position);
     put_varint(w, s.offsets.size());
     for (std::uint64_t o : s.offsets) put_varint(w, o);
+    if (!extended) continue;
+    put_varint(w, s.starts);
+    put_varint(w, s.sliced() ? 1 : 0);
+    if (s.sliced()) {
+      put_varint(w, s.begin);
+      put_varint(w, s.end - s.begin);
+    }
   }
   w.put<std::uint32_t>(checksum);
 }
 inline Provenance decode_key(ByteReader& r, std::uint32_t& checksum) {
-  const std::uint64_t n = get_varint(r);
+  std::uint64_t n = get_varint(r);
+  const bool extended = n == 0;
+  if (extended) n = get_varint(r);
   if (n == 0 || n > r.remaining() / 4) r.fail("a restore key of " + std::to_string(n) + " base elements");
   Provenance p(static_cast<std::size_t>(n));
   for (SourcePos& s : p) {
@@ -70,6 +86,18 @@ inline Provenance decode_key(ByteReader& r, std::uint32_t& checksum) {
     if (k > r.remaining()) r.fail("a restore key of " + std::to_string(k) + " offsets");
     s.offsets.resize(static_cast<std::size_t>(k));
     for (std::uint64_t& o : s.offsets) o = get_varint(r);
+    if (!extended) continue;
+    const std::uint64_t starts = get_varint(r);
+    if (starts > 64) r.fail("a restore key's base element starts " + std::to_string(starts) + " groups");
+    s.starts = static_cast<std::uint32_t>(starts);
+    const std::uint64_t flag = get_varint(r);
+    if (flag > 1) r.fail("a restore key's base element has slice flag " + std::to_string(flag));
+    if (flag == 1) {
+      s.begin = get_varint(r);
+      const std::uint64_t len = get_varint(r);
+      if (len == 0 || len > ~s.begin) r.fail("a restore key's slice of " + std::to_string(len) + " tokens");
+      s.end = s.begin + len;
+    }
   }
   checksum = r.get<std::uint32_t>();
   return p;
@@ -133,17 +161,19 @@ struct KeysOut {
   }
 };
 
-/// Restoring: a keyed list's elements made again by `from`, or a list of data as before keys.
+/// Restoring: a keyed list's elements made again by `from` (or by `make`, for elements a node holds
+/// that are not its output: pack's open rows), or a list of data as before keys.
 template <class T>
 struct KeysIn {
   const Iter<T>* from = nullptr;
+  std::function<T(const Provenance&)> make{};  // when set, instead of from->recompute
   std::vector<T> values{};
   std::vector<Provenance> keys{};  // beside values: a key's provenance, unknown for data
   std::uint64_t recomputed = 0;
 
   T recompute(const Provenance& p, const StateReader& r) const {
     try {
-      return from->recompute(p);
+      return make ? make(p) : from->recompute(p);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -176,7 +206,7 @@ struct KeysIn {
       std::uint32_t checksum = 0;
       Provenance p = decode_key(entry, checksum);
       if (!entry.done()) r.fail("entry " + std::to_string(i) + " of a keyed list has bytes after its key");
-      if (!from || !from->recomputable())
+      if (!make && (!from || !from->recomputable()))
         r.fail("the snapshot holds restore keys where this pipeline's chain cannot make the elements again");
       T x = recompute(p, r);
       if (element_checksum(x, again) != checksum)

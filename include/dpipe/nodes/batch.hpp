@@ -115,21 +115,34 @@ class BatchIter final : public Hooked<std::vector<T>> {
   }
   std::vector<IterBase*> inputs() const override { return {input_.get()}; }
   bool carries_provenance() const override { return true; }
-  /// A batch is made again from its elements' keys: its provenance is theirs, one base element each.
-  bool recomputable() const override { return input_->one_base() && input_->recomputable(); }
+  /// A batch is made again from its elements' keys: its provenance is theirs, one base element each, or
+  /// (elements of several base elements: packed rows, batches) grouped, each element's start marked.
+  bool recomputable() const override { return input_->recomputable(); }
   std::vector<T> recompute(const Provenance& p) const override {
     std::vector<T> out;
-    out.reserve(p.size());
-    for (const SourcePos& s : p) out.push_back(input_->recompute(Provenance{s}));
+    if (input_->one_base()) {
+      out.reserve(p.size());
+      for (const SourcePos& s : p) out.push_back(input_->recompute(Provenance{s}));
+      return out;
+    }
+    const std::optional<std::vector<Provenance>> elements = split_groups(p);
+    if (!elements) throw SnapshotError(this->label() + ": a restore key names no batch of this node (" + to_string(p) + ")");
+    out.reserve(elements->size());
+    for (const Provenance& e : *elements) out.push_back(input_->recompute(e));
     return out;
   }
 
  private:
-  /// Traced: the batch of the first `count` partial elements has their provenances, concatenated.
+  /// Traced: the batch of the first `count` partial elements has their provenances, concatenated (and
+  /// grouped when an element may have several base elements).
   void trace_batch(std::size_t count) {
     Provenance p;
-    for (std::size_t i = 0; i < count; ++i)
-      p.insert(p.end(), std::make_move_iterator(partial_traces_[i].begin()), std::make_move_iterator(partial_traces_[i].end()));
+    if (input_->one_base()) {
+      for (std::size_t i = 0; i < count; ++i)
+        p.insert(p.end(), std::make_move_iterator(partial_traces_[i].begin()), std::make_move_iterator(partial_traces_[i].end()));
+    } else {
+      p = grouped(partial_traces_, count);
+    }
     partial_traces_.erase(partial_traces_.begin(), partial_traces_.begin() + std::ptrdiff_t(count));
     this->traces().push_back(std::move(p));
   }
@@ -158,7 +171,7 @@ struct BatchKind {
   static constexpr std::string_view doc =
       "Groups consecutive elements into batches of `size`; the last, shorter batch is kept unless `drop_last`.";
   /// Provenance (docs/design.md, "Provenance"; a kind without this line does not carry it).
-  static constexpr std::string_view provenance = "concatenates its elements'; a batch is made again from them when each has one base element";
+  static constexpr std::string_view provenance = "concatenates its elements' (marking where each starts when they have several base elements); a batch is made again from them";
   static constexpr ParamSchema params[] = {
       {.name = "size", .type = ParamType::integer, .doc = "elements per batch (positive)", .positional = true,
        .torch = "batch_size"},

@@ -77,11 +77,51 @@ class LinesIter final : public detail::LineShardIter<std::string> {
       const std::uint64_t end = nl ? static_cast<std::uint64_t>(nl - data) : size;
       const std::uint64_t len = end - p - (end > p && data[end - 1] == '\r' ? 1 : 0);
       out.emplace_back(data + p, len);
+      if (this->traced()) this->trace_line(file, p);
       p = nl ? end + 1 : size;
     }
     pos = p;
     return got;
   }
+
+ public:
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
+  bool one_base() const override { return true; }
+  bool recomputable() const override { return true; }
+  /// The line that starts at the key's byte, read again (from a map of its own: a restore reads keys of
+  /// any file, the pull goes through one file at a time).
+  std::string recompute(const Provenance& p) const override {
+    const auto refuse = [&](const std::string& why) -> std::string {
+      throw SnapshotError(this->label() + ": a restore key names no line of its files (" + to_string(p) + "): " + why);
+    };
+    if (p.size() != 1 || p[0].source != this->node_index() || !p[0].offsets.empty() || p[0].sliced())
+      return refuse("not a key of this source");
+    const auto at = table().locate(p[0].position);
+    if (!at) return refuse("past the end of the files");
+    const auto [file, pos] = *at;
+    if (!recompute_map_ || recompute_file_ != file) {
+      recompute_map_.reset();
+      recompute_map_ = std::make_unique<detail::MappedFile>(table().files()[file]);
+      recompute_file_ = file;
+    }
+    const detail::MappedFile& m = *recompute_map_;
+    const std::uint64_t size = std::min<std::uint64_t>(m.size(), table().file_size(file));
+    if (pos >= size) return refuse("past the end of its file, which shrank");
+    const detail::MappedReadGuard guard(m);
+    const char* const data = m.data();
+    if (pos > 0 && data[pos - 1] != '\n') return refuse("not the start of a line");
+    const auto* nl = static_cast<const char*>(std::memchr(data + pos, '\n', size - pos));
+    guard.check();
+    const std::uint64_t end = nl ? static_cast<std::uint64_t>(nl - data) : size;
+    std::string line(data + pos, end - pos - (end > pos && data[end - 1] == '\r' ? 1 : 0));
+    guard.check();
+    return line;
+  }
+
+ private:
+  mutable std::unique_ptr<detail::MappedFile> recompute_map_;
+  mutable std::uint32_t recompute_file_ = 0;
 };
 
 inline std::unique_ptr<Iter<std::string>> LinesDef::instantiate(BuildContext& ctx) const {
@@ -96,6 +136,8 @@ struct LinesKind {
   static constexpr std::string_view name = "lines";
   static constexpr std::string_view doc =
       "The lines of text files, one element per line, read through logical shards dealt to the instances.";
+  static constexpr std::string_view provenance =
+      "a line's position is its first byte among the files laid end to end, its epoch the pass; read again there";
   static constexpr ParamSchema params[] = {
       {.name = "files", .type = ParamType::texts, .doc = "the text files, in order", .positional = true, .fingerprint = "file*"},
       {.name = "logical_shards", .type = ParamType::integer, .doc = "how many pieces the files are cut into, whatever the layout", .fallback = "64"},

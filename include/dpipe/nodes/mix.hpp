@@ -13,6 +13,7 @@
 /// are all live again on the new instances (an ended input ends again at once), and each new instance
 /// gets a generator of its own, derived from the old ones. Refused when instances are on different
 /// passes of an input (stop = never), whose states then belong to different epochs.
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -106,6 +107,7 @@ class MixIter final : public Hooked<T> {
         u -= w[i];
       }
       if (inputs_[pick]->pull(out, 1) == 1) {
+        this->pass_traces(*inputs_[pick]);
         st_.yielded[pick] = 1;
         ++n;
         continue;
@@ -135,8 +137,29 @@ class MixIter final : public Hooked<T> {
       if (st_.passes[i] > 0) rebuild(i);  // the engine then restores it
   }
   std::vector<IterBase*> inputs() const override { return bases_of(inputs_); }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
+  bool one_base() const override {
+    return std::all_of(inputs_.begin(), inputs_.end(), [](const auto& in) { return in->one_base(); });
+  }
+  bool recomputable() const override {
+    return std::all_of(inputs_.begin(), inputs_.end(), [](const auto& in) { return in->recomputable(); });
+  }
+  /// The element comes from the input whose sources its first base element names.
+  T recompute(const Provenance& p) const override {
+    if (!p.empty())
+      for (std::size_t i = 0; i < inputs_.size(); ++i)
+        if (holds_source(*inputs_[i], p[0].source)) return inputs_[i]->recompute(p);
+    throw SnapshotError(this->label() + ": a restore key names no element of its inputs (" + to_string(p) + ")");
+  }
 
  private:
+  static bool holds_source(const IterBase& node, std::uint32_t source) {
+    if (node.node_index() == source) return true;
+    for (const IterBase* in : node.inputs())
+      if (holds_source(*in, source)) return true;
+    return false;
+  }
   void rebuild(std::size_t i) {
     BuildContext c = contexts_[i];
     c.epoch = cycle_epoch(epoch_, st_.passes[i]);
@@ -170,6 +193,7 @@ struct MixKind {
   static constexpr std::string_view name = "mix";
   static constexpr std::string_view doc =
       "A weighted, deterministic interleave of several pipelines (a source; stop at the first or last exhausted, or never).";
+  static constexpr std::string_view provenance = "passes on the provenance of each element from its input; makes it again through that input";
   static constexpr ParamSchema params[] = {
       {.name = "weights", .type = ParamType::numbers, .doc = "one weight per input, not negative, not all 0 (absent: equal); a resume may change them with the override 'weights'", .fallback = "null", .overridable = true},
       {.name = "stop", .type = ParamType::choice, .doc = "end when a drawn input ends, when all have ended, or never (inputs restart as new epochs)",

@@ -94,6 +94,7 @@ class ParseJsonIter final : public UnaryIter<In, Value> {
       delivered = pull_from_blocks(out, max, failure);
     } else {
       ConvertedChunk c = pull_converted(this->input(), pending_, out, max, on_error_, st_, seen_,
+                                        this->traced() ? &this->traces() : nullptr,
                                         [&](const std::string& line, Value& v) { return parser_.parse(line, v); });
       delivered = c.delivered;
       failure = std::move(c.failure);
@@ -126,6 +127,20 @@ class ParseJsonIter final : public UnaryIter<In, Value> {
     }
   }
   std::uint64_t skipped_elements() const override { return st_.skipped; }
+  /// Provenance: a line's record has the line's; carried for lines only (blocks hold many lines each).
+  bool carries_provenance() const override { return !kBlocks; }
+  bool one_base() const override { return this->input().one_base(); }
+  bool recomputable() const override { return !kBlocks && this->input().recomputable(); }
+  Value recompute(const Provenance& p) const override {
+    if constexpr (kBlocks) {
+      return Iter<Value>::recompute(p);
+    } else {
+      Value v;
+      if (std::string why = parser_.parse(this->input().recompute(p), v); !why.empty())
+        throw SnapshotError(this->label() + ": the line of restore key " + to_string(p) + " no longer parses: " + why);
+      return v;
+    }
+  }
 
  private:
   /// Up to `max` records from the lines of the current block, then of the blocks after it (pulled one at
@@ -165,7 +180,7 @@ class ParseJsonIter final : public UnaryIter<In, Value> {
     return n;
   }
 
-  detail::JsonLineParser parser_;
+  mutable detail::JsonLineParser parser_;  // recompute's too: a restore never runs beside a pull
   OnDataError on_error_;
   SkipCountState st_;
   std::uint64_t seen_ = 0;   // lines this iterator read since it was built (for messages)
@@ -184,6 +199,7 @@ struct ParseJsonKind {
   static constexpr std::string_view name = "parse_json";
   static constexpr std::string_view doc =
       "Parses lines of JSON objects into records of the named fields, each converted to its type.";
+  static constexpr std::string_view provenance = "a record has its line's (after lines; not after line_blocks); parses the line again";
   static constexpr ParamSchema params[] = {
       {.name = "fields", .type = ParamType::fields,
        .doc = "field name → type: int64, float32, float64, bool, string, bytes, int64[], float32[] (a trailing ? "

@@ -69,11 +69,10 @@ class TokenizeIter final : public UnaryIter<In, Value> {
 
  protected:
   std::size_t pull_chunk(std::vector<Value>& out, std::size_t max) override {
-    const ConvertedChunk c = pull_converted(this->input(), in_, out, max, o_.on_error, st_, seen_, [&](In& element, Value& v) {
-      std::string why = encode(element);
-      if (why.empty()) v = std::move(result_);
-      return why;
-    });
+    const ConvertedChunk c = pull_converted(this->input(), in_, out, max, o_.on_error, st_, seen_,
+                                            this->traced() ? &this->traces() : nullptr, [&](In& element, Value& v) {
+                                              return encode(element, v, ids_, tokens_);
+                                            });
     if (c.failure.empty()) return c.delivered;
     try {
       throw std::runtime_error(c.failure);
@@ -84,28 +83,41 @@ class TokenizeIter final : public UnaryIter<In, Value> {
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override { r.read(st_); }
   std::uint64_t skipped_elements() const override { return st_.skipped; }
+  bool carries_provenance() const override { return true; }
+  bool one_base() const override { return this->input().one_base(); }
+  bool recomputable() const override { return this->input().recomputable(); }
+  /// The same model encodes the same text the same way (its bytes are in the fingerprint).
+  Value recompute(const Provenance& p) const override {
+    In element = this->input().recompute(p);
+    Value v;
+    std::vector<int> ids;
+    std::vector<std::int64_t> tokens;
+    if (std::string why = encode(element, v, ids, tokens); !why.empty())
+      throw SnapshotError(this->label() + ": the element of restore key " + to_string(p) + " no longer tokenizes: " + why);
+    return v;
+  }
 
  private:
-  // Encodes one element into result_; "" or why it is bad.
-  std::string encode(In& element) {
+  // Encodes one element into `result` (`ids`, `tokens`: scratch); "" or why it is bad.
+  std::string encode(In& element, Value& result, std::vector<int>& ids, std::vector<std::int64_t>& tokens) const {
     std::string_view text;
     if constexpr (std::is_same_v<In, std::string>) {
       text = element;
-      result_ = make_record(1);
+      result = make_record(1);
     } else {
       const Value* f = find_field(element, o_.field);
       if (!f) return is_record(element) ? "it has no field '" + o_.field + "'" : "it is not a record";
       if (f->kind != Value::Kind::string && f->kind != Value::Kind::bytes)
         return "field '" + o_.field + "' is not a string";
       text = std::get<std::string>(f->data);
-      result_ = std::move(element);  // the text is read before the record is written below
+      result = std::move(element);  // the text is read before the record is written below
     }
-    ids_.clear();
-    if (o_.bos) ids_.push_back(o_.loaded->bos_id());
-    if (std::string why = o_.loaded->encode(text, ids_); !why.empty()) return why;
-    if (o_.eos) ids_.push_back(o_.loaded->eos_id());
-    tokens_.assign(ids_.begin(), ids_.end());
-    set_field(result_, o_.into, int64_array(tokens_));
+    ids.clear();
+    if (o_.bos) ids.push_back(o_.loaded->bos_id());
+    if (std::string why = o_.loaded->encode(text, ids); !why.empty()) return why;
+    if (o_.eos) ids.push_back(o_.loaded->eos_id());
+    tokens.assign(ids.begin(), ids.end());
+    set_field(result, o_.into, int64_array(tokens));
     return {};
   }
 
@@ -113,7 +125,6 @@ class TokenizeIter final : public UnaryIter<In, Value> {
   SkipCountState st_;
   std::uint64_t seen_ = 0;
   std::vector<In> in_;
-  Value result_;
   std::vector<int> ids_;
   std::vector<std::int64_t> tokens_;
 };
@@ -133,6 +144,7 @@ struct TokenizeKind {
   static constexpr LengthFn length = &same_length_unless_skipping;
   static constexpr std::string_view doc =
       "Tokenizes a text field with a SentencePiece model into an int64 array field (BOS/EOS optional).";
+  static constexpr std::string_view provenance = "passes its input's on; tokenizes again with the same model";
   static constexpr ParamSchema params[] = {
       {.name = "model", .type = ParamType::text, .doc = "the SentencePiece model file (its bytes are fingerprinted, not its path)",
        .positional = true},
