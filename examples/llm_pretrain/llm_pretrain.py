@@ -138,7 +138,7 @@ def torchrun_phase(phase, work):
     torch.manual_seed(rank)
     model = TinyCausalLM()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    loader = dpipe.Loader(pipeline(work), workers=2, seed=7)  # the layout from torch.distributed
+    loader = dpipe.Loader(pipeline(work), workers=2, seed=7, restore_keys=True)  # the layout from torch.distributed
     seen, losses = [], []
     if phase == "save":
         it = iter(loader)
@@ -194,7 +194,8 @@ def main():
     # Two ranks × two workers: 3 batches each (a training step on each), then a checkpoint.
     states, losses = [], []
     for rank in range(2):
-        loader = dpipe.Loader(p, rank=rank, world_size=2, workers=2, seed=7)
+        # restore_keys: the state holds the packed rows in flight as the positions they were made from
+        loader = dpipe.Loader(p, rank=rank, world_size=2, workers=2, seed=7, restore_keys=True)
         it = iter(loader)
         for _ in range(3):
             batch = next(it)
@@ -202,7 +203,8 @@ def main():
             losses.append(train_step(model, opt, batch))
         states.append(pickle.loads(pickle.dumps(loader.state_dict())))  # as torch.save would keep it
     print(f"2 ranks x 2 workers: 6 batches, causal LM loss {losses[0]:.2f} -> {losses[-1]:.2f}; "
-          f"state dicts of {len(states[0]['dpipe_snapshot']) / 1024:.0f} KiB per rank")
+          f"state dicts of {len(states[0]['dpipe_snapshot']) / 1024:.0f} KiB per rank (restore keys)")
+    assert all(len(s["dpipe_snapshot"]) <= 64 * 1024 for s in states), [len(s["dpipe_snapshot"]) for s in states]
 
     # The job dies; three ranks resume the rescaled states and run to the end of the epoch.
     batches = 0

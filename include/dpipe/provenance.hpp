@@ -99,20 +99,28 @@ inline Provenance at_offset(Provenance p, std::uint64_t j) {
   return p;
 }
 
-/// A batch of elements of several base elements each: the provenances of `elements`, concatenated, the
-/// first base element of each marked as the start of a group (SourcePos::starts).
-inline Provenance grouped(std::vector<Provenance>& elements, std::size_t count) {
+/// The provenance of a batch of the first `count` of `elements` (batch, padded_batch; moved from): theirs,
+/// concatenated. When an element may have several base elements (`one_base` false: packed rows,
+/// batches), the first base element of each is marked as the start of a group (SourcePos::starts), so
+/// that batch_elements can split it again.
+inline Provenance batch_provenance(std::vector<Provenance>& elements, std::size_t count, bool one_base) {
   Provenance out;
   for (std::size_t i = 0; i < count; ++i) {
     Provenance& p = elements[i];
-    if (!p.empty() && is_known(p)) ++p.front().starts;
+    if (!one_base && !p.empty() && is_known(p)) ++p.front().starts;
     out.insert(out.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
   }
   return out;
 }
 
-/// The elements' provenances of a batch `grouped` made, or nullopt when `p` is not of that form.
-inline std::optional<std::vector<Provenance>> split_groups(const Provenance& p) {
+/// The elements' provenances of a batch of provenance `p` (batch_provenance's inverse), or nullopt when
+/// `p` is not of that form.
+inline std::optional<std::vector<Provenance>> batch_elements(const Provenance& p, bool one_base) {
+  if (one_base) {
+    std::vector<Provenance> out;
+    for (const SourcePos& s : p) out.push_back(Provenance{s});
+    return out;
+  }
   if (p.empty() || p[0].starts == 0) return std::nullopt;
   const std::uint32_t mark = p[0].starts;
   std::vector<Provenance> out;

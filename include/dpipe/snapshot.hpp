@@ -168,8 +168,9 @@ class Snapshot {
   /// subgraph (KeyScheme::stable), bytes laid out as in 3. 5: replay records carry their digest steps
   /// (replay_steps_for). 6: a node calling a Python callable saves `input_taken` after its own fields
   /// (kInputTakenField). 7: element lists may hold restore keys (kit/restore_keys.hpp: tag "keys:…").
-  /// Files of versions 1 to 6 stay readable.
-  static constexpr std::uint32_t kFormatVersion = 7;
+  /// 8: a restore key may be extended (group starts, token slices: a batch of packed rows). Files of
+  /// versions 1 to 7 stay readable.
+  static constexpr std::uint32_t kFormatVersion = 8;
 
   SnapshotMeta meta;
   std::vector<NodeState> states;

@@ -436,7 +436,7 @@ def _():
     for rank, step in ((0, 1200), (1, 1300)):
         dpipe("run", spec, "--rank", rank, "--world-size", 2, "--take", 3, "--snapshot-dir", d, "--step", step)
     shown = json.loads(dpipe("snapshot", "show", rank_file(d, 1, 2)).stdout)
-    assert shown["step"] == 1300 and shown["format_version"] == 7 and shown["id"] != "0" * 16, shown
+    assert shown["step"] == 1300 and shown["format_version"] == 8 and shown["id"] != "0" * 16, shown
     # The names say the steps: refused from the directory listing, naming ranks and steps.
     r = dpipe("run", spec, "--rank", 0, "--world-size", 2, "--resume-dir", d, check=False)
     assert r.returncode == 1 and "step 1200 on rank 0; step 1300 on rank 1" in r.stderr, r.stderr
@@ -683,7 +683,7 @@ def _():
     assert batch["rescales"] is True and batch["state"] == ["partial", "input_done"]
     assert by_op["take"]["rescales"] is False and "cannot be dealt" in by_op["take"]["rescale_refusal"]
     # A kind says whether it carries provenance and makes its elements again from restore keys.
-    assert "restore keys" in by_op["shuffle"]["provenance"] and "provenance" not in by_op["zip"], by_op["zip"]
+    assert "restore keys" in by_op["shuffle"]["provenance"] and "provenance" not in by_op["enumerate"], by_op["enumerate"]
     text = dpipe("ops", "shuffle").stdout
     assert text.startswith("shuffle: ") and "buffer" in text and "rescales: yes" in text and "state: buffer, rng, input_done" in text, text
     r = dpipe("ops", "nope", check=False)

@@ -13,7 +13,7 @@ MAGIC = b"DPIPESNP"
 HEADER_BYTES = 32
 SECTION_ENTRY_BYTES = 24
 MAX_SECTIONS = 64
-KNOWN_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+KNOWN_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 SECTION_META, SECTION_STATES, SECTION_NODE_DETAILS, SECTION_IDENTITY, SECTION_STATE_INDEX = 1, 2, 3, 4, 5
 INLINE_LIST_BYTES = 256  # a list whose lengths and bytes take more is stored apart in the state index
 STATE_MODES = {1: "hook", 2: "stateless", 3: "replay"}
@@ -698,12 +698,29 @@ def varint(c):
 
 def decode_key(c):
     """A restore key (version 7 on), in varints: its base elements (source index, epoch, position,
-    offsets), then the u32 CRC-32C of the element's bytes."""
+    offsets), then the u32 CRC-32C of the element's bytes. Version 8 on, a key that starts with 0 is
+    extended: after the count, each base element adds its group starts and a slice flag, 1 followed by
+    the slice's begin and length."""
+    n = varint(c)
+    extended = n == 0
+    if extended:
+        n = varint(c)
     bases = []
-    for _ in range(varint(c)):
+    for _ in range(n):
         source, epoch, position = varint(c), varint(c), varint(c)
         offsets = [varint(c) for _ in range(varint(c))]
-        bases.append({"source": source, "epoch": epoch, "position": position, "offsets": offsets})
+        base = {"source": source, "epoch": epoch, "position": position, "offsets": offsets}
+        if extended:
+            base["starts"] = varint(c)
+            flag = varint(c)
+            if flag not in (0, 1):
+                raise FormatError(f"a restore key's slice flag is {flag}")
+            if flag:
+                begin, length = varint(c), varint(c)
+                if length == 0:
+                    raise FormatError("a restore key's slice of no token")
+                base["tokens"] = [begin, begin + length]
+        bases.append(base)
     if not bases:
         raise FormatError("a restore key of no base element")
     return {"key": bases, "checksum": c.u32()}
@@ -733,7 +750,7 @@ def decode_element(tag, blob):
 
 def key_as_shown(entry, graph_keys):
     """A keyed list's entry as `dpipe snapshot show` writes it: {"key": [[SOURCE, POSITION(, {"epoch",
-    "offsets"})], ...], "crc32c": N} with SOURCE the graph key of the source's index, or {"data": value}."""
+    "offsets", "tokens"})], ...], "crc32c": N} with SOURCE the graph key of the source's index, or {"data": value}."""
     if "data" in entry:
         return entry
     sources = []
@@ -744,6 +761,8 @@ def key_as_shown(entry, graph_keys):
             extra["epoch"] = b["epoch"]
         if b["offsets"]:
             extra["offsets"] = b["offsets"]
+        if "tokens" in b:
+            extra["tokens"] = b["tokens"]
         sources.append(pair + [extra] if extra else pair)
     return {"key": sources, "crc32c": entry["checksum"]}
 

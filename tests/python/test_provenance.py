@@ -51,7 +51,7 @@ def test_provenance_is_asked_for():
     next(iter(loader))
     with pytest.raises(dpipe.ConfigError, match="provenance=True"):
         loader.provenance()
-    traced = dpipe.Loader(dpipe.range(0, 3) | dpipe.zip(dpipe.range(0, 3)), provenance=True)
+    traced = dpipe.Loader(dpipe.range(0, 3) | dpipe.enumerate(), provenance=True)
     with pytest.raises(Exception, match="does not carry provenance yet"):
         list(traced)
 

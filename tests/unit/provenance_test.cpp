@@ -162,7 +162,7 @@ TEST(Provenance, TracingDoesNotChangeTheStream) {
 // A kind that does not carry provenance yet is refused by name, not run with provenance missing.
 TEST(Provenance, AKindWithoutProvenanceIsRefused) {
   Engine e;
-  auto run = e.start(zip(range(0, 10), range(0, 10)), traced(1, true));
+  auto run = e.start(range(0, 10) | enumerate(), traced(1, true));
   expect_throw_with<ConfigError>([&] { run.next(); }, "does not carry provenance yet");
 }
 
@@ -683,4 +683,51 @@ TEST(RestoreKeys, APackedRowOfAnotherRangeOrChangedDataIsRefused) {
   dpipe::testing::write_bytes(dir.file("code.jsonl"), corpus(200, 100'000, 1));
   expect_throw_with<SnapshotError>(
       [&] { e.resume(p, s, traced(1, true), {.allow_changed_data = true}); }, "came out different");
+}
+
+namespace {
+/// A stream resumed from a traced snapshot at each of `ats` on each layout equals the uninterrupted one;
+/// returns how many keys the records of `kind` held over all the snapshots (none of them data).
+template <class T>
+std::size_t keys_resume_alike(const Pipeline<T>& p, const std::string& kind, std::initializer_list<std::size_t> ats) {
+  std::size_t keys = 0;
+  for (const auto& l : kLayouts) {
+    RunOptions plain = traced(l.workers, l.inline_workers);
+    plain.trace = false;
+    const auto reference = dpipe::testing::collect(p, plain);
+    for (std::size_t at : ats) {
+      Snapshot keyed;
+      EXPECT_EQ(resumed_stream(p, traced(l.workers, l.inline_workers), traced(l.workers, l.inline_workers), at, nullptr,
+                               nullptr, &keyed),
+                reference)
+          << kind << ", " << l.workers << " workers at " << at;
+      EXPECT_EQ(held(keyed, kind, false), 0u) << kind;
+      keys += held(keyed, kind, true);
+    }
+  }
+  return keys;
+}
+}  // namespace
+
+// zip (a row's groups are its inputs' elements), and the queues of fork, demux and unzip (an output read
+// behind the others holds what the node routed to it), met non-empty: saved as keys, resumed exactly.
+TEST(RestoreKeys, ZipForkDemuxAndUnzipHoldKeys) {
+  const auto rows = range(0, 3000) | sampler() | map(kRow);
+  // A shuffle of zipped rows: its buffer's keys are zip rows of two groups.
+  EXPECT_GT(keys_resume_alike(zip(rows, range(0, 3000) | map([](I64 x) { return x * 2; })) | shuffle({.buffer = 16}),
+                              "shuffle", {1, 40, 300}),
+            0u);
+  {  // fork: output b read 5 ahead of a, so a's queue holds 5 elements after every pull
+    auto [a, b] = rows | fork<2>({.buffer = 2000});
+    EXPECT_GT(keys_resume_alike(zip(a, b | skip(5)), "fork", {1, 40, 300}), 0u);
+  }
+  {  // demux: even rows to output 0, odd to 1; zip reads output 0 first, so output 1 holds rows
+    auto [even, odd] = rows | demux<2>([](const Row& r) { return (r[0] - 1) / 3 % 2; }, {.buffer = 2000});
+    EXPECT_GT(keys_resume_alike(zip(even | skip(3), odd), "demux", {1, 40, 300}), 0u);
+  }
+  {  // unzip: value j of a row has the row's provenance at offset j
+    const auto pairs = zip_all(std::vector{rows, range(0, 3000) | map([](I64 x) { return Row(3, -x); })});
+    const auto columns = pairs | unzip({.count = 2, .buffer = 2000});
+    EXPECT_GT(keys_resume_alike(zip(columns[0], columns[1] | skip(4)), "unzip", {1, 40, 300}), 0u);
+  }
 }

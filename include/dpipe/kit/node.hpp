@@ -563,12 +563,14 @@ class Iter : public IterBase {
 
 /// Pulls from `in` until `out` has grown by `n` or the input ended; returns how many were added.
 template <class T>
-std::size_t pull_exact(Iter<T>& in, std::vector<T>& out, std::size_t n) {
+std::size_t pull_exact(Iter<T>& in, std::vector<T>& out, std::size_t n, std::vector<Provenance>* traces = nullptr) {
   std::size_t got = 0;
   while (got < n) {
     const std::size_t k = in.pull(out, n - got);
     if (k == 0) break;
     got += k;
+    if (traces)  // traced: the elements' provenances, beside them
+      traces->insert(traces->end(), std::make_move_iterator(in.traces().begin()), std::make_move_iterator(in.traces().end()));
   }
   return got;
 }

@@ -9,8 +9,12 @@
 ///   std::size_t held(const Queues& queues, std::size_t output) const;
 ///       what the buffer bounds while `output` (whose queue is empty) asks for more: more than `buffer`
 ///       fails the run (torch's BufferError)
-///   void route(std::vector<In>& chunk, Queues& queues);  // puts each element (or its parts) in the queues
+///   void route(std::vector<In>& chunk, Queues& queues, std::vector<Provenance>* traces, TraceQueues* out);
+///       puts each element (or its parts) in the queues; traced (`traces` and `out` given), each
+///       element's provenance (or its parts') in the same place of `out`
 ///   std::string overflow(const Queues&, std::size_t output, std::size_t buffer) const;  // the failure
+///   Out remake(const Iter<In>& input, const Provenance& p) const;
+///       restore keys: the element of provenance `p` an output holds, made again through the input
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -21,6 +25,7 @@
 #include "dpipe/detail/fifo.hpp"
 #include "dpipe/detail/run_shared.hpp"
 #include "dpipe/kit/call_count.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 #include "dpipe/pipeline.hpp"
 
 namespace dpipe {
@@ -43,6 +48,8 @@ struct SplitState {
 
 template <class T>
 using SplitQueues = std::vector<detail::Fifo<T>>;
+/// Traced: the provenances of the elements of SplitQueues, queue for queue.
+using TraceQueues = std::vector<detail::Fifo<Provenance>>;
 
 namespace detail {
 
@@ -51,7 +58,12 @@ template <class T>
 class SplitOutputs {
  public:
   virtual ~SplitOutputs() = default;
-  virtual std::size_t pull_output(std::size_t output, std::vector<T>& out, std::size_t max) = 0;
+  /// Traced, the elements' provenances go to `traces`.
+  virtual std::size_t pull_output(std::size_t output, std::vector<T>& out, std::size_t max,
+                                  std::vector<Provenance>* traces) = 0;
+  virtual bool recomputable() const = 0;
+  virtual bool one_base() const = 0;
+  virtual T remake(const Provenance& p) const = 0;
 };
 
 /// The RunShared slot of a node's core on one worker (the prefix and the suffix build as worker 0).
@@ -62,12 +74,28 @@ inline std::string split_slot(const NodeDefBase* def, int worker) {
 template <class In, class Out, class Route>
 class SplitCore final : public SplitOutputs<Out> {
  public:
-  SplitCore(std::unique_ptr<Iter<In>> input, std::size_t outputs, std::size_t buffer, Route route)
-      : input_(std::move(input)), queues_(outputs), buffer_(buffer), route_(std::move(route)) {}
+  SplitCore(std::unique_ptr<Iter<In>> input, std::size_t outputs, std::size_t buffer, Route route, bool traced)
+      : input_(std::move(input)), queues_(outputs), trace_queues_(traced ? outputs : 0), buffer_(buffer),
+        route_(std::move(route)) {}
 
   /// Between 1 and `max` elements of `output`; 0 once the input ended and its queue is empty. Pulls the
   /// input while the queue is empty, routing what comes to every output's queue.
-  std::size_t pull_output(std::size_t output, std::vector<Out>& out, std::size_t max) override {
+  std::size_t pull_output(std::size_t output, std::vector<Out>& out, std::size_t max,
+                          std::vector<Provenance>* traces) override {
+    const std::size_t n = pull_queue(output, out, max);
+    if (traced()) {
+      std::vector<Provenance> ignored;
+      trace_queues_[output].take_into(traces ? *traces : ignored, n);
+    }
+    return n;
+  }
+  bool recomputable() const override { return input_->recomputable(); }
+  bool one_base() const override { return input_->one_base(); }
+  Out remake(const Provenance& p) const override { return route_.remake(*input_, p); }
+  bool traced() const { return !trace_queues_.empty(); }
+
+ private:
+  std::size_t pull_queue(std::size_t output, std::vector<Out>& out, std::size_t max) {
     auto& q = queues_[output];
     while (q.empty()) {
       if (input_done_) return 0;
@@ -80,13 +108,15 @@ class SplitCore final : public SplitOutputs<Out> {
         input_done_ = true;
         continue;
       }
-      route_.route(scratch_, queues_);
+      if (traced()) route_.route(scratch_, queues_, &input_->traces(), &trace_queues_);
+      else route_.route(scratch_, queues_, nullptr, nullptr);
       scratch_.clear();
       if (route_.held(queues_, output) > buffer_) throw ConfigError(route_.overflow(queues_, output, buffer_));
     }
     return q.take_into(out, max);
   }
 
+ public:
   Iter<In>& input() const { return *input_; }
   Route& route() { return route_; }
   const Route& route() const { return route_; }
@@ -100,7 +130,14 @@ class SplitCore final : public SplitOutputs<Out> {
     }
     return st;
   }
-  void restore(SplitState<std::vector<Out>>&& st, StateReader& r) {
+  /// Traced: the provenances of state()'s `held`, beside them.
+  std::vector<Provenance> held_traces() const {
+    std::vector<Provenance> out;
+    for (const auto& q : trace_queues_) out.insert(out.end(), q.begin(), q.end());
+    return out;
+  }
+  /// Restores the queues; traced, their provenances from `traces` (beside `held`: a key's, unknown for data).
+  void restore(SplitState<std::vector<Out>>&& st, StateReader& r, std::vector<Provenance> traces = {}) {
     if (st.counts.size() != queues_.size())
       r.fail("it holds elements for " + std::to_string(st.counts.size()) + " outputs, the node has " +
              std::to_string(queues_.size()));
@@ -112,10 +149,16 @@ class SplitCore final : public SplitOutputs<Out> {
     if (total != st.held.size())
       r.fail("its counts add up to " + std::to_string(total) + ", it holds " + std::to_string(st.held.size()) + " elements");
     auto it = st.held.begin();
+    traces.resize(st.held.size(), unknown_provenance());
+    auto trace = traces.begin();
     for (std::size_t j = 0; j < queues_.size(); ++j) {
       const auto end = it + static_cast<std::ptrdiff_t>(st.counts[j]);
       queues_[j].assign(std::vector<Out>(std::make_move_iterator(it), std::make_move_iterator(end)));
+      const auto trace_end = trace + static_cast<std::ptrdiff_t>(st.counts[j]);
+      if (traced())
+        trace_queues_[j].assign(std::vector<Provenance>(std::make_move_iterator(trace), std::make_move_iterator(trace_end)));
       it = end;
+      trace = trace_end;
     }
     input_done_ = st.input_done;
   }
@@ -123,6 +166,7 @@ class SplitCore final : public SplitOutputs<Out> {
  private:
   std::unique_ptr<Iter<In>> input_;
   SplitQueues<Out> queues_;
+  TraceQueues trace_queues_;  // traced: beside queues_ (else none)
   std::size_t buffer_;
   Route route_;
   bool input_done_ = false;
@@ -145,7 +189,7 @@ class SplitIter final : public Hooked<Out> {
     // The route's failures name the node as every message does (its place in the graph, Graph::labels).
     if constexpr (requires { route.label = this->label(); }) route.label = this->label();
     else if constexpr (requires { route.lag.label = this->label(); }) route.lag.label = this->label();
-    core_ = std::make_shared<Core>(input.instantiate(ctx), def.outputs(), buffer, std::move(route));
+    core_ = std::make_shared<Core>(input.instantiate(ctx), def.outputs(), buffer, std::move(route), this->traced());
     // The run's shared objects hold a weak reference: the core (and the upstream it owns) goes with the
     // iterators that use it, when the run's tree is destroyed, not after the run's graph.
     ctx.shared->objects[detail::split_slot(&def, ctx.worker)] =
@@ -153,13 +197,26 @@ class SplitIter final : public Hooked<Out> {
   }
 
  protected:
-  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override { return core_->pull_output(0, out, max); }
-  void save_state(StateWriter& w) const override { w.write(core_->state()); }
-  void restore_state(StateReader& r) override {
-    SplitState<std::vector<Out>> st;
-    r.read(st);
-    core_->restore(std::move(st), r);
+  std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
+    return core_->pull_output(0, out, max, this->traced() ? &this->traces() : nullptr);
   }
+  void save_state(StateWriter& w) const override {
+    SplitState<std::vector<Out>> st = core_->state();
+    if (!this->traced() || !core_->recomputable()) return w.write(st);
+    const std::vector<Provenance> traces = core_->held_traces();
+    w.write(SplitState<KeysOut<Out>>{std::move(st.counts), {&st.held, &traces}, st.input_done});
+  }
+  void restore_state(StateReader& r) override {
+    SplitState<KeysIn<Out>> st;
+    if (core_->recomputable()) st.held.make = [core = core_.get()](const Provenance& p) { return core->remake(p); };
+    r.read(st);
+    this->recomputed_ = st.held.recomputed;
+    core_->restore({std::move(st.counts), std::move(st.held.values), st.input_done}, r, std::move(st.held.keys));
+  }
+  bool carries_provenance() const override { return true; }
+  bool one_base() const override { return core_->one_base(); }
+  bool recomputable() const override { return core_->recomputable(); }
+  Out recompute(const Provenance& p) const override { return core_->remake(p); }
   /// A route that calls a function once per input element (demux's) saves the function's call count.
   std::optional<std::uint64_t> input_taken() const override {
     if constexpr (requires { core_->route().fn; }) return call_count(std::as_const(*core_).route().fn);

@@ -119,30 +119,18 @@ class BatchIter final : public Hooked<std::vector<T>> {
   /// (elements of several base elements: packed rows, batches) grouped, each element's start marked.
   bool recomputable() const override { return input_->recomputable(); }
   std::vector<T> recompute(const Provenance& p) const override {
-    std::vector<T> out;
-    if (input_->one_base()) {
-      out.reserve(p.size());
-      for (const SourcePos& s : p) out.push_back(input_->recompute(Provenance{s}));
-      return out;
-    }
-    const std::optional<std::vector<Provenance>> elements = split_groups(p);
+    const std::optional<std::vector<Provenance>> elements = batch_elements(p, input_->one_base());
     if (!elements) throw SnapshotError(this->label() + ": a restore key names no batch of this node (" + to_string(p) + ")");
+    std::vector<T> out;
     out.reserve(elements->size());
     for (const Provenance& e : *elements) out.push_back(input_->recompute(e));
     return out;
   }
 
  private:
-  /// Traced: the batch of the first `count` partial elements has their provenances, concatenated (and
-  /// grouped when an element may have several base elements).
+  /// Traced: the batch of the first `count` partial elements has their provenances (batch_provenance).
   void trace_batch(std::size_t count) {
-    Provenance p;
-    if (input_->one_base()) {
-      for (std::size_t i = 0; i < count; ++i)
-        p.insert(p.end(), std::make_move_iterator(partial_traces_[i].begin()), std::make_move_iterator(partial_traces_[i].end()));
-    } else {
-      p = grouped(partial_traces_, count);
-    }
+    Provenance p = batch_provenance(partial_traces_, count, input_->one_base());
     partial_traces_.erase(partial_traces_.begin(), partial_traces_.begin() + std::ptrdiff_t(count));
     this->traces().push_back(std::move(p));
   }

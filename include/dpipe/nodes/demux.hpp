@@ -39,14 +39,20 @@ struct DemuxRoute {
     return n;
   }
   template <class T>
-  void route(std::vector<T>& chunk, SplitQueues<T>& q) const {
-    for (auto& x : chunk) {
-      const auto j = static_cast<std::int64_t>(fn(std::as_const(x)));  // a bool picks output 0 or 1
+  void route(std::vector<T>& chunk, SplitQueues<T>& q, std::vector<Provenance>* traces, TraceQueues* tq) const {
+    for (std::size_t i = 0; i < chunk.size(); ++i) {
+      const auto j = static_cast<std::int64_t>(fn(std::as_const(chunk[i])));  // a bool picks output 0 or 1
       if (std::cmp_less(j, 0) || std::cmp_greater_equal(j, q.size()))
         throw std::out_of_range("its function returned " + std::to_string(j) +
                                 " for an element; the outputs are 0 to " + std::to_string(q.size() - 1));
-      q[static_cast<std::size_t>(j)].push_back(std::move(x));
+      q[static_cast<std::size_t>(j)].push_back(std::move(chunk[i]));
+      if (tq) (*tq)[static_cast<std::size_t>(j)].push_back(std::move((*traces)[i]));
     }
+  }
+  /// An output's element is the input's (the function picked the output only).
+  template <class T>
+  T remake(const Iter<T>& input, const Provenance& p) const {
+    return input.recompute(p);
   }
   template <class T>
   std::string overflow(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {
@@ -86,6 +92,7 @@ struct DemuxKind {
   static constexpr std::string_view doc =
       "Each element to the one of `count` outputs its function picks (torch's demux); output 0 continues the "
       "chain, output i is read with {\"op\": \"from\", \"name\": NAME, \"output\": i}.";
+  static constexpr std::string_view provenance = "an output's element has the input's; what the outputs hold is saved as restore keys";
   static constexpr ParamSchema params[] = {
       {.name = "fn", .type = ParamType::function, .doc = "the function: element → output (0 to count − 1)", .positional = true,
        .torch = "classifier_fn"},

@@ -32,9 +32,17 @@ struct ForkRoute {
     return longest_other_queue(q, output);
   }
   template <class T>
-  void route(std::vector<T>& chunk, SplitQueues<T>& q) const {
+  void route(std::vector<T>& chunk, SplitQueues<T>& q, std::vector<Provenance>* traces, TraceQueues* tq) const {
     for (std::size_t j = 1; j < q.size(); ++j) q[j].append_copied(chunk);
     q[0].append_moved(chunk);
+    if (!tq) return;
+    for (std::size_t j = 1; j < tq->size(); ++j) (*tq)[j].append_copied(*traces);
+    (*tq)[0].append_moved(*traces);
+  }
+  /// Every output's element is the input's.
+  template <class T>
+  T remake(const Iter<T>& input, const Provenance& p) const {
+    return input.recompute(p);
   }
   template <class T>
   std::string overflow(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {
@@ -74,6 +82,7 @@ struct ForkKind {
   static constexpr std::string_view doc =
       "Every element to each of `count` outputs (torch's fork); output 0 continues the chain, output i is "
       "read with {\"op\": \"from\", \"name\": NAME, \"output\": i}.";
+  static constexpr std::string_view provenance = "each output's element has the input's; what the outputs hold is saved as restore keys";
   static constexpr ParamSchema params[] = {
       {.name = "count", .type = ParamType::integer,
        .doc = "how many outputs, 1 to 1024 (absent: output 0 and every output a `from` reads)", .fallback = "null",

@@ -47,22 +47,35 @@ class FromIter final : public Stateless<T> {
 
  protected:
   std::size_t pull_chunk(std::vector<T>& out, std::size_t max) override {
-    if (!core_) {  // the node it reads may be built after it (a `zip` lists it first): found at the first pull
+    return core().pull_output(output_, out, max, this->traced() ? &this->traces() : nullptr);
+  }
+  std::vector<IterBase*> inputs() const override { return {}; }
+  /// Provenance: the core's (its state is in the record of the node it reads).
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
+  bool one_base() const override { return found() && core().one_base(); }
+  bool recomputable() const override { return found() && core().recomputable(); }
+  T recompute(const Provenance& p) const override { return core().remake(p); }
+
+ private:
+  /// The core of the node it reads, which may be built after it (a `zip` lists it first): found when
+  /// first needed, once the run's tree is built.
+  detail::SplitOutputs<T>& core() const {
+    if (!core_) {
       const auto it = shared_->objects.find(slot_);
       if (it == shared_->objects.end())
         throw ConfigError("from: the node it reads was not built on this worker (it is not part of the run)");
       core_ = std::static_pointer_cast<std::weak_ptr<detail::SplitOutputs<T>>>(it->second)->lock();
       if (!core_) throw ConfigError("from: the node it reads is gone (its run is being destroyed)");
     }
-    return core_->pull_output(output_, out, max);
+    return *core_;
   }
-  std::vector<IterBase*> inputs() const override { return {}; }
+  bool found() const { return core_ || shared_->objects.count(slot_) > 0; }
 
- private:
   detail::RunShared* shared_;
   std::string slot_;
   std::size_t output_;
-  std::shared_ptr<detail::SplitOutputs<T>> core_;
+  mutable std::shared_ptr<detail::SplitOutputs<T>> core_;
 };
 
 template <class T>
@@ -100,6 +113,7 @@ struct FromKind {
   static constexpr std::string_view doc =
       "Output `output` of the fork, demux or unzip named `name` (built before it in the spec: in the main "
       "chain or an earlier pipeline of `with`); the main chain continues with output 0.";
+  static constexpr std::string_view provenance = "the output's elements have the provenance the node it reads gives them";
   static constexpr ParamSchema params[] = {
       {.name = "output", .type = ParamType::integer, .doc = "which output, from 1 (output 0 is the node itself)",
        .positional = true},

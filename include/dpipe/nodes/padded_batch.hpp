@@ -15,6 +15,7 @@
 #include "dpipe/kit/length.hpp"
 #include "dpipe/fields.hpp"
 #include "dpipe/kit/rescale.hpp"
+#include "dpipe/kit/restore_keys.hpp"
 #include "dpipe/kit/spec.hpp"
 #include "dpipe/kit/unary.hpp"
 #include "dpipe/nodes/batch.hpp"
@@ -46,22 +47,37 @@ class PaddedBatchIter final : public UnaryIter<In, Value> {
  protected:
   std::size_t pull_chunk(std::vector<Value>& out, std::size_t max) override {
     const auto size = static_cast<std::size_t>(o_.size);
+    const bool traced = this->traced();
+    if (traced) partial_traces_.resize(st_.partial.size(), unknown_provenance());  // a restored batch's are unknown
     std::size_t n = 0;
     while (n < max) {
+      std::size_t count = 0;  // elements of the batch
       if (st_.partial.size() >= size) {  // a batch (more, after a rescale dealt them here)
         batch_.assign(std::make_move_iterator(st_.partial.begin()), std::make_move_iterator(st_.partial.begin() + std::ptrdiff_t(size)));
         st_.partial.erase(st_.partial.begin(), st_.partial.begin() + std::ptrdiff_t(size));
+        count = size;
       } else if (!st_.input_done) {
-        if (this->input().pull(st_.partial, size - st_.partial.size()) > 0) continue;
+        if (this->input().pull(st_.partial, size - st_.partial.size()) > 0) {
+          if (traced)
+            for (Provenance& p : this->input().traces()) partial_traces_.push_back(std::move(p));
+          continue;
+        }
         st_.input_done = true;
         if (st_.partial.empty() || o_.drop_last) {
           st_.partial.clear();
+          partial_traces_.clear();
           break;
         }
         batch_ = std::move(st_.partial);
         st_.partial.clear();
+        count = batch_.size();
       } else {
         break;
+      }
+      Provenance trace;
+      if (traced) {
+        trace = batch_provenance(partial_traces_, count, this->input().one_base());
+        partial_traces_.erase(partial_traces_.begin(), partial_traces_.begin() + std::ptrdiff_t(count));
       }
       std::string why;
       Value v = detail::pad_batch(batch_, o_, why);
@@ -73,16 +89,41 @@ class PaddedBatchIter final : public UnaryIter<In, Value> {
         }
       }
       out.push_back(std::move(v));
+      if (traced) this->traces().push_back(std::move(trace));
       ++n;
     }
     return n;
   }
-  void save_state(StateWriter& w) const override { w.write(st_); }
-  void restore_state(StateReader& r) override { r.read(st_); }
+  void save_state(StateWriter& w) const override {
+    if (!this->traced() || !this->input().recomputable()) return w.write(st_);
+    w.write(BatchState<KeysOut<Value>>{{&st_.partial, &partial_traces_}, st_.input_done});
+  }
+  void restore_state(StateReader& r) override {
+    BatchState<KeysIn<Value>> st{.partial = {.from = &this->input()}};
+    r.read(st);
+    st_ = {std::move(st.partial.values), st.input_done};
+    partial_traces_ = std::move(st.partial.keys);  // a key's provenance; unknown for data
+    if (!this->traced()) partial_traces_.clear();
+    this->recomputed_ = st.partial.recomputed;
+  }
+  bool carries_provenance() const override { return true; }
+  bool recomputable() const override { return this->input().recomputable(); }
+  /// Made again from its elements' keys (batch_elements), padded again.
+  Value recompute(const Provenance& p) const override {
+    const std::optional<std::vector<Provenance>> elements = batch_elements(p, this->input().one_base());
+    if (!elements) throw SnapshotError(this->label() + ": a restore key names no batch of this node (" + to_string(p) + ")");
+    std::vector<Value> batch;
+    for (const Provenance& e : *elements) batch.push_back(this->input().recompute(e));
+    std::string why;
+    Value v = detail::pad_batch(batch, o_, why);
+    if (!why.empty()) throw SnapshotError(this->label() + ": the batch of restore key " + to_string(p) + " no longer pads: " + why);
+    return v;
+  }
 
  private:
   const PaddedBatchOptions& o_;
   BatchState<std::vector<Value>> st_;
+  std::vector<Provenance> partial_traces_;  // traced: beside st_.partial
   std::vector<Value> batch_;
 };
 
@@ -98,6 +139,7 @@ struct PaddedBatchKind {
   static constexpr LengthFn length = &batched_length;
   static constexpr std::string_view doc =
       "Groups records into one record of [B, L] arrays padded to the longest (or a fixed length), plus lengths.";
+  static constexpr std::string_view provenance = "as batch: its elements', concatenated; made again from them and padded again";
   static constexpr ParamSchema params[] = {
       {.name = "size", .type = ParamType::integer, .doc = "elements per batch (positive)", .positional = true},
       {.name = "length", .type = ParamType::integer, .doc = "pad every array to this length, at most 2^24 (0: the longest in the batch)", .fallback = "0"},

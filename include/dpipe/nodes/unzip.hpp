@@ -34,13 +34,26 @@ struct UnzipRoute {
     return lag.held(q, output);
   }
   template <class T>
-  void route(std::vector<std::vector<T>>& rows, SplitQueues<T>& q) const {
-    for (auto& row : rows) {
+  void route(std::vector<std::vector<T>>& rows, SplitQueues<T>& q, std::vector<Provenance>* traces, TraceQueues* tq) const {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      auto& row = rows[i];
       if (row.size() != q.size())
         throw std::length_error("a row of " + std::to_string(row.size()) + " values; it splits rows of " +
                                 std::to_string(q.size()));
       for (std::size_t j = 0; j < q.size(); ++j) q[j].push_back(std::move(row[j]));
+      if (tq)  // value j of a row: the row's provenance at offset j, as unbatch's
+        for (std::size_t j = 0; j < q.size(); ++j) (*tq)[j].push_back(at_offset((*traces)[i], j));
     }
+  }
+  /// Value j of the row of the key without its last offset j.
+  template <class T>
+  T remake(const Iter<std::vector<T>>& input, const Provenance& p) const {
+    std::uint64_t j = 0;
+    const std::optional<Provenance> row = without_last_offset(p, j);
+    if (!row) throw SnapshotError(lag.label + ": a restore key names no value of a row (" + to_string(p) + ")");
+    std::vector<T> values = input.recompute(*row);
+    if (j >= values.size()) throw SnapshotError(lag.label + ": a restore key names value " + std::to_string(j) + " of a row of " + std::to_string(values.size()));
+    return std::move(values[j]);
   }
   template <class T>
   std::string overflow(const SplitQueues<T>& q, std::size_t output, std::size_t buffer) const {
@@ -75,6 +88,7 @@ struct UnzipKind {
   static constexpr std::string_view doc =
       "Rows (zip's) to one stream per column (torch's unzip): output j gives value j of each row; output 0 "
       "continues the chain, output i is read with {\"op\": \"from\", \"name\": NAME, \"output\": i}.";
+  static constexpr std::string_view provenance = "value j of a row has the row's at offset j; what the outputs hold is saved as restore keys";
   static constexpr ParamSchema params[] = {
       {.name = "count", .type = ParamType::integer,
        .doc = "values per row, 1 to 1024 (absent: output 0 and every output a `from` reads)", .fallback = "null",

@@ -5,6 +5,9 @@
 /// inputs of several types as rows of values).
 /// State: whether an input has ended.
 #include <algorithm>
+#include <array>
+#include <optional>
+#include <utility>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,6 +30,16 @@ struct ZipState {
 struct ZipOptions {
   std::string name{};
 };
+
+/// Traced: the provenance of row `i` of a pull, from its inputs' (`traces[j][i]`, moved from): one
+/// group per input (batch_provenance), so that recompute splits it again.
+template <class Traces>
+Provenance zip_provenance(Traces& traces, std::size_t i) {
+  std::vector<Provenance> parts;
+  parts.reserve(traces.size());
+  for (auto& t : traces) parts.push_back(std::move(t[i]));
+  return batch_provenance(parts, parts.size(), false);
+}
 
 template <class... Ts>
 class ZipDef final : public NodeDef<std::tuple<Ts...>> {
@@ -56,11 +69,20 @@ class ZipIter final : public Hooked<std::tuple<Ts...>> {
   std::size_t pull_chunk(std::vector<Out>& out, std::size_t max) override {
     if (st_.ended) return 0;
     std::size_t n = max;
+    const bool traced = this->traced();
+    for (auto& t : trace_scratch_) t.clear();
     // Each input is pulled for exactly as many elements as the ones before it gave.
-    std::apply([&](auto&... in) { std::apply([&](auto&... buf) { ((buf.clear(), n = pull_exact(*in, buf, n)), ...); }, scratch_); }, inputs_);
+    std::apply([&](auto&... in) {
+      std::apply([&](auto&... buf) {
+        std::size_t k = 0;
+        ((buf.clear(), n = pull_exact(*in, buf, n, traced ? &trace_scratch_[k] : nullptr), ++k), ...);
+      }, scratch_);
+    }, inputs_);
     if (n < max) st_.ended = true;  // some input ended: the surplus of the others is dropped
-    for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t i = 0; i < n; ++i) {
       out.push_back(std::apply([&](auto&... buf) { return Out{std::move(buf[i])...}; }, scratch_));
+      if (traced) this->traces().push_back(zip_provenance(trace_scratch_, i));
+    }
     return n;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
@@ -68,10 +90,25 @@ class ZipIter final : public Hooked<std::tuple<Ts...>> {
   std::vector<IterBase*> inputs() const override {
     return std::apply([](const auto&... in) { return std::vector<IterBase*>{in.get()...}; }, inputs_);
   }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
+  bool recomputable() const override {
+    return std::apply([](const auto&... in) { return (in->recomputable() && ...); }, inputs_);
+  }
+  /// A row is made again from its inputs' elements, one group of its provenance each.
+  Out recompute(const Provenance& p) const override {
+    const std::optional<std::vector<Provenance>> parts = batch_elements(p, false);
+    if (!parts || parts->size() != sizeof...(Ts))
+      throw SnapshotError(this->label() + ": a restore key names no row of this node (" + to_string(p) + ")");
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return Out{std::get<I>(inputs_)->recompute((*parts)[I])...};
+    }(std::index_sequence_for<Ts...>{});
+  }
 
  private:
   std::tuple<std::unique_ptr<Iter<Ts>>...> inputs_;
   std::tuple<std::vector<Ts>...> scratch_;
+  std::array<std::vector<Provenance>, sizeof...(Ts)> trace_scratch_;  // traced: beside scratch_
   ZipState st_;
 };
 
@@ -110,9 +147,11 @@ class ZipAllIter final : public Hooked<std::vector<T>> {
   std::size_t pull_chunk(std::vector<std::vector<T>>& out, std::size_t max) override {
     if (st_.ended) return 0;
     std::size_t n = max;
+    const bool traced = this->traced();
     for (std::size_t j = 0; j < inputs_.size(); ++j) {
       scratch_[j].clear();
-      n = pull_exact(*inputs_[j], scratch_[j], n);
+      trace_scratch_[j].clear();
+      n = pull_exact(*inputs_[j], scratch_[j], n, traced ? &trace_scratch_[j] : nullptr);
     }
     if (n < max) st_.ended = true;
     for (std::size_t i = 0; i < n; ++i) {
@@ -120,16 +159,32 @@ class ZipAllIter final : public Hooked<std::vector<T>> {
       row.reserve(inputs_.size());
       for (auto& buf : scratch_) row.push_back(std::move(buf[i]));
       out.push_back(std::move(row));
+      if (traced) this->traces().push_back(zip_provenance(trace_scratch_, i));
     }
     return n;
   }
   void save_state(StateWriter& w) const override { w.write(st_); }
   void restore_state(StateReader& r) override { r.read(st_); }
   std::vector<IterBase*> inputs() const override { return bases_of(inputs_); }
+  bool carries_provenance() const override { return true; }
+  bool holds_no_elements() const override { return true; }
+  bool recomputable() const override {
+    return std::all_of(inputs_.begin(), inputs_.end(), [](const auto& in) { return in->recomputable(); });
+  }
+  /// A row is made again from its inputs' elements, one group of its provenance each.
+  std::vector<T> recompute(const Provenance& p) const override {
+    const std::optional<std::vector<Provenance>> parts = batch_elements(p, false);
+    if (!parts || parts->size() != inputs_.size())
+      throw SnapshotError(this->label() + ": a restore key names no row of this node (" + to_string(p) + ")");
+    std::vector<T> row;
+    for (std::size_t j = 0; j < inputs_.size(); ++j) row.push_back(inputs_[j]->recompute((*parts)[j]));
+    return row;
+  }
 
  private:
   std::vector<std::unique_ptr<Iter<T>>> inputs_;
   std::vector<std::vector<T>> scratch_;
+  std::vector<std::vector<Provenance>> trace_scratch_ = std::vector<std::vector<Provenance>>(inputs_.size());
   ZipState st_;
 };
 
@@ -152,6 +207,7 @@ struct ZipKind {
   }
   static constexpr std::string_view doc =
       "Rows of one element from the input and one from each pipeline of `with`, until any input ends.";
+  static constexpr std::string_view provenance = "a row's groups are its inputs' elements', in order; made again from each input";
   static constexpr ParamSchema params[] = {
       {.name = "with", .type = ParamType::pipelines, .doc = "the other inputs (Python: positional)"},
   };

@@ -41,6 +41,11 @@ FIXTURES = [
          {"op": "range", "stop": 400}, {"op": "sampler", "shuffle": "global", "name": "draw"},
          {"op": "map", "fn": "affine", "mul": 3}, {"op": "shuffle", "buffer": 16},
          {"op": "flat_map", "fn": "replicate", "times": 2}, {"op": "batch", "size": 5}]}},
+    # Version 8 on: extended keys (a batch of batches: each inner batch's start marked).
+    {"name": "keys-grouped", "take": 4, "args": ["--workers", "2", "--restore-keys"],
+     "spec": {"seed": 17, "pipeline": [
+         {"op": "range", "stop": 300}, {"op": "sampler", "shuffle": "global", "name": "draw"},
+         {"op": "batch", "size": 3}, {"op": "shuffle", "buffer": 4}, {"op": "batch", "size": 2}]}},
 ]
 
 
