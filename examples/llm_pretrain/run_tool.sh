@@ -20,6 +20,19 @@ SET_BYTES=$(find "$WORK/set" -type f -printf '%s\n' | awk '{s += $1} END {print 
 echo "checkpoint set: $SET_BYTES bytes for 2 ranks"
 if [ "$SET_BYTES" -gt $((2 * 64 * 1024)) ]; then echo "the checkpoint holds more than 64 KiB per rank" >&2; exit 1; fi
 "${MPIRUN[@]}" -np 3 "$DPIPE" run "$SPEC" --workers 2 --output "$WORK/b-{rank}.jsonl" --resume-dir "$WORK/set" --rescale
+# The audit: each batch names, per packed row, the lines (by their first byte) and token ranges it holds.
+"$DPIPE" run "$SPEC" --workers 2 --take 2 --provenance > "$WORK/audit.jsonl"
+python3 - "$WORK/audit.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    pieces = [s for s in e["sources"] if s is not None]
+    assert len(pieces) == len(e["sources"]) and pieces, e["sources"][:3]
+    # the batch's tokens (segment ids above 0) are exactly its pieces' token ranges
+    tokens = sum(1 for row in e["element"] for seg in row["segment_ids"] if seg)
+    assert tokens == sum(p[2]["tokens"][1] - p[2]["tokens"][0] for p in pieces), (tokens, pieces[:3])
+print("the audit names every packed row's pieces: lines and token ranges")
+PY
 python3 - "$WORK" <<'PY'
 import collections, glob, json, os, sys
 work = sys.argv[1]

@@ -147,9 +147,14 @@ def _():
                                                          {"op": "flat_map", "fn": "replicate", "times": 2}]}),
                            "--provenance").stdout)
     assert [r["sources"][0][2]["offsets"] for r in expanded] == [[0], [1]] * 3, expanded
-    refused = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 3}, {"op": "zip", "with": [[{"op": "range", "stop": 3}]]}]}),
+    refused = dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 3}, {"op": "enumerate"}]}),
                     "--provenance", check=False)
     assert refused.returncode == 1 and "does not carry provenance yet" in refused.stderr, refused.stderr
+    # A zip's row names one element of each input, in order.
+    zipped = lines(dpipe("run", json.dumps({"pipeline": [{"op": "range", "stop": 3, "name": "a"},
+                                                       {"op": "zip", "with": [[{"op": "range", "start": 10, "stop": 13, "name": "b"}]]}]}),
+                         "--provenance").stdout)
+    assert [r["sources"] for r in zipped] == [[["a", i], ["b", i]] for i in range(3)], zipped
 
 
 @case("run/map_with_rng_draws_per_sample_whatever_the_layout")
