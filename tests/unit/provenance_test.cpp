@@ -321,6 +321,40 @@ std::size_t held(const Snapshot& s, const std::string& kind, bool keyed) {
   return n;
 }
 
+/// A planted bug: the first key of list `field` of a record of `kind` that `edit` changes (it returns
+/// whether it did) is written back changed, its checksum kept. Whether a key was changed.
+template <class Edit>
+bool plant_in_a_key(Snapshot& s, const std::string& kind, const std::string& field, Edit edit) {
+  for (NodeState& st : s.states)
+    for (Field& f : st.fields) {
+      if (st.kind != kind || f.name != field || !f.elements.tag.starts_with("keys:")) continue;
+      ElementBlobs edited;
+      edited.tag = f.elements.tag;
+      bool changed = false;
+      for (std::size_t i = 0; i < f.elements.size(); ++i) {
+        std::string entry(f.elements.at(i));
+        if (changed || entry.empty() || entry[0] != kKeyEntry) {  // data entries are kept as they are
+          edited.append(entry);
+          continue;
+        }
+        ByteReader r(std::string_view(entry).substr(1));
+        std::uint32_t checksum = 0;
+        Provenance key = decode_key(r, checksum);
+        if (edit(key)) {
+          ByteWriter w;
+          w.put<char>(kKeyEntry);
+          encode_key(w, key, checksum);
+          entry = w.take();
+          changed = true;
+        }
+        edited.append(entry);
+      }
+      f.elements = edited;
+      if (changed) return true;
+    }
+  return false;
+}
+
 /// Runs `p` to `at` elements under `o`, snapshots through bytes (its size to `bytes`), resumes under
 /// `resume_options` and returns prefix + rest, with the resume's report.
 template <class T>
@@ -434,31 +468,11 @@ TEST(RestoreKeys, AnElementThatComesOutDifferentIsRefused) {
   auto second = e.start(expanded, traced(1, true));
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(second.next());
   Snapshot planted = second.snapshot();
-  bool moved = false;
-  for (NodeState& st : planted.states)
-    for (Field& f : st.fields)
-      if (!moved && st.kind == "shuffle" && f.name == "buffer") {
-        ASSERT_TRUE(f.elements.tag.starts_with("keys:"));
-        ElementBlobs edited;
-        edited.tag = f.elements.tag;
-        for (std::size_t i = 0; i < f.elements.size(); ++i) {
-          std::string entry(f.elements.at(i));
-          ByteReader r(std::string_view(entry).substr(1));
-          std::uint32_t checksum = 0;
-          Provenance p = decode_key(r, checksum);
-          if (!moved && p[0].offsets.at(0) < 2) {
-            ++p[0].offsets[0];
-            ByteWriter w;
-            w.put<char>(kKeyEntry);
-            encode_key(w, p, checksum);
-            entry = w.take();
-            moved = true;
-          }
-          edited.append(entry);
-        }
-        f.elements = edited;
-      }
-  ASSERT_TRUE(moved);
+  ASSERT_TRUE(plant_in_a_key(planted, "shuffle", "buffer", [](Provenance& p) {
+    if (p[0].offsets.at(0) >= 2) return false;
+    ++p[0].offsets[0];
+    return true;
+  }));
   expect_throw_with<SnapshotError>([&] { e.resume(expanded, planted, traced(1, true)); }, "came out different");
 }
 
@@ -650,31 +664,11 @@ TEST(RestoreKeys, APackedRowOfAnotherRangeOrChangedDataIsRefused) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(run.next());
   const Snapshot s = run.snapshot();
   Snapshot planted = s;
-  bool moved = false;
-  for (NodeState& st : planted.states)
-    for (Field& f : st.fields)
-      if (!moved && st.kind == "pack" && f.name == "open" && f.elements.size() > 0) {
-        ASSERT_TRUE(f.elements.tag.starts_with("keys:"));
-        ElementBlobs edited;
-        edited.tag = f.elements.tag;
-        for (std::size_t i = 0; i < f.elements.size(); ++i) {
-          std::string entry(f.elements.at(i));
-          ByteReader r(std::string_view(entry).substr(1));
-          std::uint32_t checksum = 0;
-          Provenance key = decode_key(r, checksum);
-          if (!moved && key[0].sliced() && key[0].end - key[0].begin > 1) {
-            ++key[0].begin;  // the segment one token shorter, from one token later
-            ByteWriter w;
-            w.put<char>(kKeyEntry);
-            encode_key(w, key, checksum);
-            entry = w.take();
-            moved = true;
-          }
-          edited.append(entry);
-        }
-        f.elements = edited;
-      }
-  ASSERT_TRUE(moved);
+  ASSERT_TRUE(plant_in_a_key(planted, "pack", "open", [](Provenance& key) {
+    if (!key[0].sliced() || key[0].end - key[0].begin < 2) return false;
+    ++key[0].begin;  // the segment one token shorter, from one token later
+    return true;
+  }));
   expect_throw_with<SnapshotError>([&] { e.resume(p, planted, traced(1, true)); }, "came out different");
   EXPECT_NO_THROW(e.resume(p, s, traced(1, true)));
 
