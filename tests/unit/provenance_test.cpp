@@ -543,24 +543,31 @@ std::string corpus(int docs, I64 first_id, int shift = 0) {
   return out;
 }
 
-/// The LLM chain on two corpora: lines → parse_json (skip) → tokens (a text byte each, its document id
-/// and offset mixed in) → mix 70/30 → pack(64) → batch(4) → prefetch(2).
+/// The documents of a corpus: lines → parse_json (skip) → tokens (a text byte each, its document id and
+/// offset mixed in).
+Pipeline<Value> llm_documents(const std::string& file) {
+  return lines({file}, {.logical_shards = 8}) |
+         parse_json({.fields = {JsonField::parse("doc", "int64"), JsonField::parse("text", "string")},
+                     .on_error = OnDataError::skip}) |
+         map([](Value v) {
+           const I64 doc = std::get<I64>(find_field(v, "doc")->data);
+           const std::string& text = std::get<std::string>(find_field(v, "text")->data);
+           std::vector<I64> tokens;
+           for (std::size_t k = 0; k < text.size(); ++k) tokens.push_back(doc * 1000 + static_cast<I64>(k) + text[k]);
+           set_field(v, "tokens", int64_array(tokens));
+           return v;
+         });
+}
+
+/// Two corpora's documents mixed 70/30 and packed into rows of 64 tokens.
+Pipeline<Value> llm_rows(const std::string& prose, const std::string& code, PackMode mode) {
+  return mix(std::vector{llm_documents(prose), llm_documents(code)}, {.weights = {0.7, 0.3}}) |
+         pack({.seq_len = 64, .mode = mode, .buffer = 3});
+}
+
+/// The LLM chain: llm_rows → batch(4) → prefetch(2).
 Pipeline<std::vector<Value>> llm_chain(const std::string& prose, const std::string& code, PackMode mode) {
-  const auto documents = [](const std::string& file) {
-    return lines({file}, {.logical_shards = 8}) |
-           parse_json({.fields = {JsonField::parse("doc", "int64"), JsonField::parse("text", "string")},
-                       .on_error = OnDataError::skip}) |
-           map([](Value v) {
-             const I64 doc = std::get<I64>(find_field(v, "doc")->data);
-             const std::string& text = std::get<std::string>(find_field(v, "text")->data);
-             std::vector<I64> tokens;
-             for (std::size_t k = 0; k < text.size(); ++k) tokens.push_back(doc * 1000 + static_cast<I64>(k) + text[k]);
-             set_field(v, "tokens", int64_array(tokens));
-             return v;
-           });
-  };
-  return mix(std::vector{documents(prose), documents(code)}, {.weights = {0.7, 0.3}}) |
-         pack({.seq_len = 64, .mode = mode, .buffer = 3}) | batch({.size = 4}) | prefetch({.depth = 2});
+  return llm_rows(prose, code, mode) | batch({.size = 4}) | prefetch({.depth = 2});
 }
 
 /// The mean bytes of an entry of the element lists of pack, batch, the workers' queues and the run's hands.
@@ -723,5 +730,18 @@ TEST(RestoreKeys, ZipForkDemuxAndUnzipHoldKeys) {
     const auto pairs = zip_all(std::vector{rows, range(0, 3000) | map([](I64 x) { return Row(3, -x); })});
     const auto columns = pairs | unzip({.count = 2, .buffer = 2000});
     EXPECT_GT(keys_resume_alike(zip(columns[0], columns[1] | skip(4)), "unzip", {1, 40, 300}), 0u);
+  }
+}
+
+// padded_batch over packed rows (each row several base elements: grouped): the padded batches the run
+// holds in its hands and the workers' queues are keys, made again by padding their rows again; resumed
+// exactly.
+TEST(RestoreKeys, PaddedBatchesOfPackedRowsAreKeys) {
+  dpipe::testing::TempDir dir;
+  dpipe::testing::write_bytes(dir.file("prose.jsonl"), corpus(500, 0));
+  dpipe::testing::write_bytes(dir.file("code.jsonl"), corpus(200, 100'000));
+  for (const PackMode mode : {PackMode::greedy, PackMode::first_fit}) {
+    const auto p = llm_rows(dir.file("prose.jsonl"), dir.file("code.jsonl"), mode) | padded_batch({.size = 4});
+    EXPECT_GT(keys_resume_alike(p, "run", {1, 7, 30}), 0u) << int(mode);
   }
 }
