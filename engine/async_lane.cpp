@@ -69,9 +69,14 @@ void AsyncLaneBase::produce_loop() {
     }
     const auto t1 = std::chrono::steady_clock::now();
     if (n > 0) adapt_chunk(t1 - t0, n);
-    const bool captured =
-        n > 0 && !error && captures_ && worth_capturing(std::chrono::duration<double, std::nano>(t1 - t0).count()) &&
-        capture_timed();
+    bool captured = false;
+    if (n > 0 && !error && captures_) {
+      const double chunk_ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
+      if (worth_capturing(chunk_ns)) captured = capture_timed();
+      // A capture measured dear is tried again after a few long chunks: one slow capture (its thread
+      // preempted) must not end the captures for good, which would make every snapshot wait for a chunk.
+      else if (chunk_ns >= kCaptureFloorNs) capture_ns_ *= 0.75;
+    }
     std::unique_lock lock(mu_);
     if (error) {
       error_ = error;
